@@ -1,0 +1,28 @@
+"""pyro-flat: flatness-seeking Bayesian inference for Pyro.
+
+- :func:`flat_posterior` turns any Pyro model into the Entropy-MCMC joint over weights θ and their
+  guiding twins θa (sites ``name + "_aux"``);
+- :class:`SGLD` and :class:`EntropySGLD` are ``pyro.infer.MCMC`` kernels with Pyro-native minibatches;
+- :func:`to_arviz` gives ArviZ diagnostics; :func:`bma_predict` and :mod:`pyro_flat.metrics` give
+  Bayesian-model-averaged predictions and their calibration.
+"""
+
+from . import metrics, schedules
+from .diagnostics import to_arviz
+from .flat import flat_posterior, flat_potential
+from .kernels import SGLD, DivergenceError, EntropySGLD
+from .predictive import bma_predict
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "flat_posterior",
+    "flat_potential",
+    "SGLD",
+    "EntropySGLD",
+    "DivergenceError",
+    "to_arviz",
+    "bma_predict",
+    "metrics",
+    "schedules",
+]

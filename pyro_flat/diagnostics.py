@@ -1,0 +1,97 @@
+"""ArviZ conversion: the one place that knows which ArviZ is installed.
+
+ArviZ 0.x (Python 3.11 here) builds an ``InferenceData`` with ``az.from_dict``; ArviZ 1.x builds an
+``xarray.DataTree`` with ``arviz_base.from_dict``. :func:`to_arviz` hides the difference: both carry
+a ``posterior`` group with ``(chain, draw, ...)`` variables for every θ and θa site, and a
+``sample_stats`` group with the kernels' per-draw statistics.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Mapping, Optional, Union
+
+import numpy as np
+import torch
+
+ArrayDict = Dict[str, np.ndarray]
+
+
+def _numpy(x) -> np.ndarray:
+    if torch.is_tensor(x):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def _from_mcmc(mcmc) -> tuple[ArrayDict, ArrayDict]:
+    if not hasattr(mcmc, "_samples"):
+        raise ValueError("to_arviz(mcmc): run the sampler first (mcmc.run(...)).")
+    posterior = {k: _numpy(v) for k, v in mcmc.get_samples(group_by_chain=True).items()}
+    per_chain = [d.get("sample_stats") for d in (mcmc._diagnostics or []) if isinstance(d, dict)]
+    stats: ArrayDict = {}
+    if per_chain and all(s for s in per_chain):
+        for name in per_chain[0]:
+            stats[name] = np.stack([_numpy(s[name]) for s in per_chain])
+        if "potential_energy" in stats:
+            stats["lp"] = -stats["potential_energy"]
+    return posterior, stats
+
+
+def to_arviz(
+    mcmc_or_samples: Union[object, Mapping[str, torch.Tensor]],
+    *,
+    sample_stats: Optional[Mapping[str, torch.Tensor]] = None,
+    group_by_chain: bool = True,
+):
+    """Convert a finished ``pyro.infer.MCMC`` (or a dict of samples) to an ArviZ object.
+
+    :param mcmc_or_samples: an ``MCMC`` after ``run``, or ``{site: tensor}``.
+    :param sample_stats: extra per-draw statistics ``{name: tensor(chain, draw)}``.
+    :param group_by_chain: for a dict, whether arrays are ``(chain, draw, ...)``; if ``False`` they
+        are ``(draw, ...)`` of one chain.
+    :returns: ``arviz.InferenceData`` on ArviZ 0.x, ``xarray.DataTree`` on ArviZ 1.x.
+
+    Example::
+
+        >>> import torch
+        >>> from pyro_flat import to_arviz
+        >>> idata = to_arviz({"w": torch.randn(2, 100, 3), "w_aux": torch.randn(2, 100, 3)})
+        >>> idata.posterior["w"].shape
+        (2, 100, 3)
+    """
+    if isinstance(mcmc_or_samples, Mapping):
+        posterior = {k: _numpy(v) for k, v in mcmc_or_samples.items()}
+        if not group_by_chain:
+            posterior = {k: v[None] for k, v in posterior.items()}
+        stats: ArrayDict = {}
+    else:
+        posterior, stats = _from_mcmc(mcmc_or_samples)
+    if not posterior:
+        raise ValueError("to_arviz: there are no samples to convert.")
+    shapes = {k: v.shape[:2] for k, v in posterior.items()}
+    if len(set(shapes.values())) != 1 or any(len(v.shape) < 2 for v in posterior.values()):
+        raise ValueError(f"to_arviz: every site needs the same (chain, draw) leading shape, got {shapes}")
+    if sample_stats:
+        stats.update({k: _numpy(v) for k, v in sample_stats.items()})
+    return _build(posterior, stats)
+
+
+def _build(posterior: ArrayDict, stats: ArrayDict):
+    import arviz as az
+
+    version = int(getattr(az, "__version__", "0").split(".")[0])
+    if version >= 1:  # pragma: no cover - ArviZ 1.x needs Python >= 3.12
+        from arviz_base import from_dict
+
+        groups = {"posterior": posterior}
+        if stats:
+            groups["sample_stats"] = stats
+        return from_dict(groups)
+    return az.from_dict(posterior=posterior, sample_stats=stats or None)
+
+
+def summary(data, **kwargs):
+    """``arviz.summary`` (rank-normalised ESS and R-hat) on whatever :func:`to_arviz` accepts."""
+    import arviz as az
+
+    idata = data if hasattr(data, "posterior") or hasattr(data, "children") else to_arviz(data)
+    return az.summary(idata, **kwargs)

@@ -1,0 +1,244 @@
+"""The shared skeleton of pyro-flat's stochastic-gradient kernels (Pyro ``MCMCKernel`` shape).
+
+Per chain, ``setup`` builds the target (the model's potential, with fresh minibatches each call)
+and draws the initial point; ``sample`` makes one update and records the per-draw statistics that
+:func:`pyro_flat.to_arviz` turns into ``sample_stats``; ``diagnostics`` hands them to Pyro's driver,
+which keeps them per chain (also across its worker processes).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict, List, Optional, Union
+
+import torch
+from pyro.infer.autoguide.initialization import init_to_sample
+from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
+
+from ..schedules import Schedule, as_schedule
+from .errors import DivergenceError
+from .potential import CallablePotential, ModelPotential, Params, potential_and_grad
+
+_STATS = ("step_size", "potential_energy")
+
+
+def check_positive(name: str, value, *, hint: str = "") -> float:
+    """``float(value)`` if it is a positive finite number, else a ``ValueError`` naming ``name``."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        x = float("nan")
+    if not math.isfinite(x) or x <= 0:
+        raise ValueError(f"{name} must be a positive finite number, got {name}={value!r}. {hint}".rstrip())
+    return x
+
+
+class StochasticGradientKernel(MCMCKernel):
+    """Base class: one gradient of the (minibatch) potential per iteration.
+
+    Subclasses implement :meth:`update` (the rule) and may override :meth:`build_target`
+    (what is sampled) and :meth:`extra_stats` (more per-draw statistics).
+
+    :param model: a Pyro model; exactly one of ``model`` and ``potential_fn`` is given.
+    :param potential_fn: ``params -> scalar`` over real tensors; the initial point then comes from
+        ``MCMC(..., initial_params=...)``.
+    :param step_size: base step :math:`\\alpha > 0`.
+    :param temperature: :math:`T > 0`; the target is :math:`\\propto \\exp(-U/T)`.
+    :param schedule: ``None``, a positive float or a callable ``k -> factor`` (see
+        :mod:`pyro_flat.schedules`); the step at iteration ``k`` is ``step_size * schedule(k)``.
+    :param init_strategy: Pyro init strategy for models (default: a draw from the prior).
+    :param record_draws: keep each chain's draws so that a :class:`DivergenceError` can hand them
+        back (costs one more reference per draw; set ``False`` for very large models).
+    """
+
+    allow_zero_temperature = False
+
+    def __init__(
+        self,
+        model: Optional[Callable] = None,
+        *,
+        potential_fn: Optional[Callable[[Params], torch.Tensor]] = None,
+        step_size: float,
+        temperature: float = 1.0,
+        schedule: Union[None, float, Schedule] = None,
+        init_strategy: Callable = init_to_sample,
+        record_draws: bool = True,
+    ):
+        if (model is None) == (potential_fn is None):
+            raise ValueError(
+                f"{type(self).__name__} needs exactly one of model= or potential_fn=, got "
+                f"{'both' if model is not None else 'neither'}."
+            )
+        self.model = model
+        self.potential_fn = potential_fn
+        self.step_size = check_positive(
+            "step_size", step_size, hint="Try a value such that step_size * (largest curvature) < 1."
+        )
+        if self.allow_zero_temperature and temperature == 0:
+            self.temperature = 0.0
+        else:
+            self.temperature = check_positive("temperature", temperature)
+        self.schedule = as_schedule(schedule)
+        self.init_strategy = init_strategy
+        self.record_draws = record_draws
+        self._pending_initial_params: Optional[Params] = None
+        self._initial_params: Optional[Params] = None
+        self.target = None
+        self._num_setups = 0
+        self._chain = 0
+        self._completed_draws: List[Dict[str, torch.Tensor]] = []
+        self._reset_chain_state(0)
+
+    # ----------------------------------------------------------------- MCMCKernel contract
+    @property
+    def initial_params(self) -> Optional[Params]:
+        return self._initial_params
+
+    @initial_params.setter
+    def initial_params(self, params: Params) -> None:
+        # Pyro's driver sets this before each chain's setup (when MCMC got initial_params).
+        self._pending_initial_params = {k: torch.as_tensor(v) for k, v in params.items()}
+
+    @property
+    def transforms(self) -> Dict[str, torch.distributions.Transform]:
+        return {} if self.target is None else self.target.transforms
+
+    def setup(self, warmup_steps: int, *args, **kwargs) -> None:
+        self._chain = self._num_setups
+        self._num_setups += 1
+        self._reset_chain_state(warmup_steps)
+        self.target = self.build_target(args, kwargs)
+        user_params, self._pending_initial_params = self._pending_initial_params, None
+        params = self.target.initial_params()
+        if user_params is not None:
+            unknown = set(user_params) - set(params)
+            if unknown:
+                raise ValueError(
+                    f"initial_params names {sorted(unknown)}, which are not latent sites of the "
+                    f"target; its sites are {sorted(params)}."
+                )
+            params.update({k: v.to(params[k]) for k, v in user_params.items()})
+        params = self.complete_initial_params(params, user_params or {})
+        energy, _ = potential_and_grad(self.target, params)
+        if not math.isfinite(float(energy)):
+            raise ValueError(
+                f"{type(self).__name__}: the potential energy at the initial point is {float(energy)}; "
+                "pass finite initial_params or a different init_strategy (e.g. init_to_median)."
+            )
+        self._initial_params = params
+
+    def sample(self, params: Params) -> Params:
+        k = self._iteration
+        step_size = self.step_size * float(self.schedule(k))
+        energy, grads = potential_and_grad(self.target, params)
+        new_params = self.update(params, grads, step_size)
+        # One host sync per step: NaN/inf anywhere makes this sum non-finite.
+        check = energy + sum(v.sum() for v in new_params.values()) * 0.0
+        if not math.isfinite(float(check)):
+            self._raise_divergence(params, grads, new_params, energy, step_size)
+        self._iteration += 1
+        stats = {"step_size": step_size, "potential_energy": energy}
+        stats.update(self.extra_stats(new_params))
+        self._last_stats = stats
+        if k >= self._warmup_steps:
+            for name, value in stats.items():
+                self._stats[name].append(value)
+            if self.record_draws:
+                self._draws.append(new_params)
+        return new_params
+
+    def logging(self) -> Dict[str, str]:
+        return {"step size": f"{self._last_stats.get('step_size', self.step_size):.2e}"}
+
+    def diagnostics(self) -> dict:
+        stats = {
+            name: torch.as_tensor(
+                [float(v) for v in values], dtype=torch.get_default_dtype()
+            )
+            for name, values in self._stats.items()
+        }
+        return {"divergences": [], "non_finite_steps": 0, "sample_stats": stats}
+
+    def cleanup(self) -> None:
+        # Pyro calls cleanup twice per chain: keep it idempotent.
+        if self._draws:
+            self._completed_draws.append(self._stack_draws(self._draws))
+            self._draws = []
+
+    # ----------------------------------------------------------------- subclass hooks
+    def build_target(self, args: tuple, kwargs: dict):
+        """The potential sampled: the model's, or ``potential_fn``."""
+        if self.model is not None:
+            return ModelPotential(self.model, args, kwargs, self.init_strategy)
+        if self._pending_initial_params is None:
+            raise ValueError(
+                f"{type(self).__name__}(potential_fn=...) needs a starting point: pass "
+                "MCMC(kernel, ..., initial_params={name: tensor}) (one row per chain)."
+            )
+        return CallablePotential(self.potential_fn, self._pending_initial_params)
+
+    def complete_initial_params(self, params: Params, user_params: Params) -> Params:
+        """Adjust the initial point after the user's values are in (e.g. start θa at θ)."""
+        return params
+
+    def update(self, params: Params, grads: Params, step_size: float) -> Params:
+        raise NotImplementedError
+
+    def extra_stats(self, params: Params) -> Dict[str, torch.Tensor]:
+        return {}
+
+    # ----------------------------------------------------------------- helpers
+    def _reset_chain_state(self, warmup_steps: int) -> None:
+        self._warmup_steps = warmup_steps
+        self._iteration = 0
+        self._draws: List[Params] = []
+        self._stats: Dict[str, list] = {name: [] for name in self.stat_names()}
+        self._last_stats: dict = {}
+
+    def stat_names(self) -> tuple:
+        return _STATS
+
+    @property
+    def partial_samples(self) -> List[Dict[str, torch.Tensor]]:
+        """Post-warm-up draws of each chain run so far (finished chains, then the current one)."""
+        chains = list(self._completed_draws)
+        if self._draws:
+            chains.append(self._stack_draws(self._draws))
+        return chains
+
+    def _stack_draws(self, draws: List[Params]) -> Dict[str, torch.Tensor]:
+        transforms = self.transforms
+        out = {}
+        for name in draws[0]:
+            z = torch.stack([d[name] for d in draws])
+            out[name] = transforms[name].inv(z) if name in transforms else z
+        return out
+
+    def _raise_divergence(self, params, grads, new_params, energy, step_size) -> None:
+        site = None
+        for label, tensors in (("gradient", grads), ("value", new_params), ("value", params)):
+            for name, value in tensors.items():
+                if not bool(torch.isfinite(value).all()):
+                    site, what = name, label
+                    break
+            if site is not None:
+                break
+        where = (
+            f"the {what} of site {site!r}" if site is not None else f"the potential energy ({float(energy)})"
+        )
+        phase = "warm-up" if self._iteration < self._warmup_steps else "sampling"
+        draws = self._stack_draws(self._draws) if self._draws else {}
+        n = len(self._draws)
+        raise DivergenceError(
+            f"{type(self).__name__}: chain {self._chain} diverged at iteration {self._iteration} "
+            f"({phase}): {where} became NaN/inf with step size {step_size:.3g}. Use a smaller "
+            f"step_size (e.g. {self.step_size / 10:.3g}) or a schedule that decays it. "
+            f"The {n} draw(s) made by this chain before it are kept in the exception's "
+            "`.samples` (finished chains in `.completed_chains`).",
+            site=site,
+            iteration=self._iteration,
+            chain=self._chain,
+            step_size=step_size,
+            samples=draws,
+            completed_chains=list(self._completed_draws),
+        )

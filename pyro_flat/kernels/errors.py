@@ -1,0 +1,51 @@
+"""Errors raised by pyro-flat kernels."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import torch
+
+
+class DivergenceError(FloatingPointError):
+    """A chain produced a NaN/inf potential, gradient or state.
+
+    The chain stops at once; nothing non-finite reaches the samples. The draws made before the
+    divergence are kept:
+
+    - ``samples``: the failing chain's post-warm-up draws, ``{site: tensor(num_draws, ...)}``
+      in the constrained space (what ``mcmc.get_samples()`` would have held for it);
+    - ``completed_chains``: the same for the chains that finished before it.
+
+    ``site``, ``iteration`` (counted from 0, warm-up included), ``chain`` and ``step_size`` say where.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        site: Optional[str] = None,
+        iteration: int = -1,
+        chain: int = 0,
+        step_size: float = float("nan"),
+        samples: Optional[Dict[str, torch.Tensor]] = None,
+        completed_chains: Optional[List[Dict[str, torch.Tensor]]] = None,
+    ):
+        super().__init__(message)
+        self.site, self.iteration, self.chain, self.step_size = site, iteration, chain, step_size
+        self.samples = samples or {}
+        self.completed_chains = completed_chains or []
+
+    def __reduce__(self):  # picklable across Pyro's multiprocessing chains
+        return (
+            _rebuild_divergence,
+            (str(self), self.site, self.iteration, self.chain, self.step_size, self.samples,
+             self.completed_chains),
+        )
+
+
+def _rebuild_divergence(message, site, iteration, chain, step_size, samples, completed):
+    return DivergenceError(
+        message, site=site, iteration=iteration, chain=chain, step_size=step_size,
+        samples=samples, completed_chains=completed,
+    )

@@ -1,0 +1,34 @@
+r"""Update rules shared by the stochastic-gradient kernels.
+
+Each rule maps ``(params, grads)`` to new params and never modifies its inputs in place, so a
+sample returned by a kernel is never aliased by a later one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict
+
+import torch
+
+Params = Dict[str, torch.Tensor]
+
+
+def langevin_step(params: Params, grads: Params, step_size: float, temperature: float) -> Params:
+    r"""One Euler-Maruyama step of the overdamped Langevin diffusion at temperature :math:`T`.
+
+    .. math:: z \leftarrow z - \alpha \nabla U(z) + \sqrt{2 \alpha T}\, \xi,
+              \qquad \xi \sim \mathcal N(0, I),
+
+    whose stationary law, as :math:`\alpha \to 0`, is :math:`\propto \exp(-U/T)`. ``step_size`` is
+    :math:`\alpha` (BlackJAX's convention; Welling & Teh's :math:`\epsilon` equals :math:`2\alpha`).
+    With ``temperature=0`` this is gradient descent.
+    """
+    noise_scale = math.sqrt(2.0 * step_size * temperature)
+    new = {}
+    for name, z in params.items():
+        z_new = z - step_size * grads[name]
+        if noise_scale > 0:
+            z_new = z_new.add_(torch.randn_like(z), alpha=noise_scale)
+        new[name] = z_new
+    return new

@@ -1,0 +1,43 @@
+r"""Stochastic-gradient Langevin dynamics (Welling & Teh, 2011) as a Pyro ``MCMCKernel``."""
+
+from __future__ import annotations
+
+from .base import StochasticGradientKernel
+from .integrators import langevin_step
+from .potential import Params
+
+
+class SGLD(StochasticGradientKernel):
+    r"""Stochastic-gradient Langevin dynamics.
+
+    .. math::
+
+        z_{k+1} = z_k - \alpha_k \widehat{\nabla U}(z_k) + \sqrt{2\alpha_k T}\,\xi_k,
+        \qquad \xi_k \sim \mathcal N(0, I),
+
+    where :math:`z` are the model's latents in unconstrained space and
+    :math:`\widehat{\nabla U}` is the gradient of the potential with the likelihood of a fresh
+    minibatch scaled by :math:`N/B` (Pyro's ``pyro.plate(..., subsample_size=B)``; full batch
+    without it). The chain targets :math:`\propto \exp(-U/T)` up to an :math:`O(\alpha)` bias.
+
+    See :class:`~pyro_flat.kernels.base.StochasticGradientKernel` for the arguments.
+
+    Example::
+
+        >>> import torch, pyro, pyro.distributions as dist
+        >>> from pyro.infer import MCMC
+        >>> from pyro_flat import SGLD
+        >>> def model(y):
+        ...     mu = pyro.sample("mu", dist.Normal(0., 10.))
+        ...     with pyro.plate("data", len(y), subsample_size=10) as idx:
+        ...         pyro.sample("y", dist.Normal(mu, 1.), obs=y.index_select(0, idx))
+        >>> y = torch.randn(100) + 3.
+        >>> mcmc = MCMC(SGLD(model, step_size=1e-3), num_samples=200, warmup_steps=100,
+        ...             disable_progbar=True)
+        >>> mcmc.run(y)
+        >>> mcmc.get_samples()["mu"].shape
+        torch.Size([200])
+    """
+
+    def update(self, params: Params, grads: Params, step_size: float) -> Params:
+        return langevin_step(params, grads, step_size, self.temperature)

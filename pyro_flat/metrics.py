@@ -1,0 +1,105 @@
+r"""Classification metrics for predictive probabilities.
+
+``probs`` is either ``(N,)`` (binary: the probability of class 1) or ``(N, C)``; ``y`` holds
+integer labels (or 0./1. floats for the binary case). Every function returns a Python float.
+
+Example::
+
+    >>> import torch
+    >>> from pyro_flat import metrics
+    >>> p, y = torch.tensor([0.9, 0.2, 0.6]), torch.tensor([1., 0., 0.])
+    >>> round(metrics.accuracy(p, y), 3), round(metrics.brier(p, y), 3)
+    (0.667, 0.137)
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+_EPS = 1e-12
+
+
+def _as_classes(probs: torch.Tensor, y: torch.Tensor):
+    probs = torch.as_tensor(probs, dtype=torch.float64)
+    y = torch.as_tensor(y).reshape(-1)
+    if probs.dim() == 1:
+        probs = torch.stack([1.0 - probs, probs], dim=-1)
+    if probs.dim() != 2 or probs.shape[0] != y.shape[0]:
+        raise ValueError(
+            f"probs must be (N,) or (N, C) with N = len(y); got probs {tuple(probs.shape)}, y {tuple(y.shape)}"
+        )
+    if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()):
+        raise ValueError("probs must be finite and non-negative")
+    labels = y.round().long()
+    if bool((labels < 0).any()) or bool((labels >= probs.shape[1]).any()):
+        raise ValueError(f"labels must lie in 0..{probs.shape[1] - 1}")
+    return probs, labels
+
+
+def accuracy(probs: torch.Tensor, y: torch.Tensor) -> float:
+    """Fraction of points whose most probable class is the label."""
+    p, labels = _as_classes(probs, y)
+    return float((p.argmax(-1) == labels).double().mean())
+
+
+def nll(probs: torch.Tensor, y: torch.Tensor) -> float:
+    r"""Mean negative log predictive probability :math:`-\frac1N\sum_i \log p(y_i \mid x_i)`."""
+    p, labels = _as_classes(probs, y)
+    return float(-(p.gather(-1, labels[:, None]).clamp_min(_EPS).log()).mean())
+
+
+def brier(probs: torch.Tensor, y: torch.Tensor) -> float:
+    r"""Brier score. Binary ``(N,)`` input: :math:`\frac1N\sum_i (p_i - y_i)^2`; ``(N, C)`` input:
+    :math:`\frac1N\sum_i \sum_c (p_{ic} - [y_i = c])^2`."""
+    binary = torch.as_tensor(probs).dim() == 1
+    p, labels = _as_classes(probs, y)
+    onehot = torch.nn.functional.one_hot(labels, p.shape[1]).double()
+    sq = (p - onehot).pow(2).sum(-1)
+    return float((sq / 2 if binary else sq).mean())
+
+
+def ece(probs: torch.Tensor, y: torch.Tensor, n_bins: int = 15, binning: str = "width") -> float:
+    r"""Expected calibration error of the top-class confidence.
+
+    .. math:: \mathrm{ECE} = \sum_b \frac{|B_b|}{N}\,\lvert \mathrm{acc}(B_b) - \mathrm{conf}(B_b)\rvert
+
+    ``binning="width"``: ``n_bins`` equal-width bins on [0, 1]; ``binning="mass"``: bins holding
+    equal numbers of points (sorted by confidence).
+    """
+    if n_bins < 1:
+        raise ValueError(f"n_bins must be >= 1, got {n_bins}")
+    p, labels = _as_classes(probs, y)
+    conf, pred = p.max(-1)
+    correct = (pred == labels).double()
+    n = conf.shape[0]
+    if binning == "width":
+        bins = torch.clamp((conf * n_bins).long(), max=n_bins - 1)
+    elif binning == "mass":
+        order = conf.argsort()
+        bins = torch.empty_like(order)
+        bins[order] = torch.div(torch.arange(n) * n_bins, n, rounding_mode="floor")
+    else:
+        raise ValueError(f"binning must be 'width' or 'mass', got {binning!r}")
+    total = 0.0
+    for b in range(n_bins):
+        sel = bins == b
+        count = int(sel.sum())
+        if count:
+            total += count / n * abs(float(correct[sel].mean() - conf[sel].mean()))
+    return total
+
+
+def classification_metrics(probs: torch.Tensor, y: torch.Tensor, n_bins: int = 15) -> Dict[str, float]:
+    """Accuracy, NLL, Brier and both ECE variants in one dict."""
+    return {
+        "accuracy": accuracy(probs, y),
+        "nll": nll(probs, y),
+        "brier": brier(probs, y),
+        "ece": ece(probs, y, n_bins, "width"),
+        "ece_mass": ece(probs, y, n_bins, "mass"),
+    }
+
+
+__all__ = ["accuracy", "nll", "brier", "ece", "classification_metrics"]
