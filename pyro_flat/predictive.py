@@ -23,25 +23,41 @@ _USES = ("both", "theta", "aux")
 
 
 class _Predict(Messenger):
-    """Plug in latent values, use every data point (no subsampling), record site distributions."""
+    """Plug in latent values and a block of plate indices; record the sites' distributions."""
 
-    def __init__(self, values: Dict[str, torch.Tensor]):
+    def __init__(self, values: Dict[str, torch.Tensor], indices: Dict[str, torch.Tensor]):
         super().__init__()
-        self.values = values
+        self.values, self.indices = values, indices
         self.fns: Dict[str, object] = {}
+        self.plate_dims: Dict[str, Dict[str, int]] = {}
 
     def _pyro_sample(self, msg) -> None:
-        if _is_subsample(msg):
-            fn = msg["fn"]
-            msg["value"] = torch.arange(fn.size, device=fn.device)
-            msg["done"] = True
-            return
         name = msg["name"]
+        if _is_subsample(msg):
+            if name in self.indices:
+                msg["value"] = self.indices[name]
+                msg["done"] = True
+            return
         if name in self.values:
             msg["value"] = self.values[name]
             msg["done"] = True
         else:
             self.fns[name] = msg["fn"]
+
+    def _postprocess_message(self, msg) -> None:
+        if msg["name"] in self.fns:
+            self.plate_dims[msg["name"]] = {f.name: f.dim for f in msg["cond_indep_stack"]}
+
+
+def _index_blocks(size: int, batch: int):
+    """Blocks of ``batch`` consecutive indices covering ``range(size)``; the last one overlaps the
+    previous block so that every block has the plate's fixed ``subsample_size``. Yields
+    ``(indices, keep)`` where ``keep`` masks the indices not seen before."""
+    for start in range(0, size, batch):
+        stop = min(start + batch, size)
+        first = max(stop - batch, 0)
+        idx = torch.arange(first, stop)
+        yield idx, idx >= start
 
 
 def _draws(samples: Dict[str, torch.Tensor], use: str, suffix: str, latent_names, supports):
@@ -109,25 +125,60 @@ def bma_predict(
             "(from EntropySGLD or flat_posterior); these samples have none. Use use='theta'."
         )
     supports = {n: tr.nodes[n]["fn"].support for n in latents}
+    plates = {
+        n: (st["fn"].size, st["value"].numel())
+        for n, st in tr.nodes.items()
+        if st["type"] == "sample" and _is_subsample(st) and st["value"].numel() < st["fn"].size
+    }
+    if len(plates) > 1:
+        raise ValueError(
+            f"bma_predict supports one subsampled plate, the model has {sorted(plates)}; "
+            "call the model without subsampling for prediction."
+        )
     total, count = None, 0
     with torch.no_grad():
         for values in _draws(samples, use, suffix, latents, supports):
-            with _Predict(values) as handler:
-                model(*args, **kwargs)
-            if site is None:
-                candidates = [n for n, fn in handler.fns.items() if hasattr(fn, "probs")]
-                if len(candidates) != 1:
-                    raise ValueError(
-                        "bma_predict: cannot tell which site to predict; candidates with class "
-                        f"probabilities: {candidates}. Pass site='name'."
-                    )
-                site = candidates[0]
-            if site not in handler.fns or not hasattr(handler.fns[site], "probs"):
-                raise ValueError(
-                    f"bma_predict: site {site!r} has no class probabilities (Bernoulli / "
-                    "Categorical expected); for continuous outputs use pyro.infer.Predictive."
-                )
-            probs = handler.fns[site].probs
-            total = probs.clone() if total is None else total.add_(probs)
+            probs, site = _predict_probs(model, args, kwargs, values, plates, site)
+            total = probs if total is None else total.add_(probs)
             count += 1
     return total / count
+
+
+def _predict_probs(model, args, kwargs, values, plates, site):
+    """Class probabilities of one draw over all data points, one plate-sized block at a time."""
+    if plates:
+        (plate, (size, batch)), = plates.items()
+        blocks = _index_blocks(size, batch)
+    else:
+        plate, blocks = None, [(None, None)]
+    out = None
+    for idx, keep in blocks:
+        indices = {} if plate is None else {plate: idx}
+        with _Predict(values, indices) as handler:
+            model(*args, **kwargs)
+        if site is None:
+            candidates = [n for n, fn in handler.fns.items() if hasattr(fn, "probs")]
+            if len(candidates) != 1:
+                raise ValueError(
+                    "bma_predict: cannot tell which site to predict; candidates with class "
+                    f"probabilities: {candidates}. Pass site='name'."
+                )
+            site = candidates[0]
+        fn = handler.fns.get(site)
+        if fn is None or not hasattr(fn, "probs"):
+            raise ValueError(
+                f"bma_predict: site {site!r} has no class probabilities (Bernoulli / "
+                "Categorical expected); for continuous outputs use pyro.infer.Predictive."
+            )
+        probs = fn.probs
+        if plate is None:
+            return probs.clone(), site
+        if plate not in handler.plate_dims.get(site, {}):
+            raise ValueError(f"bma_predict: site {site!r} is not inside the subsampled plate {plate!r}")
+        dim = len(fn.batch_shape) + handler.plate_dims[site][plate]  # position in probs
+        if out is None:
+            shape = list(probs.shape)
+            shape[dim] = size
+            out = probs.new_zeros(shape)
+        out.index_copy_(dim, idx[keep].to(probs.device), probs.index_select(dim, keep.nonzero().squeeze(-1).to(probs.device)))
+    return out, site

@@ -223,15 +223,19 @@ class StochasticGradientKernel(MCMCKernel):
                     break
             if site is not None:
                 break
-        where = (
-            f"the {what} of site {site!r}" if site is not None else f"the potential energy ({float(energy)})"
-        )
+        if site is not None:
+            where = f"the {what} of site {site!r} became NaN/inf"
+        else:  # the energy overflowed first: name the site pushing hardest
+            site = max(grads, key=lambda n: float(grads[n].norm()))
+            where = (
+                f"the potential energy became {float(energy)} (largest gradient at site {site!r})"
+            )
         phase = "warm-up" if self._iteration < self._warmup_steps else "sampling"
         draws = self._stack_draws(self._draws) if self._draws else {}
         n = len(self._draws)
         raise DivergenceError(
             f"{type(self).__name__}: chain {self._chain} diverged at iteration {self._iteration} "
-            f"({phase}): {where} became NaN/inf with step size {step_size:.3g}. Use a smaller "
+            f"({phase}): {where} with step size {step_size:.3g}. Use a smaller "
             f"step_size (e.g. {self.step_size / 10:.3g}) or a schedule that decays it. "
             f"The {n} draw(s) made by this chain before it are kept in the exception's "
             "`.samples` (finished chains in `.completed_chains`).",

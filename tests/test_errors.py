@@ -1,0 +1,139 @@
+"""Bad input gets a ValueError naming the argument; a diverging chain stops and keeps its draws."""
+
+import pickle
+
+import pytest
+import torch
+
+import pyro
+import pyro.distributions as dist
+from pyro.infer import MCMC
+from pyro_flat import SGLD, DivergenceError, EntropySGLD
+
+
+def gaussian():
+    pyro.sample("theta", dist.Normal(torch.zeros(3), torch.tensor([1.0, 0.5, 0.25])).to_event(1))
+
+
+def logistic(X, y):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    with pyro.plate("data", X.shape[0], subsample_size=5) as idx:
+        pyro.sample("y", dist.Bernoulli(logits=X.index_select(0, idx) @ w), obs=y.index_select(0, idx))
+
+
+def run(kernel, *args, num_samples=20, warmup=5):
+    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup, disable_progbar=True)
+    mcmc.run(*args)
+    return mcmc
+
+
+@pytest.mark.parametrize("eta", [0.0, -0.1, float("nan")])
+def test_eta(eta):
+    with pytest.raises(ValueError, match="eta"):
+        EntropySGLD(gaussian, eta=eta, step_size=0.1)
+
+
+@pytest.mark.parametrize("step", [0.0, -1e-3, float("nan"), float("inf"), "big"])
+def test_step_size(step):
+    with pytest.raises(ValueError, match="step_size"):
+        SGLD(gaussian, step_size=step)
+
+
+@pytest.mark.parametrize("temperature", [0.0, -1.0, float("nan")])
+def test_temperature(temperature):
+    with pytest.raises(ValueError, match="temperature"):
+        EntropySGLD(gaussian, eta=0.1, step_size=0.1, temperature=temperature)
+
+
+def test_model_and_potential_fn_exclusive():
+    with pytest.raises(ValueError, match="exactly one of model= or potential_fn="):
+        SGLD(gaussian, potential_fn=lambda p: p["x"].sum(), step_size=0.1)
+    with pytest.raises(ValueError, match="exactly one"):
+        SGLD(step_size=0.1)
+
+
+def test_potential_fn_needs_initial_params():
+    with pytest.raises(ValueError, match="initial_params"):
+        run(SGLD(potential_fn=lambda p: (p["x"] ** 2).sum(), step_size=0.1))
+
+
+def test_no_continuous_latent():
+    def model(y):
+        pyro.sample("y", dist.Normal(0.0, 1.0), obs=y)
+
+    with pytest.raises(ValueError, match="no continuous latent site"):
+        run(SGLD(model, step_size=0.1), torch.tensor(1.0))
+
+
+def test_discrete_latent():
+    def model():
+        pyro.sample("mu", dist.Normal(0.0, 1.0))
+        pyro.sample("z", dist.Bernoulli(0.5))
+
+    with pytest.raises(ValueError, match="'z' is discrete"):
+        run(SGLD(model, step_size=0.1))
+
+
+def test_sites_naming_missing_site():
+    with pytest.raises(ValueError, match="'nope'"):
+        run(EntropySGLD(gaussian, eta=0.1, step_size=0.1, sites=["nope"]))
+
+
+def test_nan_in_data():
+    X, y = torch.randn(20, 2), torch.ones(20)
+    X[3, 1] = float("nan")
+    with pytest.raises(ValueError, match="argument 0 holds 1 NaN"):
+        run(SGLD(logistic, step_size=0.01), X, y)
+
+
+def test_local_latent_in_subsampled_plate():
+    def model(y):
+        with pyro.plate("data", len(y), subsample_size=2):
+            z = pyro.sample("z", dist.Normal(0.0, 1.0))
+            pyro.sample("y", dist.Normal(z, 1.0), obs=torch.zeros(2))
+
+    with pytest.raises(ValueError, match="inside the subsampled plate"):
+        run(SGLD(model, step_size=0.1), torch.zeros(10))
+
+
+def test_non_finite_initial_point():
+    def model():
+        pyro.sample("x", dist.Normal(0.0, 1.0))
+
+    kernel = SGLD(potential_fn=lambda p: (p["x"] ** 2).sum() / 0.0, step_size=0.1)
+    with pytest.raises(ValueError, match="initial point"):
+        MCMC(kernel, num_samples=2, initial_params={"x": torch.ones(1, 1)}, disable_progbar=True).run()
+
+
+def test_divergence_stops_chain_and_keeps_draws():
+    kernel = EntropySGLD(gaussian, eta=0.1, step_size=3.0)  # 3 * 16 >> 2: unstable
+    mcmc = MCMC(kernel, num_samples=500, warmup_steps=3, disable_progbar=True)
+    with pytest.raises(DivergenceError) as info:
+        mcmc.run()
+    err = info.value
+    assert err.site in ("theta", "theta_aux")
+    assert "smaller step_size" in str(err) and f"iteration {err.iteration}" in str(err)
+    kept = err.samples["theta"]
+    assert kept.shape[0] == err.iteration - 3 and kept.shape[0] > 5
+    assert torch.isfinite(kept).all() and torch.isfinite(err.samples["theta_aux"]).all()
+    assert torch.equal(kernel.partial_samples[-1]["theta"], kept)
+    clone = pickle.loads(pickle.dumps(err))  # crosses Pyro's worker processes
+    assert clone.iteration == err.iteration and torch.equal(clone.samples["theta"], kept)
+
+
+def test_divergence_in_second_chain_keeps_first_chain():
+    calls = {"n": 0}
+
+    def potential(p):
+        calls["n"] += 1
+        boom = float("nan") if calls["n"] > 60 else 0.0
+        return 0.5 * (p["x"] ** 2).sum() + boom
+
+    kernel = SGLD(potential_fn=potential, step_size=0.1)
+    mcmc = MCMC(kernel, num_samples=40, warmup_steps=0, num_chains=2,
+                initial_params={"x": torch.zeros(2, 2)}, disable_progbar=True)
+    with pytest.raises(DivergenceError) as info:
+        mcmc.run()
+    assert info.value.chain == 1
+    assert info.value.completed_chains[0]["x"].shape == (40, 2)
+    assert info.value.site == "x" and "potential energy became nan" in str(info.value)
