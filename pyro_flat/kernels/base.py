@@ -17,7 +17,7 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from ..schedules import Schedule, as_schedule
 from .errors import DivergenceError
-from .potential import CallablePotential, ModelPotential, Params, potential_and_grad
+from .potential import CallablePotential, ModelPotential, Params
 
 _STATS = ("step_size", "potential_energy")
 
@@ -119,7 +119,7 @@ class StochasticGradientKernel(MCMCKernel):
                 )
             params.update({k: v.to(params[k]) for k, v in user_params.items()})
         params = self.complete_initial_params(params, user_params or {})
-        energy, _ = potential_and_grad(self.target, params)
+        energy, _ = self.target.potential_and_grad(params)
         if not math.isfinite(float(energy)):
             raise ValueError(
                 f"{type(self).__name__}: the potential energy at the initial point is {float(energy)}; "
@@ -130,7 +130,7 @@ class StochasticGradientKernel(MCMCKernel):
     def sample(self, params: Params) -> Params:
         k = self._iteration
         step_size = self.step_size * float(self.schedule(k))
-        energy, grads = potential_and_grad(self.target, params)
+        energy, grads = self.target.potential_and_grad(params)
         new_params = self.update(params, grads, step_size)
         # One host sync per step: NaN/inf anywhere makes this sum non-finite.
         check = energy + sum(v.sum() for v in new_params.values()) * 0.0

@@ -7,8 +7,8 @@ from typing import Callable, Dict, Iterable, Optional
 
 import torch
 
-from ..flat import _check_eta, flat_posterior, flat_potential
-from .potential import CallablePotential, ModelPotential, Params
+from ..flat import _check_eta
+from .potential import CallablePotential, CoupledPotential, Params
 from .sgld import SGLD
 
 
@@ -19,8 +19,10 @@ class EntropySGLD(SGLD):
 
     .. math:: U(\theta, \theta_a) = f(\theta) + \frac{\lVert \theta - \theta_a \rVert^2}{2\eta},
 
-    i.e. the model turned into :func:`~pyro_flat.flat_posterior` (or a ``potential_fn`` turned
-    into :func:`~pyro_flat.flat_potential`). Each iteration updates both blocks at once:
+    the potential of the model turned into :func:`~pyro_flat.flat_posterior` (or of a
+    ``potential_fn`` turned into :func:`~pyro_flat.flat_potential`); the coupling and its gradient
+    are added in closed form (:class:`~pyro_flat.kernels.potential.CoupledPotential`), so the
+    twin costs a few vector operations. Each iteration updates both blocks at once:
 
     .. math::
 
@@ -87,25 +89,14 @@ class EntropySGLD(SGLD):
         self._pairs: Dict[str, str] = {}
 
     def build_target(self, args: tuple, kwargs: dict):
-        if self.model is not None:
-            flat = flat_posterior(self.model, self.eta, sites=self.sites, suffix=self.suffix)
-            target = ModelPotential(flat, args, kwargs, self.init_strategy)
-        else:
-            if self._pending_initial_params is None:
-                return super().build_target(args, kwargs)  # raises the helpful error
+        if self.model is None and self._pending_initial_params is not None:
             given = self._pending_initial_params
-            base = self.sites or tuple(k for k in given if not k.endswith(self.suffix))
-            init = dict(given)
-            for name in base:
-                if name not in given:
-                    raise ValueError(
-                        f"EntropySGLD(sites=...) names {name!r}, which initial_params lacks; "
-                        f"it has {sorted(given)}."
-                    )
-                init.setdefault(name + self.suffix, given[name])
-            coupled = flat_potential(self.potential_fn, self.eta, sites=base, suffix=self.suffix)
-            target = CallablePotential(coupled, init, aux_pairs={n + self.suffix: n for n in base})
-        self._pairs = {s.name: s.aux_of for s in target.sites.values() if s.aux_of is not None}
+            theta = {k: v for k, v in given.items() if k[: -len(self.suffix)] not in given}
+            base = CallablePotential(self.potential_fn, theta)
+        else:
+            base = super().build_target(args, kwargs)
+        target = CoupledPotential(base, self.eta, self.sites, self.suffix)
+        self._pairs = dict(target.pairs)
         return target
 
     def complete_initial_params(self, params: Params, user_params: Params) -> Params:

@@ -12,8 +12,8 @@ plate scales the likelihood by :math:`N/B`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, Optional, Tuple
 
 import torch
 from pyro import poutine
@@ -35,10 +35,10 @@ class SiteInfo:
     shape: torch.Size
     transform: torch.distributions.Transform  # unconstrained -> constrained
     aux_of: Optional[str] = None  # for a flat-posterior twin: the site it guides
+    is_identity: bool = field(init=False)
 
-    @property
-    def is_identity(self) -> bool:
-        return _is_identity(self.transform)
+    def __post_init__(self):
+        object.__setattr__(self, "is_identity", _is_identity(self.transform))
 
 
 def _is_identity(transform: torch.distributions.Transform) -> bool:
@@ -74,16 +74,20 @@ class _LogJoint(Messenger):
     def __init__(self, sites: Dict[str, SiteInfo], params: Params, indices: Dict[str, torch.Tensor]):
         super().__init__()
         self.sites, self.params, self.indices = sites, params, indices
-        self.log_joint = 0.0
+        self.terms: list = []
+
+    @property
+    def log_joint(self) -> torch.Tensor:
+        return sum(self.terms[1:], self.terms[0])
 
     def _pyro_sample(self, msg) -> None:
         name = msg["name"]
-        if _is_subsample(msg):
+        fn = msg["fn"]
+        if type(fn).__name__ == "_Subsample":
             if name in self.indices:
                 msg["value"] = self.indices[name]
                 msg["done"] = True
             return
-        fn = msg["fn"]
         if msg["is_observed"]:
             value = msg["value"]
         else:
@@ -98,10 +102,13 @@ class _LogJoint(Messenger):
             msg["value"] = value
             msg["done"] = True
             if not site.is_identity:
-                log_det = site.transform.log_abs_det_jacobian(unconstrained, value)
-                self.log_joint = self.log_joint + log_det.sum()
-        log_prob = scale_and_mask(fn.log_prob(value), msg["scale"], msg["mask"])
-        self.log_joint = self.log_joint + log_prob.sum()
+                self.terms.append(site.transform.log_abs_det_jacobian(unconstrained, value).sum())
+        scale, mask = msg["scale"], msg["mask"]
+        if mask is None:  # scale the sum, not every term
+            log_prob = fn.log_prob(value).sum()
+            self.terms.append(log_prob if scale == 1.0 else log_prob * scale)
+        else:
+            self.terms.append(scale_and_mask(fn.log_prob(value), scale, mask).sum())
 
 
 def _check_finite_inputs(args: tuple, kwargs: dict) -> None:
@@ -118,7 +125,29 @@ def _check_finite_inputs(args: tuple, kwargs: dict) -> None:
                 )
 
 
-class ModelPotential:
+def potential_and_grad(potential: Callable[[Params], torch.Tensor], params: Params) -> Tuple[torch.Tensor, Params]:
+    """Evaluate ``potential(params)`` and its gradient with one reverse pass."""
+    leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+    energy = potential(leaves)
+    if not (torch.is_tensor(energy) and energy.numel() == 1):
+        raise ValueError(
+            f"the potential must return a scalar tensor, got {type(energy).__name__} "
+            f"with shape {getattr(energy, 'shape', None)}"
+        )
+    grads = torch.autograd.grad(energy, list(leaves.values()), allow_unused=True)
+    return energy.detach().reshape(()), {
+        k: (torch.zeros_like(v) if g is None else g) for (k, v), g in zip(leaves.items(), grads)
+    }
+
+
+class _Autograd:
+    """Targets whose gradient comes from one reverse pass through ``__call__``."""
+
+    def potential_and_grad(self, params: Params) -> Tuple[torch.Tensor, Params]:
+        return potential_and_grad(self, params)
+
+
+class ModelPotential(_Autograd):
     r"""The potential :math:`U(z)` of a Pyro model in unconstrained coordinates.
 
     :param model: a Pyro model; plates with ``subsample_size`` make :meth:`__call__` stochastic.
@@ -220,7 +249,7 @@ class ModelPotential:
         return -log_joint.log_joint
 
 
-class CallablePotential:
+class CallablePotential(_Autograd):
     """A user's ``potential_fn(params) -> scalar`` over real-valued tensors."""
 
     def __init__(
@@ -254,21 +283,62 @@ class CallablePotential:
         return self.potential_fn(params)
 
 
-def potential_and_grad(potential: Callable[[Params], torch.Tensor], params: Params) -> Tuple[torch.Tensor, Params]:
-    """Evaluate ``potential(params)`` and its gradient with one reverse pass."""
-    leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
-    energy = potential(leaves)
-    if not (torch.is_tensor(energy) and energy.numel() == 1):
-        raise ValueError(
-            f"the potential must return a scalar tensor, got {type(energy).__name__} "
-            f"with shape {getattr(energy, 'shape', None)}"
-        )
-    grads = torch.autograd.grad(energy, list(leaves.values()), allow_unused=True)
-    return energy.detach(), {
-        k: (torch.zeros_like(v) if g is None else g) for (k, v), g in zip(leaves.items(), grads)
-    }
+class CoupledPotential:
+    r"""The Entropy-MCMC joint of a base target: :math:`U(z, z_a) = U_0(z) + \lVert z - z_a
+Vert^2 / (2\eta)`.
+
+    The coupling is added in closed form, gradient included
+    (:math:`
+abla_z \mathrel{+}= (z - z_a)/\eta`, :math:`
+abla_{z_a} = (z_a - z)/\eta`), so the
+    auxiliary block costs a few vector operations and no autograd. For a Pyro model this equals
+    the potential of :func:`~pyro_flat.flat_posterior` up to the Gaussian normalising constant
+    (the tests check it), for a ``potential_fn`` it is :func:`~pyro_flat.flat_potential`.
+    """
+
+    def __init__(self, base, eta: float, sites: Optional[Iterable[str]] = None, suffix: str = "_aux"):
+        self.base, self.eta, self.suffix = base, float(eta), suffix
+        names = tuple(base.sites) if sites is None else tuple(sites)
+        missing = [n for n in names if n not in base.sites]
+        if missing:
+            raise ValueError(
+                f"sites names {missing}, which are not latent sites of the model; its continuous "
+                f"latent sites are {sorted(base.sites)}."
+            )
+        if not names:
+            raise ValueError("sites=[] couples nothing; name at least one latent site.")
+        self.pairs = {n + suffix: n for n in names}
+        self.sites = dict(base.sites)
+        for aux, name in self.pairs.items():
+            if aux in self.sites:
+                raise ValueError(f"the model already has a site named {aux!r}; pick another suffix.")
+            self.sites[aux] = SiteInfo(
+                aux, base.sites[name].shape, torch.distributions.transforms.identity_transform, name
+            )
+        self.subsampled_plates = base.subsampled_plates
+
+    @property
+    def transforms(self) -> Dict[str, torch.distributions.Transform]:
+        return self.base.transforms  # twins are unconstrained: identity, omitted as Pyro does
+
+    def initial_params(self) -> Params:
+        """The base target's initial point, with every twin starting at its site (θa = θ)."""
+        params = self.base.initial_params()
+        for aux, name in self.pairs.items():
+            params[aux] = params[name].clone()
+        return params
+
+    def potential_and_grad(self, params: Params) -> Tuple[torch.Tensor, Params]:
+        base_params = {k: v for k, v in params.items() if k not in self.pairs}
+        energy, grads = self.base.potential_and_grad(base_params)
+        coupling = 0.0
+        for aux, name in self.pairs.items():
+            diff = (params[name] - params[aux]) / self.eta
+            grads[name] = grads[name] + diff
+            grads[aux] = -diff
+            coupling = coupling + (diff * diff).sum() * (0.5 * self.eta)
+        return energy + coupling, grads
 
 
 def is_finite(x: torch.Tensor) -> bool:
     return bool(torch.isfinite(x).all())
-
