@@ -9,6 +9,7 @@ which keeps them per chain (also across its worker processes).
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from typing import Callable, Dict, List, Optional, Union
 
 import torch
@@ -18,8 +19,6 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from ..schedules import Schedule, as_schedule
 from .errors import DivergenceError
 from .potential import CallablePotential, ModelPotential, Params
-
-_STATS = ("step_size", "potential_energy")
 
 
 def check_positive(name: str, value, *, hint: str = "") -> float:
@@ -37,7 +36,7 @@ class StochasticGradientKernel(MCMCKernel):
     """Base class: one gradient of the (minibatch) potential per iteration.
 
     Subclasses implement :meth:`update` (the rule) and may override :meth:`build_target`
-    (what is sampled) and :meth:`extra_stats` (more per-draw statistics).
+    (what is sampled; a target's ``last_stats`` become per-draw statistics).
 
     :param model: a Pyro model; exactly one of ``model`` and ``potential_fn`` is given.
     :param potential_fn: ``params -> scalar`` over real tensors; the initial point then comes from
@@ -137,12 +136,15 @@ class StochasticGradientKernel(MCMCKernel):
         if not math.isfinite(float(check)):
             self._raise_divergence(params, grads, new_params, energy, step_size)
         self._iteration += 1
-        stats = {"step_size": step_size, "potential_energy": energy}
-        stats.update(self.extra_stats(new_params))
-        self._last_stats = stats
+        state_stats = {"potential_energy": energy, **self.target.last_stats}
+        if k > self._warmup_steps:
+            # `params` is the draw returned by the previous call: its statistics are known now,
+            # at no extra cost (they come with this step's potential evaluation).
+            self._record_state(state_stats)
+        self._last_stats = {"step_size": step_size, **state_stats}
         if k >= self._warmup_steps:
-            for name, value in stats.items():
-                self._stats[name].append(value)
+            self._stats["step_size"].append(step_size)
+            self._last_draw = new_params
             if self.record_draws:
                 self._draws.append(new_params)
         return new_params
@@ -151,13 +153,23 @@ class StochasticGradientKernel(MCMCKernel):
         return {"step size": f"{self._last_stats.get('step_size', self.step_size):.2e}"}
 
     def diagnostics(self) -> dict:
+        """Pyro's divergence list (always empty: a divergence stops the chain) and the per-draw
+        ``sample_stats``: ``step_size`` (the step that produced the draw), ``potential_energy``
+        (the minibatch estimate of U at the draw) and the target's own statistics."""
+        if self._last_draw is not None and len(self._stats["potential_energy"]) < len(
+            self._stats["step_size"]
+        ):
+            energy, _ = self.target.potential_and_grad(self._last_draw)
+            self._record_state({"potential_energy": energy, **self.target.last_stats})
         stats = {
-            name: torch.as_tensor(
-                [float(v) for v in values], dtype=torch.get_default_dtype()
-            )
+            name: torch.as_tensor([float(v) for v in values], dtype=torch.get_default_dtype())
             for name, values in self._stats.items()
         }
-        return {"divergences": [], "non_finite_steps": 0, "sample_stats": stats}
+        return {"divergences": [], "sample_stats": stats}
+
+    def _record_state(self, state_stats: dict) -> None:
+        for name, value in state_stats.items():
+            self._stats[name].append(value)
 
     def cleanup(self) -> None:
         # Pyro calls cleanup twice per chain: keep it idempotent.
@@ -184,19 +196,14 @@ class StochasticGradientKernel(MCMCKernel):
     def update(self, params: Params, grads: Params, step_size: float) -> Params:
         raise NotImplementedError
 
-    def extra_stats(self, params: Params) -> Dict[str, torch.Tensor]:
-        return {}
-
     # ----------------------------------------------------------------- helpers
     def _reset_chain_state(self, warmup_steps: int) -> None:
         self._warmup_steps = warmup_steps
         self._iteration = 0
         self._draws: List[Params] = []
-        self._stats: Dict[str, list] = {name: [] for name in self.stat_names()}
+        self._stats: Dict[str, list] = defaultdict(list)
         self._last_stats: dict = {}
-
-    def stat_names(self) -> tuple:
-        return _STATS
+        self._last_draw: Optional[Params] = None
 
     @property
     def partial_samples(self) -> List[Dict[str, torch.Tensor]]:

@@ -105,13 +105,6 @@ class EntropySGLD(SGLD):
                 params[aux] = params[base].clone()
         return params
 
-    def stat_names(self) -> tuple:
-        return super().stat_names() + ("coupling_distance",)
-
-    def extra_stats(self, params: Params) -> Dict[str, torch.Tensor]:
-        sq = sum((params[aux] - params[base]).pow(2).sum() for aux, base in self._pairs.items())
-        return {"coupling_distance": sq.sqrt()}
-
     def logging(self) -> Dict[str, str]:
         out = super().logging()
         dist = self._last_stats.get("coupling_distance")

@@ -25,10 +25,9 @@ def langevin_step(params: Params, grads: Params, step_size: float, temperature: 
     With ``temperature=0`` this is gradient descent.
     """
     noise_scale = math.sqrt(2.0 * step_size * temperature)
-    new = {}
-    for name, z in params.items():
-        z_new = z - step_size * grads[name]
-        if noise_scale > 0:
-            z_new = z_new.add_(torch.randn_like(z), alpha=noise_scale)
-        new[name] = z_new
-    return new
+    names = list(params)
+    # torch._foreach_* (as in torch.optim) updates every site in one dispatch per operation.
+    new = torch._foreach_add([params[n] for n in names], [grads[n] for n in names], alpha=-step_size)
+    if noise_scale > 0:
+        torch._foreach_add_(new, [torch.randn_like(z) for z in new], alpha=noise_scale)
+    return dict(zip(names, new))
