@@ -41,6 +41,24 @@ def _is_subsample(msg) -> bool:
     return type(msg["fn"]).__name__ == "_Subsample"
 
 
+def support_transform(site_name: str, support) -> torch.distributions.Transform:
+    """``biject_to(support)``: the map from the unconstrained space onto a site's support.
+
+    Unwraps supports that torch does not register (a ``MixtureSameFamily`` shares its components'
+    support) and says which site is at fault when no bijection exists.
+    """
+    while type(support).__name__.lstrip("_") == "MixtureSameFamilyConstraint":
+        support = support.base_constraint
+    try:
+        return biject_to(support)
+    except NotImplementedError as err:
+        raise ValueError(
+            f"site {site_name!r} has support {support}, which has no bijection to the real space "
+            "registered with torch.distributions.biject_to; reparameterise it (e.g. sample an "
+            "unconstrained value and transform it) or register one."
+        ) from err
+
+
 def _check_eta(eta: float) -> float:
     if not isinstance(eta, (int, float)) or not math.isfinite(eta) or eta <= 0:
         raise ValueError(
@@ -110,7 +128,7 @@ class FlatPosteriorMessenger(Messenger):
                     "latents can be coupled to an auxiliary variable."
                 )
             return
-        transform = biject_to(support)
+        transform = support_transform(name, support)
         unconstrained = transform.inv(msg["value"])
         aux_fn = Normal(unconstrained, math.sqrt(self.eta)).to_event(transform.domain.event_dim)
         self._coupled.add(name)

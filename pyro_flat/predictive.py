@@ -14,10 +14,9 @@ from typing import Callable, Dict, Optional
 
 import torch
 from pyro import poutine
-from pyro.distributions.transforms import biject_to
 from pyro.poutine.messenger import Messenger
 
-from .flat import _is_subsample
+from .flat import _is_subsample, support_transform
 
 _USES = ("both", "theta", "aux")
 
@@ -69,7 +68,7 @@ def _draws(samples: Dict[str, torch.Tensor], use: str, suffix: str, latent_names
     if use in ("aux", "both"):
         for s in range(num):
             yield {
-                n: biject_to(supports[n])(samples[n + suffix][s]) if n + suffix in samples else samples[n][s]
+                n: support_transform(n, supports[n])(samples[n + suffix][s]) if n + suffix in samples else samples[n][s]
                 for n in latent_names
             }
 

@@ -17,12 +17,11 @@ from typing import Callable, Dict, Iterable, Optional, Tuple
 
 import torch
 from pyro import poutine
-from pyro.distributions.transforms import biject_to
 from pyro.distributions.util import scale_and_mask
 from pyro.infer.autoguide.initialization import InitMessenger, init_to_sample
 from pyro.poutine.messenger import Messenger
 
-from ..flat import AUX_INFER_KEY, _is_subsample
+from ..flat import AUX_INFER_KEY, _is_subsample, support_transform
 
 Params = Dict[str, torch.Tensor]
 
@@ -208,7 +207,7 @@ class ModelPotential(_Autograd):
                     "latents cannot be updated from minibatches. Move the site out of the plate "
                     "or drop subsample_size."
                 )
-            transform = biject_to(site["fn"].support)
+            transform = support_transform(name, site["fn"].support)
             unconstrained = transform.inv(site["value"]).detach()
             self.sites[name] = SiteInfo(
                 name, unconstrained.shape, transform, site["infer"].get(AUX_INFER_KEY)
