@@ -110,3 +110,22 @@ def test_potential_fn_path_matches_joint_gaussian():
     x = torch.cat([s["theta"], s["theta_aux"]], -1).double().numpy()
     mean, cov = joint_truth()
     assert_moments(x, mean, cov, known_bias=discrete_bias(joint_hessian()))
+
+
+def test_temperature_tempers_the_whole_joint():
+    """At temperature T the joint is exp(-U/T): every covariance above scales by T."""
+    T, lam, eta, step = 0.5, 2.0, 0.4, 0.02
+
+    def potential(p):
+        return 0.5 * lam * (p["x"] ** 2).sum()
+
+    kernel = EntropySGLD(potential_fn=potential, eta=eta, step_size=step, temperature=T)
+    mcmc = MCMC(kernel, num_samples=20_000, warmup_steps=300, num_chains=2,
+                initial_params={"x": torch.zeros(2, 2)}, disable_progbar=True)
+    mcmc.run()
+    s = mcmc.get_samples(group_by_chain=True)
+    x = torch.cat([s["x"], s["x_aux"]], -1).double().numpy()
+    eye = np.eye(2)
+    cov = T * np.block([[eye / lam, eye / lam], [eye / lam, eye / lam + eta * eye]])
+    H = torch.tensor(np.block([[(lam + 1 / eta) * eye, -eye / eta], [-eye / eta, eye / eta]]))
+    assert_moments(x, np.zeros(4), cov, known_bias=T * discrete_bias(H, step))
