@@ -109,3 +109,19 @@ def test_flat_potential_adds_coupling():
     U = flat_potential(lambda p: (p["a"] ** 2).sum(), eta=0.5, sites=["a"])
     val = U({"a": torch.tensor([1.0, 2.0]), "a_aux": torch.tensor([0.0, 0.0])})
     assert torch.isclose(val, torch.tensor(5.0 + 5.0))
+
+
+def test_kernels_and_bma_run_on_a_pyromodule():
+    from pyro.infer import MCMC
+    from pyro_flat import EntropySGLD, bma_predict
+
+    net = MLP()
+    x = torch.randn(40, 2)
+    y = (x[:, 0] > 0).long()
+    mcmc = MCMC(EntropySGLD(net, eta=0.1, step_size=1e-3), num_samples=30, warmup_steps=10,
+                disable_progbar=True)
+    mcmc.run(x, y)
+    s = mcmc.get_samples()
+    assert s["fc.weight"].shape == s["fc.weight_aux"].shape == (30, 3, 2)
+    probs = bma_predict(net, s, x, use="both")
+    assert probs.shape == (40, 3) and torch.allclose(probs.sum(-1), torch.ones(40))
