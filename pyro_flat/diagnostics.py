@@ -87,11 +87,3 @@ def _build(posterior: ArrayDict, stats: ArrayDict):
             groups["sample_stats"] = stats
         return from_dict(groups)
     return az.from_dict(posterior=posterior, sample_stats=stats or None)
-
-
-def summary(data, **kwargs):
-    """``arviz.summary`` (rank-normalised ESS and R-hat) on whatever :func:`to_arviz` accepts."""
-    import arviz as az
-
-    idata = data if hasattr(data, "posterior") or hasattr(data, "children") else to_arviz(data)
-    return az.summary(idata, **kwargs)

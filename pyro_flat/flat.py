@@ -26,7 +26,6 @@ import math
 from typing import Callable, Dict, Iterable, Optional
 
 import torch
-from pyro import poutine
 from pyro.distributions import Normal
 from pyro.distributions.transforms import biject_to
 from pyro.poutine.messenger import Messenger
@@ -229,12 +228,3 @@ def flat_potential(
     coupled_potential.flat_eta = eta
     coupled_potential.flat_suffix = suffix
     return coupled_potential
-
-
-def aux_pairs(model_trace: poutine.Trace) -> Dict[str, str]:
-    """Map each auxiliary site of a traced flat model to the site it guides."""
-    return {
-        name: site["infer"][AUX_INFER_KEY]
-        for name, site in model_trace.nodes.items()
-        if site["type"] == "sample" and site["infer"].get(AUX_INFER_KEY) is not None
-    }

@@ -7,7 +7,6 @@ import torch
 
 import pyro
 import pyro.distributions as dist
-from pyro import poutine
 from pyro.infer import MCMC
 from pyro.infer.mcmc.util import initialize_model
 from pyro_flat import SGLD, flat_posterior, to_arviz

@@ -257,16 +257,14 @@ class CallablePotential(_Autograd):
         self,
         potential_fn: Callable[[Params], torch.Tensor],
         initial_params: Params,
-        aux_pairs: Optional[Dict[str, str]] = None,
     ):
         self.potential_fn = potential_fn
-        aux_pairs = aux_pairs or {}
         self.sites = {
             name: SiteInfo(
                 name,
                 value.shape,
                 torch.distributions.transforms.identity_transform,
-                aux_pairs.get(name),
+                None,
             )
             for name, value in initial_params.items()
         }
@@ -343,6 +341,3 @@ abla_{z_a} = (z_a - z)/\eta`), so the
         self.last_stats = {"coupling_distance": sq.sqrt() * self.eta}  # ||θ - θa||
         return energy + sq * (0.5 * self.eta), grads
 
-
-def is_finite(x: torch.Tensor) -> bool:
-    return bool(torch.isfinite(x).all())
