@@ -137,3 +137,17 @@ def test_divergence_in_second_chain_keeps_first_chain():
     assert info.value.chain == 1
     assert info.value.completed_chains[0]["x"].shape == (40, 2)
     assert info.value.site == "x" and "potential energy became nan" in str(info.value)
+
+
+def test_initial_params_twins_start_at_their_site_unless_given():
+    kernel = EntropySGLD(gaussian, eta=0.1, step_size=0.1)
+    kernel.initial_params = {"theta": torch.tensor([1.0, 2.0, 3.0])}
+    kernel.setup(0)
+    assert torch.equal(kernel.initial_params["theta_aux"], torch.tensor([1.0, 2.0, 3.0]))
+    kernel.initial_params = {"theta": torch.zeros(3), "theta_aux": torch.ones(3)}
+    kernel.setup(0)
+    assert torch.equal(kernel.initial_params["theta"], torch.zeros(3))
+    assert torch.equal(kernel.initial_params["theta_aux"], torch.ones(3))
+    kernel.initial_params = {"thetta": torch.zeros(3)}
+    with pytest.raises(ValueError, match="'thetta'"):
+        kernel.setup(0)

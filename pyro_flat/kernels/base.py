@@ -108,16 +108,13 @@ class StochasticGradientKernel(MCMCKernel):
         self._reset_chain_state(warmup_steps)
         self.target = self.build_target(args, kwargs)
         user_params, self._pending_initial_params = self._pending_initial_params, None
-        params = self.target.initial_params()
-        if user_params is not None:
-            unknown = set(user_params) - set(params)
-            if unknown:
-                raise ValueError(
-                    f"initial_params names {sorted(unknown)}, which are not latent sites of the "
-                    f"target; its sites are {sorted(params)}."
-                )
-            params.update({k: v.to(params[k]) for k, v in user_params.items()})
-        params = self.complete_initial_params(params, user_params or {})
+        unknown = set(user_params or {}) - set(self.target.sites)
+        if unknown:
+            raise ValueError(
+                f"initial_params names {sorted(unknown)}, which are not latent sites of the "
+                f"target; its sites are {sorted(self.target.sites)}."
+            )
+        params = self.target.initial_params(user_params)
         energy, _ = self.target.potential_and_grad(params)
         if not math.isfinite(float(energy)):
             raise ValueError(
@@ -188,10 +185,6 @@ class StochasticGradientKernel(MCMCKernel):
                 "MCMC(kernel, ..., initial_params={name: tensor}) (one row per chain)."
             )
         return CallablePotential(self.potential_fn, self._pending_initial_params)
-
-    def complete_initial_params(self, params: Params, user_params: Params) -> Params:
-        """Adjust the initial point after the user's values are in (e.g. start θa at θ)."""
-        return params
 
     def update(self, params: Params, grads: Params, step_size: float) -> Params:
         raise NotImplementedError

@@ -2,7 +2,6 @@ r"""Entropy-MCMC with SGLD updates (Li & Zhang, ICLR 2024, Algorithm 1)."""
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Dict, Iterable, Optional
 
 import torch
@@ -86,7 +85,6 @@ class EntropySGLD(SGLD):
             schedule=schedule,
             **kwargs,
         )
-        self._pairs: Dict[str, str] = {}
 
     def build_target(self, args: tuple, kwargs: dict):
         if self.model is None and self._pending_initial_params is not None:
@@ -95,15 +93,7 @@ class EntropySGLD(SGLD):
             base = CallablePotential(self.potential_fn, theta)
         else:
             base = super().build_target(args, kwargs)
-        target = CoupledPotential(base, self.eta, self.sites, self.suffix)
-        self._pairs = dict(target.pairs)
-        return target
-
-    def complete_initial_params(self, params: Params, user_params: Params) -> Params:
-        for aux, base in self._pairs.items():
-            if aux not in user_params:
-                params[aux] = params[base].clone()
-        return params
+        return CoupledPotential(base, self.eta, self.sites, self.suffix)
 
     def logging(self) -> Dict[str, str]:
         out = super().logging()
@@ -111,8 +101,3 @@ class EntropySGLD(SGLD):
         if dist is not None:
             out["|θ-θa|"] = f"{float(dist):.3g}"
         return out
-
-    @property
-    def coupling_scale(self) -> float:
-        r""":math:`\sqrt{T\eta}`: the stationary standard deviation of each coordinate of :math:`\theta_a - \theta`."""
-        return math.sqrt(self.temperature * self.eta)

@@ -21,7 +21,7 @@ from pyro.distributions.util import scale_and_mask
 from pyro.infer.autoguide.initialization import InitMessenger, init_to_sample
 from pyro.poutine.messenger import Messenger
 
-from ..flat import AUX_INFER_KEY, _is_subsample, support_transform
+from ..flat import _is_subsample, support_transform
 
 Params = Dict[str, torch.Tensor]
 
@@ -33,7 +33,6 @@ class SiteInfo:
     name: str
     shape: torch.Size
     transform: torch.distributions.Transform  # unconstrained -> constrained
-    aux_of: Optional[str] = None  # for a flat-posterior twin: the site it guides
     is_identity: bool = field(init=False)
 
     def __post_init__(self):
@@ -80,9 +79,8 @@ class _LogJoint(Messenger):
         return sum(self.terms[1:], self.terms[0])
 
     def _pyro_sample(self, msg) -> None:
-        name = msg["name"]
-        fn = msg["fn"]
-        if type(fn).__name__ == "_Subsample":
+        name, fn = msg["name"], msg["fn"]
+        if _is_subsample(msg):
             if name in self.indices:
                 msg["value"] = self.indices[name]
                 msg["done"] = True
@@ -137,6 +135,13 @@ def potential_and_grad(potential: Callable[[Params], torch.Tensor], params: Para
     return energy.detach().reshape(()), {
         k: (torch.zeros_like(v) if g is None else g) for (k, v), g in zip(leaves.items(), grads)
     }
+
+
+def merge_overrides(params: Params, overrides: Optional[Params]) -> Params:
+    """``params`` with the user's values put in, cast to each site's dtype and device."""
+    for name, value in (overrides or {}).items():
+        params[name] = torch.as_tensor(value).to(params[name]).clone()
+    return params
 
 
 class _Autograd:
@@ -209,9 +214,7 @@ class ModelPotential(_Autograd):
                 )
             transform = support_transform(name, site["fn"].support)
             unconstrained = transform.inv(site["value"]).detach()
-            self.sites[name] = SiteInfo(
-                name, unconstrained.shape, transform, site["infer"].get(AUX_INFER_KEY)
-            )
+            self.sites[name] = SiteInfo(name, unconstrained.shape, transform)
         if not self.sites:
             raise ValueError(
                 "the model has no continuous latent site (pyro.sample without obs=); there is "
@@ -232,15 +235,17 @@ class ModelPotential(_Autograd):
         """Pyro's convention: ``transforms[name]`` maps the support to the unconstrained space."""
         return {name: site.transform.inv for name, site in self.sites.items()}
 
-    def initial_params(self) -> Params:
-        """Unconstrained values drawn by the init strategy (the setup trace, then fresh ones)."""
+    def initial_params(self, overrides: Optional[Params] = None) -> Params:
+        """Unconstrained values drawn by the init strategy (the setup trace, then fresh ones),
+        with the user's ``overrides`` put in."""
         trace, self._initial_trace = self._initial_trace, None
         if trace is None:
             trace = self._init_trace()
-        return {
+        params = {
             name: site.transform.inv(trace.nodes[name]["value"]).detach().clone()
             for name, site in self.sites.items()
         }
+        return merge_overrides(params, overrides)
 
     def __call__(self, params: Params) -> torch.Tensor:
         indices = {name: batcher() for name, batcher in self.batchers.items()}
@@ -260,12 +265,7 @@ class CallablePotential(_Autograd):
     ):
         self.potential_fn = potential_fn
         self.sites = {
-            name: SiteInfo(
-                name,
-                value.shape,
-                torch.distributions.transforms.identity_transform,
-                None,
-            )
+            name: SiteInfo(name, value.shape, torch.distributions.transforms.identity_transform)
             for name, value in initial_params.items()
         }
         self._initial = {k: v.detach().clone() for k, v in initial_params.items()}
@@ -275,24 +275,22 @@ class CallablePotential(_Autograd):
     def transforms(self) -> Dict[str, torch.distributions.Transform]:
         return {}
 
-    def initial_params(self) -> Params:
-        return {k: v.clone() for k, v in self._initial.items()}
+    def initial_params(self, overrides: Optional[Params] = None) -> Params:
+        return merge_overrides({k: v.clone() for k, v in self._initial.items()}, overrides)
 
     def __call__(self, params: Params) -> torch.Tensor:
         return self.potential_fn(params)
 
 
 class CoupledPotential:
-    r"""The Entropy-MCMC joint of a base target: :math:`U(z, z_a) = U_0(z) + \lVert z - z_a
-Vert^2 / (2\eta)`.
+    r"""The Entropy-MCMC joint of a base target: :math:`U(z, z_a) = U_0(z) + \lVert z - z_a\rVert^2 / (2\eta)`.
 
     The coupling is added in closed form, gradient included
-    (:math:`
-abla_z \mathrel{+}= (z - z_a)/\eta`, :math:`
-abla_{z_a} = (z_a - z)/\eta`), so the
+    (:math:`\nabla_z \mathrel{+}= (z - z_a)/\eta`, :math:`\nabla_{z_a} = (z_a - z)/\eta`), so the
     auxiliary block costs a few vector operations and no autograd. For a Pyro model this equals
     the potential of :func:`~pyro_flat.flat_posterior` up to the Gaussian normalising constant
     (the tests check it), for a ``potential_fn`` it is :func:`~pyro_flat.flat_potential`.
+    Twins start at their site (:math:`z_a = z`) unless ``initial_params`` names them.
     """
 
     def __init__(self, base, eta: float, sites: Optional[Iterable[str]] = None, suffix: str = "_aux"):
@@ -307,12 +305,13 @@ abla_{z_a} = (z_a - z)/\eta`), so the
         if not names:
             raise ValueError("sites=[] couples nothing; name at least one latent site.")
         self.pairs = {n + suffix: n for n in names}
+        self._names, self._auxes = list(names), list(self.pairs)
         self.sites = dict(base.sites)
         for aux, name in self.pairs.items():
             if aux in self.sites:
                 raise ValueError(f"the model already has a site named {aux!r}; pick another suffix.")
             self.sites[aux] = SiteInfo(
-                aux, base.sites[name].shape, torch.distributions.transforms.identity_transform, name
+                aux, base.sites[name].shape, torch.distributions.transforms.identity_transform
             )
         self.subsampled_plates = base.subsampled_plates
 
@@ -320,17 +319,18 @@ abla_{z_a} = (z_a - z)/\eta`), so the
     def transforms(self) -> Dict[str, torch.distributions.Transform]:
         return self.base.transforms  # twins are unconstrained: identity, omitted as Pyro does
 
-    def initial_params(self) -> Params:
-        """The base target's initial point, with every twin starting at its site (θa = θ)."""
-        params = self.base.initial_params()
+    def initial_params(self, overrides: Optional[Params] = None) -> Params:
+        """The base target's initial point; each twin starts at its site unless overridden."""
+        overrides = overrides or {}
+        params = self.base.initial_params({k: v for k, v in overrides.items() if k not in self.pairs})
         for aux, name in self.pairs.items():
             params[aux] = params[name].clone()
-        return params
+        return merge_overrides(params, {k: v for k, v in overrides.items() if k in self.pairs})
 
     def potential_and_grad(self, params: Params) -> Tuple[torch.Tensor, Params]:
         base_params = {k: v for k, v in params.items() if k not in self.pairs}
         energy, grads = self.base.potential_and_grad(base_params)
-        names, auxes = list(self.pairs.values()), list(self.pairs)
+        names, auxes = self._names, self._auxes
         # ∇_θ of the coupling, (θ - θa)/η, for every pair in one dispatch per operation
         diff = torch._foreach_sub([params[n] for n in names], [params[a] for a in auxes])
         torch._foreach_div_(diff, self.eta)
