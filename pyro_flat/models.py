@@ -1,0 +1,48 @@
+r"""Ready-made Pyro models of the studies.
+
+Bayesian logistic regression with a Gaussian prior,
+
+.. math:: w \sim \mathcal N(0, \sigma_p^2 I_d),\quad b \sim \mathcal N(0, \sigma_p^2),\quad
+          y_i \mid x_i \sim \mathrm{Bernoulli}(\mathrm{sigmoid}(x_i^\top w + b)),
+
+written with a subsampled ``pyro.plate`` so that the stochastic-gradient kernels draw fresh
+minibatches (``batch_size=None``: full batch, as Pyro's NUTS and HMC need).
+
+>>> import torch, pyro
+>>> X, y = torch.randn(50, 3), torch.randint(0, 2, (50,)).float()
+>>> trace = pyro.poutine.trace(logistic_regression).get_trace(X, y, batch_size=10)
+>>> sorted(n for n, s in trace.nodes.items() if s["type"] == "sample" and not s["is_observed"])
+['b', 'data', 'w']
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import torch
+
+import pyro
+import pyro.distributions as dist
+
+
+def logistic_regression(X: torch.Tensor, y: Optional[torch.Tensor] = None, *,
+                        batch_size: Optional[int] = 100, prior_scale: float = 1.0) -> None:
+    """Bayesian logistic regression; sites ``w`` (shape ``(d,)``), ``b``, plate ``data``, obs ``y``."""
+    zeros = torch.zeros(X.shape[1], dtype=X.dtype, device=X.device)
+    w = pyro.sample("w", dist.Normal(zeros, prior_scale).to_event(1))
+    b = pyro.sample("b", dist.Normal(zeros.new_zeros(()), prior_scale))
+    subsample = None if batch_size is None else min(batch_size, X.shape[0])
+    with pyro.plate("data", X.shape[0], subsample_size=subsample) as idx:
+        logits = X.index_select(0, idx) @ w + b
+        pyro.sample("y", dist.Bernoulli(logits=logits), obs=None if y is None else y.index_select(0, idx))
+
+
+def logistic_probs(samples: Dict[str, torch.Tensor], X: torch.Tensor, *, suffix: str = "") -> torch.Tensor:
+    r"""``P(y = 1 | x, w_s, b_s)`` for every draw at once: shape ``(num_draws, n)``.
+
+    ``suffix="_aux"`` uses the guiding draws θa. Averaging over the first axis is the Bayesian
+    model average (:func:`pyro_flat.bma_predict` gives the same for any model, draw by draw).
+    """
+    w, b = samples["w" + suffix], samples["b" + suffix]
+    w = w.reshape(-1, w.shape[-1]).to(X.dtype)
+    return torch.sigmoid(w @ X.T + b.reshape(-1, 1).to(X.dtype))

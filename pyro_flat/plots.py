@@ -1,0 +1,126 @@
+"""Matplotlib figures of the studies. Each function draws one figure and returns it.
+
+They take plain tensors/arrays and dicts, so notebooks, the CLI and users' own runs share them.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+
+from .datasets import SharpFlatMixture, flat_density_curves
+
+
+def _plt():
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_bma_curves(curves: Mapping[str, Mapping[str, np.ndarray]], *, title: str = ""):
+    """Test accuracy and NLL of the running Bayesian model average against the iteration.
+
+    ``curves[label] = {"iteration": ..., "accuracy": ..., "nll": ...}`` (see
+    :func:`pyro_flat.study.running_bma`).
+    """
+    plt = _plt()
+    fig, (ax_acc, ax_nll) = plt.subplots(1, 2, figsize=(11, 4))
+    for i, (label, c) in enumerate(curves.items()):
+        style = dict(color=f"C{i}", lw=1.6)
+        ax_acc.plot(c["iteration"], c["accuracy"], label=label, **style)
+        ax_nll.plot(c["iteration"], c["nll"], label=label, **style)
+    ax_acc.set(xlabel="iteration (warm-up included)", ylabel="test accuracy of the BMA",
+               title="accuracy (higher is better)")
+    ax_nll.set(xlabel="iteration (warm-up included)", ylabel="test NLL per point of the BMA",
+               title="negative log-likelihood (lower is better)")
+    ax_acc.legend(fontsize=8, loc="lower right")
+    for ax in (ax_acc, ax_nll):
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_weight_comparison(theta: torch.Tensor, aux: torch.Tensor, *, image_shape=(28, 28), pixel: int = 406):
+    """θ against θa for a weight vector: one weight's draws, per-weight posterior sds, mean images.
+
+    ``theta``/``aux`` are draws of shape ``(num_draws, d)``; ``pixel`` picks the weight shown.
+    """
+    plt = _plt()
+    theta, aux = np.asarray(theta, dtype=float), np.asarray(aux, dtype=float)
+    fig, axes = plt.subplots(1, 4, figsize=(15, 3.8), layout="constrained")
+    lo, hi = np.percentile(np.concatenate([theta[:, pixel], aux[:, pixel]]), [0.5, 99.5])
+    axes[0].hist(theta[:, pixel], bins=50, range=(lo, hi), alpha=0.55, density=True, label="θ")
+    axes[0].hist(aux[:, pixel], bins=50, range=(lo, hi), alpha=0.55, density=True, label="θa")
+    axes[0].set(xlabel=f"weight w[{pixel}]", ylabel="density", title="one weight's draws")
+    sd_t, sd_a = theta.std(0), aux.std(0)
+    top = max(sd_t.max(), sd_a.max())
+    axes[1].hist(sd_t, bins=60, range=(0, top), alpha=0.55, label="θ")
+    axes[1].hist(sd_a, bins=60, range=(0, top), alpha=0.55, label="θa")
+    axes[1].set(xlabel="posterior sd of a weight", ylabel="number of weights", title="spread of all weights")
+    for ax in axes[:2]:
+        ax.legend(fontsize=8)
+    limit = np.abs(np.concatenate([theta.mean(0), aux.mean(0)])).max()
+    for ax, draws, name in ((axes[2], theta, "θ"), (axes[3], aux, "θa")):
+        im = ax.imshow(draws.mean(0).reshape(image_shape), cmap="RdBu_r", vmin=-limit, vmax=limit)
+        ax.set(title=f"posterior mean of {name}", xticks=[], yticks=[])
+    fig.colorbar(im, ax=axes[2:], shrink=0.8, label="weight (red: votes for a nine)")
+    return fig
+
+
+def plot_smoothing_1d(mixture: SharpFlatMixture, etas: Sequence[float], *, grid: Optional[torch.Tensor] = None,
+                      draws: Optional[Mapping[float, Dict[str, torch.Tensor]]] = None):
+    """p(θ) against the flat posterior p(θa) = p * N(0, η) for several η (1-D mixtures).
+
+    ``draws[eta] = {"theta": ..., "theta_aux": ...}`` adds sample histograms (e.g. EntropySGLD's).
+    """
+    plt = _plt()
+    grid = torch.linspace(-5, 6, 500) if grid is None else grid
+    curves = flat_density_curves(mixture, etas, grid)
+    fig, axes = plt.subplots(1, len(etas), figsize=(4.2 * len(etas), 3.6), sharey=True, squeeze=False)
+    for ax, eta in zip(axes[0], etas):
+        if draws and eta in draws:
+            rng = (float(grid[0]), float(grid[-1]))
+            ax.hist(draws[eta]["theta"].reshape(-1).numpy(), bins=100, range=rng, density=True,
+                    alpha=0.4, color="C0", label="θ draws")
+            ax.hist(draws[eta]["theta_aux"].reshape(-1).numpy(), bins=100, range=rng, density=True,
+                    alpha=0.4, color="C1", label="θa draws")
+        ax.plot(grid, curves[0.0], "C0", lw=1.6, label="p(θ | D)")
+        ax.plot(grid, curves[float(eta)], "C1", lw=1.6, label="flat: p(θ | D) * N(0, η)")
+        ax.set(title=f"η = {eta:g}", xlabel="θ")
+    axes[0, 0].set_ylabel("density")
+    axes[0, -1].legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def plot_trajectories_2d(mixture: SharpFlatMixture, paths: Mapping[str, np.ndarray], *, eta: float,
+                         limits=((-4.0, 4.5), (-3.0, 3.5)), title: str = ""):
+    """Trajectories over the contours of p (solid) and of the flat posterior p * N(0, ηI) (dashed).
+
+    ``paths[label]`` is an array ``(num_steps, 2)``; the start is marked with a black dot.
+    """
+    plt = _plt()
+    xs, ys = torch.linspace(*limits[0], 200), torch.linspace(*limits[1], 200)
+    grid = torch.stack(torch.meshgrid(xs, ys, indexing="xy"), -1)
+    fig, ax = plt.subplots(figsize=(6.5, 5))
+    ax.contour(xs, ys, mixture.log_prob(grid).exp(), levels=12, colors="0.55", linewidths=0.8)
+    ax.contour(xs, ys, mixture.log_prob(grid, eta=eta).exp(), levels=8, colors="C3", linestyles="--",
+               linewidths=0.9)
+    for i, (label, path) in enumerate(paths.items()):
+        path = np.asarray(path)
+        ax.plot(path[:, 0], path[:, 1], "-", color=f"C{i}", lw=0.7, alpha=0.8, label=label)
+        ax.plot(path[-1, 0], path[-1, 1], "o", color=f"C{i}", ms=7, mec="k")
+    first = np.asarray(next(iter(paths.values())))[0]
+    ax.plot(first[0], first[1], "ko", ms=6, label="start")
+    ax.annotate("sharp mode", mixture.sharp_loc.tolist(), xytext=(-3.8, -2.7), arrowprops=dict(arrowstyle="->"))
+    ax.annotate("flat mode", mixture.flat_loc.tolist(), xytext=(2.5, 3.0), arrowprops=dict(arrowstyle="->"))
+    ax.plot([], [], color="0.55", label="p(θ) contours")
+    ax.plot([], [], "--", color="C3", label=f"p(θ) * N(0, {eta:g} I) contours")
+    ax.set(xlabel="θ₁", ylabel="θ₂", xlim=limits[0], ylim=limits[1], title=title)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
