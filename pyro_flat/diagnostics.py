@@ -31,8 +31,6 @@ def _from_mcmc(mcmc) -> tuple[ArrayDict, ArrayDict]:
     if per_chain and all(s for s in per_chain):
         for name in per_chain[0]:
             stats[name] = np.stack([_numpy(s[name]) for s in per_chain])
-        if "potential_energy" in stats:
-            stats["lp"] = -stats["potential_energy"]
     return posterior, stats
 
 
@@ -72,6 +70,8 @@ def to_arviz(
         raise ValueError(f"to_arviz: every site needs the same (chain, draw) leading shape, got {shapes}")
     if sample_stats:
         stats.update({k: _numpy(v) for k, v in sample_stats.items()})
+    if "potential_energy" in stats and "lp" not in stats:
+        stats["lp"] = -stats["potential_energy"]  # ArviZ's name for the log density
     return _build(posterior, stats)
 
 

@@ -99,7 +99,7 @@ def plot_smoothing_1d(mixture: SharpFlatMixture, etas: Sequence[float], *, grid:
 
 def plot_trajectories_2d(mixture: SharpFlatMixture, paths: Mapping[str, np.ndarray], *, eta: float,
                          limits=((-4.0, 4.5), (-3.0, 3.5)), title: str = ""):
-    """Trajectories over the contours of p (solid) and of the flat posterior p * N(0, ηI) (dashed).
+    """Trajectories over log-density contours of p (solid) and of the flat posterior p * N(0, ηI) (dashed).
 
     ``paths[label]`` is an array ``(num_steps, 2)``; the start is marked with a black dot.
     """
@@ -107,20 +107,21 @@ def plot_trajectories_2d(mixture: SharpFlatMixture, paths: Mapping[str, np.ndarr
     xs, ys = torch.linspace(*limits[0], 200), torch.linspace(*limits[1], 200)
     grid = torch.stack(torch.meshgrid(xs, ys, indexing="xy"), -1)
     fig, ax = plt.subplots(figsize=(6.5, 5))
-    ax.contour(xs, ys, mixture.log_prob(grid).exp(), levels=12, colors="0.55", linewidths=0.8)
-    ax.contour(xs, ys, mixture.log_prob(grid, eta=eta).exp(), levels=8, colors="C3", linestyles="--",
-               linewidths=0.9)
+    for e, style in ((0.0, dict(colors="0.55", linewidths=0.8)),
+                     (eta, dict(colors="C3", linestyles="--", linewidths=0.9))):
+        logp = mixture.log_prob(grid, eta=e)  # contours of log-density: both modes stay visible
+        ax.contour(xs, ys, logp, levels=np.linspace(float(logp.max()) - 8, float(logp.max()), 9), **style)
     for i, (label, path) in enumerate(paths.items()):
         path = np.asarray(path)
         ax.plot(path[:, 0], path[:, 1], "-", color=f"C{i}", lw=0.7, alpha=0.8, label=label)
         ax.plot(path[-1, 0], path[-1, 1], "o", color=f"C{i}", ms=7, mec="k")
     first = np.asarray(next(iter(paths.values())))[0]
     ax.plot(first[0], first[1], "ko", ms=6, label="start")
-    ax.annotate("sharp mode", mixture.sharp_loc.tolist(), xytext=(-3.8, -2.7), arrowprops=dict(arrowstyle="->"))
+    ax.annotate("sharp mode", mixture.sharp_loc.tolist(), xytext=(-3.8, -2.6), arrowprops=dict(arrowstyle="->"))
     ax.annotate("flat mode", mixture.flat_loc.tolist(), xytext=(2.5, 3.0), arrowprops=dict(arrowstyle="->"))
     ax.plot([], [], color="0.55", label="p(θ) contours")
     ax.plot([], [], "--", color="C3", label=f"p(θ) * N(0, {eta:g} I) contours")
     ax.set(xlabel="θ₁", ylabel="θ₂", xlim=limits[0], ylim=limits[1], title=title)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     return fig

@@ -327,7 +327,7 @@ def _report_markdown(report: dict, config: MNIST79Config) -> str:
 
 
 def run_synthetic2d(*, eta: float = 1.0, step_size: float = 2e-3, num_steps: int = 3000,
-                    temperature: float = 1.0, start=(-0.6, -0.4), seed: int = 0) -> Dict[str, np.ndarray]:
+                    temperature: float = 1.0, start=(-1.5, -0.8), seed: int = 0) -> Dict[str, np.ndarray]:
     """Trajectories of SGLD's θ and EntropySGLD's θ and θa on :func:`sharp_flat_2d`, one common start.
 
     Returns ``{"SGLD θ": (num_steps, 2), "EntropySGLD θ": ..., "EntropySGLD θa": ...}``.
