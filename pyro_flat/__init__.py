@@ -4,10 +4,12 @@
   guiding twins θa (sites ``name + "_aux"``);
 - :class:`SGLD` and :class:`EntropySGLD` are ``pyro.infer.MCMC`` kernels with Pyro-native minibatches;
 - :func:`to_arviz` gives ArviZ diagnostics; :func:`bma_predict` and :mod:`pyro_flat.metrics` give
-  Bayesian-model-averaged predictions and their calibration.
+  Bayesian-model-averaged predictions and their calibration;
+- :mod:`pyro_flat.datasets` (MNIST 7-vs-9, sharp/flat mixtures), :mod:`pyro_flat.models`, and the
+  studies behind the ``pyro-flat`` command (:mod:`pyro_flat.study`).
 """
 
-from . import metrics, schedules
+from . import datasets, metrics, models, schedules
 from .diagnostics import to_arviz
 from .flat import flat_posterior, flat_potential
 from .kernels import SGLD, DivergenceError, EntropySGLD
@@ -24,5 +26,7 @@ __all__ = [
     "to_arviz",
     "bma_predict",
     "metrics",
+    "datasets",
+    "models",
     "schedules",
 ]

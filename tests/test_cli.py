@@ -10,17 +10,20 @@ from pyro_flat.cli import main
 from pyro_flat.kernels import EntropySGLD
 
 SMALL = ["--chains", "2", "--warmup", "200", "--num-samples", "300", "--thin", "1", "--no-progress"]
+# Enough draws that the BMA's accuracy on the 200 test images is a property of the sampler.
+STUDY = ["--chains", "2", "--warmup", "500", "--num-samples", "1500", "--thin", "5", "--no-progress"]
 FILES = ("samples.nc", "summary.csv", "bma_vs_iterations.png", "trace.png", "rank.png", "weights.png",
          "report.md", "report.json")
 
 
 def test_mnist79_writes_every_file_and_classifies(tmp_path):
     out = tmp_path / "run"
-    assert main(["mnist79", *SMALL, "--out", str(out)]) == 0
+    assert main(["mnist79", *STUDY, "--out", str(out)]) == 0
     for name in FILES:
         assert (out / name).stat().st_size > 0, name
     idata = az.from_netcdf(str(out / "samples.nc"))
     assert idata.posterior["w"].shape == (2, 300, 784) and idata.posterior["w_aux"].shape == (2, 300, 784)
+    assert idata.sample_stats["step_size"].shape == (2, 300)
     assert {"b", "b_aux", "coupling_distance", "lp"} <= set(idata.posterior) | set(idata.sample_stats)
     report = json.loads((out / "report.json").read_text())
     bma = report["bma"]["entropy-sgld"]
