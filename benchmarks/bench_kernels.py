@@ -23,9 +23,9 @@ os.environ.setdefault("CI", "1")  # no progress bar: it would be timed too
 import torch
 
 import pyro
-import pyro.distributions as dist
 from pyro.infer import MCMC
 from pyro_flat import SGLD, EntropySGLD
+from pyro_flat.models import logistic_regression as model  # N(0, 1) prior, minibatch plate of B = 100
 
 N, D, B = 12_000, 784, 100
 STEP, ETA = 1e-6, 1e-2
@@ -37,14 +37,6 @@ def make_data(seed: int = 0):
     w = torch.randn(D, generator=g) * 0.1
     y = torch.bernoulli(torch.sigmoid(X @ w), generator=g)
     return X, y
-
-
-def model(X, y):
-    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
-    b = pyro.sample("b", dist.Normal(0.0, 1.0))
-    with pyro.plate("data", X.shape[0], subsample_size=B) as idx:
-        logits = X.index_select(0, idx) @ w + b
-        pyro.sample("y", dist.Bernoulli(logits=logits), obs=y.index_select(0, idx))
 
 
 def log_joint(w, b, X, y, idx):

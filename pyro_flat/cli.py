@@ -13,7 +13,7 @@ import argparse
 import sys
 from typing import List, Optional
 
-from .study import SAMPLERS, MNIST79Config, StudyError
+from .study import SAMPLERS, MNIST79Config
 
 
 def _add_mnist79(sub) -> None:
@@ -78,20 +78,18 @@ def run_synthetic2d_command(args: argparse.Namespace) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    import torch
+
     from .datasets import sharp_flat_2d
     from .plots import plot_trajectories_2d
-    from .study import output_dir, run_synthetic2d
+    from .study import output_dir, require_positive, run_synthetic2d
 
-    if not args.eta > 0:
-        raise StudyError(f"--eta must be > 0, got {args.eta}")
-    if not args.step_size > 0:
-        raise StudyError(f"--step-size must be > 0, got {args.step_size}")
+    require_positive("--eta", args.eta)
+    require_positive("--step-size", args.step_size)
     out = output_dir(args.out)
     mixture = sharp_flat_2d()
     paths = run_synthetic2d(eta=args.eta, step_size=args.step_size, num_steps=args.num_steps, seed=args.seed)
     for label, path in paths.items():
-        import torch
-
         frac = float(mixture.in_flat_mode(torch.as_tensor(path)).double().mean())
         print(f"{label}: {100 * frac:.0f}% of the steps in the flat mode")
     fig = plot_trajectories_2d(mixture, paths, eta=args.eta,

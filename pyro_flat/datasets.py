@@ -127,11 +127,19 @@ def _md5(path: Path) -> str:
     return h.hexdigest()
 
 
+def _locate(root: Path, name: str) -> Optional[Path]:
+    """``name.gz`` or ``name`` in ``root``, ``root/MNIST/raw`` (torchvision) or ``root/raw``."""
+    for folder in (root, root / "MNIST" / "raw", root / "raw"):
+        for candidate in (folder / (name + ".gz"), folder / name):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
 def _find_file(root: Path, name: str) -> Path:
-    candidates = [d / n for d in (root, root / "MNIST" / "raw", root / "raw") for n in (name + ".gz", name)]
-    for c in candidates:
-        if c.is_file():
-            return c
+    path = _locate(root, name)
+    if path is not None:
+        return path
     raise MNISTFileError(
         f"MNIST file {name}.gz (or {name}) not found in {root} (also looked in MNIST/raw/ and raw/). "
         f"Put the IDX files or Keras' mnist.npz there, call pyro_flat.datasets.download_mnist({str(root)!r}) "
@@ -141,9 +149,12 @@ def _find_file(root: Path, name: str) -> Path:
 
 def _verify_official(path: Path, official_count: int, count: int) -> None:
     """A file with an official name and the official size must have the official MD5."""
-    md5 = MNIST_MD5.get(path.name)
-    if md5 is not None and count == official_count and _md5(path) != md5:
-        raise MNISTFileError(f"{path}: MD5 {_md5(path)} differs from the official {md5}; the file "
+    official = MNIST_MD5.get(path.name)
+    if official is None or count != official_count:
+        return
+    actual = _md5(path)
+    if actual != official:
+        raise MNISTFileError(f"{path}: MD5 {actual} differs from the official {official}; the file "
                              "is corrupt or modified, download it again")
 
 
@@ -166,15 +177,15 @@ def _read_npz_split(path: Path, split: str) -> Tuple[np.ndarray, np.ndarray]:
     keys = ("x_train", "y_train") if split == "train" else ("x_test", "y_test")
     try:
         with np.load(path) as f:
-            missing = [k for k in keys if k not in f.files]
-            if missing:
-                raise MNISTFileError(f"{path}: no array(s) {missing} (found {f.files}); Keras' mnist.npz "
-                                     "holds x_train, y_train, x_test, y_test")
-            images, labels = f[keys[0]], f[keys[1]]
+            arrays = {k: f[k] for k in keys if k in f.files}
+            found = f.files
     except (OSError, ValueError, EOFError) as err:
-        if isinstance(err, MNISTFileError):
-            raise
         raise MNISTFileError(f"{path}: not a readable .npz file ({err}); download it again") from err
+    missing = [k for k in keys if k not in arrays]
+    if missing:
+        raise MNISTFileError(f"{path}: no array(s) {missing} (found {found}); Keras' mnist.npz "
+                             "holds x_train, y_train, x_test, y_test")
+    images, labels = arrays[keys[0]], arrays[keys[1]]
     if images.ndim != 3 or images.shape[1:] != (28, 28) or labels.ndim != 1:
         raise MNISTFileError(f"{path}: {keys[0]} must have shape (n, 28, 28) and {keys[1]} shape (n,), "
                              f"found {images.shape} and {labels.shape}")
@@ -226,9 +237,8 @@ def load_mnist_digits(root: Optional[PathLike] = None, *, split: str = "train",
                                  "holds the IDX files or mnist.npz, or root=None for the embedded subset")
         if root.is_file():
             images, labels = _read_npz_split(root, split)
-        elif (root / "mnist.npz").is_file() and not any(
-                (root / n).exists() or (root / (n + ".gz")).exists() for n in MNIST_FILES[split][:2]):
-            images, labels = _read_npz_split(root / "mnist.npz", split)
+        elif _locate(root, MNIST_FILES[split][0]) is None and (root / "mnist.npz").is_file():
+            images, labels = _read_npz_split(root / "mnist.npz", split)  # IDX files take precedence
         else:
             images, labels = _read_idx_split(root, split)
     if len(images) != len(labels):

@@ -22,16 +22,23 @@ def _numpy(x) -> np.ndarray:
     return np.asarray(x)
 
 
+def mcmc_sample_stats(mcmc) -> Dict[str, torch.Tensor]:
+    """The per-draw statistics of a finished ``MCMC`` run, ``{name: tensor(chain, draw)}``.
+
+    pyro-flat kernels hand them to Pyro's driver through ``diagnostics()``, which keeps them per
+    chain; kernels without them give ``{}``.
+    """
+    per_chain = [d.get("sample_stats") for d in (mcmc._diagnostics or []) if isinstance(d, dict)]
+    if not (per_chain and all(per_chain)):
+        return {}
+    return {name: torch.stack([torch.as_tensor(s[name]) for s in per_chain]) for name in per_chain[0]}
+
+
 def _from_mcmc(mcmc) -> tuple[ArrayDict, ArrayDict]:
     if not hasattr(mcmc, "_samples"):
         raise ValueError("to_arviz(mcmc): run the sampler first (mcmc.run(...)).")
     posterior = {k: _numpy(v) for k, v in mcmc.get_samples(group_by_chain=True).items()}
-    per_chain = [d.get("sample_stats") for d in (mcmc._diagnostics or []) if isinstance(d, dict)]
-    stats: ArrayDict = {}
-    if per_chain and all(s for s in per_chain):
-        for name in per_chain[0]:
-            stats[name] = np.stack([_numpy(s[name]) for s in per_chain])
-    return posterior, stats
+    return posterior, {k: _numpy(v) for k, v in mcmc_sample_stats(mcmc).items()}
 
 
 def to_arviz(

@@ -27,6 +27,7 @@ import pyro
 
 from . import metrics
 from .datasets import load_mnist79, sharp_flat_2d
+from .diagnostics import mcmc_sample_stats
 from .kernels import SGLD, EntropySGLD
 from .models import logistic_probs, logistic_regression
 
@@ -40,6 +41,12 @@ REDUCED = os.environ.get("PYRO_FLAT_REDUCED") == "1"
 
 class StudyError(ValueError):
     """A bad setting of a study (printed as one line by the CLI)."""
+
+
+def require_positive(option: str, value: float) -> None:
+    """A ``StudyError`` naming the command-line ``option`` unless ``value`` is finite and > 0."""
+    if not (math.isfinite(value) and value > 0):
+        raise StudyError(f"{option} must be > 0, got {value}")
 
 
 def check_sampler(name: Optional[str], option: str = "--sampler") -> None:
@@ -83,9 +90,7 @@ class MNIST79Config:
         check_sampler(self.sampler)
         check_sampler(self.baseline, "--baseline")
         for name in ("eta", "step_size", "prior_scale"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise StudyError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+            require_positive(f"--{name.replace('_', '-')}", getattr(self, name))
         if min(self.num_samples, self.chains, self.batch_size, self.thin) < 1 or self.warmup < 0:
             raise StudyError("--num-samples, --chains, --batch-size and --thin must be >= 1 and --warmup >= 0")
 
@@ -130,12 +135,8 @@ def run_sampler(name: str, config: MNIST79Config, X: torch.Tensor, y: torch.Tens
         return SamplerRun(name, _thin(samples, config.thin), seconds=time.perf_counter() - start,
                           interrupted=True)
     seconds = time.perf_counter() - start
-    stats = {}
-    per_chain = [d.get("sample_stats", {}) for d in mcmc._diagnostics]
-    if per_chain and all(per_chain):
-        stats = {k: torch.stack([s[k] for s in per_chain]) for k in per_chain[0]}
     samples = mcmc.get_samples(group_by_chain=True)
-    return SamplerRun(name, _thin(samples, config.thin), _thin(stats, config.thin), seconds)
+    return SamplerRun(name, _thin(samples, config.thin), _thin(mcmc_sample_stats(mcmc), config.thin), seconds)
 
 
 def _thin(values: Dict[str, torch.Tensor], thin: int) -> Dict[str, torch.Tensor]:
@@ -163,10 +164,8 @@ def running_bma(probs: torch.Tensor, y: torch.Tensor, *, warmup: int = 0, thin: 
 
 def evaluate(run: SamplerRun, X_test: torch.Tensor, y_test: torch.Tensor, *, warmup: int = 0, thin: int = 1):
     """BMA metrics and running curves for θ, and for θa and both when the run has twins."""
-    def probs(suffix):
-        w = run.samples["w" + suffix]
-        flat = {"w": w.reshape(-1, w.shape[-1]), "b": run.samples["b" + suffix].reshape(-1)}
-        return logistic_probs(flat, X_test).reshape(*w.shape[:2], -1)
+    def probs(suffix):  # (chain, draw, n)
+        return logistic_probs(run.samples, X_test, suffix=suffix).reshape(*run.samples["b"].shape[:2], -1)
 
     per_use = {"theta": probs("")}
     if run.has_aux:
@@ -256,11 +255,9 @@ def run_mnist79(config: MNIST79Config, *, log: Callable[[str], None] = print) ->
     files["bma_curves"] = _save(plot_bma_curves(curves, title="MNIST 7 vs 9: running Bayesian model average"),
                                 out / "bma_vs_iterations.png")
     center = 14 * 28 + 14
-    trace_vars = ["b", "b_aux"] if main.has_aux else ["b"]
     coords = {"w_dim_0": [center], "w_aux_dim_0": [center]}
-    trace_vars += ["w", "w_aux"] if main.has_aux else ["w"]
     for kind, plot in (("trace", az.plot_trace), ("rank", az.plot_rank)):
-        axes = np.atleast_2d(plot(idata, var_names=trace_vars, coords=coords))
+        axes = np.atleast_2d(plot(idata, var_names=var_names, coords=coords))
         fig = axes.flat[0].figure
         fig.suptitle(f"{config.sampler}: bias b and the centre pixel's weight w[{center}] (θ and θa)")
         fig.tight_layout()
