@@ -2,7 +2,9 @@
 
 - :func:`flat_posterior` turns any Pyro model into the Entropy-MCMC joint over weights θ and their
   guiding twins θa (sites ``name + "_aux"``);
-- :class:`SGLD` and :class:`EntropySGLD` are ``pyro.infer.MCMC`` kernels with Pyro-native minibatches;
+- :class:`SGLD` and :class:`EntropySGLD` are ``pyro.infer.MCMC`` kernels with Pyro-native minibatches,
+  :class:`EntropyHMC` the exact (Metropolis-corrected) sampler of the same joint;
+- :class:`MCMC` is Pyro's driver plus vectorized chains (all chains as one batched tensor);
 - :func:`to_arviz` gives ArviZ diagnostics; :func:`bma_predict` and :mod:`pyro_flat.metrics` give
   Bayesian-model-averaged predictions and their calibration;
 - :mod:`pyro_flat.datasets` (MNIST 7-vs-9, sharp/flat mixtures), :mod:`pyro_flat.models`, and the
@@ -12,7 +14,8 @@
 from . import datasets, metrics, models, schedules
 from .diagnostics import to_arviz
 from .flat import flat_posterior, flat_potential
-from .kernels import SGLD, DivergenceError, EntropySGLD
+from .kernels import SGLD, DivergenceError, EntropyHMC, EntropySGLD
+from .mcmc import MCMC
 from .predictive import bma_predict
 
 __version__ = "0.1.0"
@@ -22,6 +25,8 @@ __all__ = [
     "flat_potential",
     "SGLD",
     "EntropySGLD",
+    "EntropyHMC",
+    "MCMC",
     "DivergenceError",
     "to_arviz",
     "bma_predict",

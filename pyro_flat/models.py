@@ -12,7 +12,7 @@ minibatches (``batch_size=None``: full batch, as Pyro's NUTS and HMC need).
 >>> X, y = torch.randn(50, 3), torch.randint(0, 2, (50,)).float()
 >>> trace = pyro.poutine.trace(logistic_regression).get_trace(X, y, batch_size=10)
 >>> sorted(n for n, s in trace.nodes.items() if s["type"] == "sample" and not s["is_observed"])
-['b', 'data', 'w']
+['b', 'data', 'features', 'w']
 """
 
 from __future__ import annotations
@@ -27,13 +27,19 @@ import pyro.distributions as dist
 
 def logistic_regression(X: torch.Tensor, y: Optional[torch.Tensor] = None, *,
                         batch_size: Optional[int] = 100, prior_scale: float = 1.0) -> None:
-    """Bayesian logistic regression; sites ``w`` (shape ``(d,)``), ``b``, plate ``data``, obs ``y``."""
-    zeros = torch.zeros(X.shape[1], dtype=X.dtype, device=X.device)
-    w = pyro.sample("w", dist.Normal(zeros, prior_scale).to_event(1))
-    b = pyro.sample("b", dist.Normal(zeros.new_zeros(()), prior_scale))
+    """Bayesian logistic regression; sites ``w`` (shape ``(d,)``), ``b``, plate ``data``, obs ``y``.
+
+    The weights live in a ``features`` plate, so the model broadcasts over a leading chain
+    dimension (``w``: ``(C, d)``, ``b``: ``(C, 1)``) for vectorized chains and
+    ``Predictive(parallel=True)``.
+    """
+    zero = X.new_zeros(())
+    with pyro.plate("features", X.shape[1]):
+        w = pyro.sample("w", dist.Normal(zero, prior_scale))
+    b = pyro.sample("b", dist.Normal(zero, prior_scale))
     subsample = None if batch_size is None else min(batch_size, X.shape[0])
     with pyro.plate("data", X.shape[0], subsample_size=subsample) as idx:
-        logits = X.index_select(0, idx) @ w + b
+        logits = w @ X.index_select(0, idx).T + b
         pyro.sample("y", dist.Bernoulli(logits=logits), obs=None if y is None else y.index_select(0, idx))
 
 

@@ -1,8 +1,9 @@
 """Pyro ``MCMCKernel``s for flat posteriors: one small module per algorithm."""
 
-from .base import StochasticGradientKernel
+from .base import StochasticGradientKernel, TargetKernel
+from .entropy_hmc import EntropyHMC
 from .entropy_sgld import EntropySGLD
 from .errors import DivergenceError
 from .sgld import SGLD
 
-__all__ = ["StochasticGradientKernel", "SGLD", "EntropySGLD", "DivergenceError"]
+__all__ = ["TargetKernel", "StochasticGradientKernel", "SGLD", "EntropySGLD", "EntropyHMC", "DivergenceError"]

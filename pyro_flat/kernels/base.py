@@ -1,16 +1,21 @@
-"""The shared skeleton of pyro-flat's stochastic-gradient kernels (Pyro ``MCMCKernel`` shape).
+"""The shared skeleton of pyro-flat's kernels (Pyro ``MCMCKernel`` shape).
 
-Per chain, ``setup`` builds the target (the model's potential, with fresh minibatches each call)
-and draws the initial point; ``sample`` makes one update and records the per-draw statistics that
-:func:`pyro_flat.to_arviz` turns into ``sample_stats``; ``diagnostics`` hands them to Pyro's driver,
-which keeps them per chain (also across its worker processes).
+:class:`TargetKernel` is what every kernel shares: per chain, ``setup`` builds the target (the
+model's potential, with fresh minibatches each call, or a ``potential_fn``) and draws the initial
+point; ``sample`` (the subclass) makes one transition and records the per-draw statistics that
+:func:`pyro_flat.to_arviz` turns into ``sample_stats``; ``diagnostics`` hands them to Pyro's
+driver, which keeps them per chain (also across its worker processes). With ``num_chains`` set
+(by :class:`pyro_flat.MCMC`) one kernel advances that many chains at once: every tensor carries a
+leading chain dimension.
+
+:class:`StochasticGradientKernel` adds the one-gradient-per-step update of SGLD and its relatives.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Callable, Dict, List, Optional, Union
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 from pyro.infer.autoguide.initialization import init_to_sample
@@ -32,34 +37,23 @@ def check_positive(name: str, value, *, hint: str = "") -> float:
     return x
 
 
-class StochasticGradientKernel(MCMCKernel):
-    """Base class: one gradient of the (minibatch) potential per iteration.
-
-    Subclasses implement :meth:`update` (the rule) and may override :meth:`build_target`
-    (what is sampled; a target's ``last_stats`` become per-draw statistics).
+class TargetKernel(MCMCKernel):
+    """Base class of pyro-flat's kernels: the target, the initial point, the recorded draws.
 
     :param model: a Pyro model; exactly one of ``model`` and ``potential_fn`` is given.
     :param potential_fn: ``params -> scalar`` over real tensors; the initial point then comes from
-        ``MCMC(..., initial_params=...)``.
-    :param step_size: base step :math:`\\alpha > 0`.
-    :param temperature: :math:`T > 0`; the target is :math:`\\propto \\exp(-U/T)`.
-    :param schedule: ``None``, a positive float or a callable ``k -> factor`` (see
-        :mod:`pyro_flat.schedules`); the step at iteration ``k`` is ``step_size * schedule(k)``.
+        ``MCMC(..., initial_params=...)``. For vectorized chains it maps ``(C, ...)`` tensors to
+        ``(C,)`` energies.
     :param init_strategy: Pyro init strategy for models (default: a draw from the prior).
-    :param record_draws: keep each chain's draws so that a :class:`DivergenceError` can hand them
-        back (costs one more reference per draw; set ``False`` for very large models).
+    :param record_draws: keep each chain's draws so that an error or a Ctrl-C can hand them back
+        (costs one more reference per draw; set ``False`` for very large models).
     """
-
-    allow_zero_temperature = False
 
     def __init__(
         self,
         model: Optional[Callable] = None,
         *,
         potential_fn: Optional[Callable[[Params], torch.Tensor]] = None,
-        step_size: float,
-        temperature: float = 1.0,
-        schedule: Union[None, float, Schedule] = None,
         init_strategy: Callable = init_to_sample,
         record_draws: bool = True,
     ):
@@ -70,16 +64,9 @@ class StochasticGradientKernel(MCMCKernel):
             )
         self.model = model
         self.potential_fn = potential_fn
-        self.step_size = check_positive(
-            "step_size", step_size, hint="Try a value such that step_size * (largest curvature) < 1."
-        )
-        if self.allow_zero_temperature and temperature == 0:
-            self.temperature = 0.0
-        else:
-            self.temperature = check_positive("temperature", temperature)
-        self.schedule = as_schedule(schedule)
         self.init_strategy = init_strategy
         self.record_draws = record_draws
+        self.num_chains: Optional[int] = None  # vectorized chains (set by pyro_flat.MCMC)
         self._pending_initial_params: Optional[Params] = None
         self._initial_params: Optional[Params] = None
         self.target = None
@@ -116,12 +103,175 @@ class StochasticGradientKernel(MCMCKernel):
             )
         params = self.target.initial_params(user_params)
         energy, _ = self.target.potential_and_grad(params)
-        if not math.isfinite(float(energy)):
+        bad = ~torch.isfinite(energy.reshape(-1))
+        if bool(bad.any()):
+            where = "" if self.num_chains is None else f" of chain {int(bad.nonzero()[0, 0])}"
             raise ValueError(
-                f"{type(self).__name__}: the potential energy at the initial point is {float(energy)}; "
-                "pass finite initial_params or a different init_strategy (e.g. init_to_median)."
+                f"{type(self).__name__}: the potential energy at the initial point{where} is "
+                f"{float(energy.reshape(-1)[bad][0])}; pass finite initial_params or a different "
+                "init_strategy (e.g. init_to_median)."
             )
         self._initial_params = params
+        self.after_setup(params)
+
+    def after_setup(self, params: Params) -> None:
+        """Hook: per-chain state that needs the target and the initial point."""
+
+    def logging(self) -> Dict[str, str]:
+        return {}
+
+    def diagnostics(self) -> dict:
+        """Pyro's per-chain divergence list and the per-draw ``sample_stats``.
+
+        For vectorized chains the lists are per chain and every statistic is ``(draw, chain)``;
+        :class:`pyro_flat.MCMC` splits them into Pyro's one-dict-per-chain layout.
+        """
+        self._complete_stats()
+        stats = {name: self._stack_stat(values) for name, values in self._stats.items()}
+        divergences = self._divergences
+        if self.num_chains is None:
+            divergences = divergences[0]
+        return {"divergences": divergences, "sample_stats": stats}
+
+    def cleanup(self) -> None:
+        # Pyro calls cleanup twice per chain: keep it idempotent.
+        if self._draws:
+            self._completed_draws.extend(self._stack_draws(self._draws))
+            self._draws = []
+
+    # ----------------------------------------------------------------- subclass hooks
+    def build_target(self, args: tuple, kwargs: dict):
+        """The potential sampled: the model's, or ``potential_fn``."""
+        if self.model is not None:
+            return ModelPotential(self.model, args, kwargs, self.init_strategy, self.num_chains)
+        if self._pending_initial_params is None:
+            raise ValueError(
+                f"{type(self).__name__}(potential_fn=...) needs a starting point: pass "
+                "MCMC(kernel, ..., initial_params={name: tensor}) (one row per chain)."
+            )
+        return CallablePotential(self.potential_fn, self._pending_initial_params, self.num_chains)
+
+    def vectorization_error(self, num_chains: int, args: tuple, kwargs: dict,
+                            initial_params: Optional[Params] = None) -> Optional[str]:
+        """``None`` if the target evaluates ``num_chains`` chains at once correctly, else why not.
+
+        The batched energies of the first chains' initial points (on one fixed minibatch) must
+        equal the energies of the same points evaluated one by one.
+        """
+        try:
+            self.num_chains = num_chains
+            self._pending_initial_params = initial_params
+            batched = self.build_target(args, kwargs)
+            params = batched.initial_params(
+                {k: v for k, v in (initial_params or {}).items() if k in batched.sites}
+            )
+            batched = getattr(batched, "base", batched)
+            params = {k: v for k, v in params.items() if k in batched.sites}
+            fixed = batched.fixed_batch()
+            energies = batched(params, fixed).detach()
+            if energies.shape != (num_chains,):
+                return f"the potential returned shape {tuple(energies.shape)}, not ({num_chains},)"
+            self.num_chains = None
+            self._pending_initial_params = (
+                None if initial_params is None else {k: v[0] for k, v in initial_params.items()}
+            )
+            single = self.build_target(args, kwargs)
+            single = getattr(single, "base", single)
+            for c in range(min(num_chains, 2)):
+                expected = float(single({k: v[c] for k, v in params.items()}, fixed))
+                got = float(energies[c])
+                if not math.isclose(got, expected, rel_tol=1e-4, abs_tol=1e-4):
+                    return (f"chain {c}'s energy is {got:.6g} evaluated with the others but "
+                            f"{expected:.6g} alone")
+        except Exception as err:  # any failure of the batched run means: not broadcastable
+            return f"{type(err).__name__}: {err}".split("\n")[0]
+        finally:
+            self.num_chains = None
+            self._pending_initial_params = None
+        return None
+
+    # ----------------------------------------------------------------- helpers
+    def _reset_chain_state(self, warmup_steps: int) -> None:
+        self._warmup_steps = warmup_steps
+        self._iteration = 0
+        self._draws: List[Params] = []
+        self._stats: Dict[str, list] = defaultdict(list)
+        self._divergences: List[List[int]] = [[] for _ in range(self.num_chains or 1)]
+        self._last_stats: dict = {}
+        self._last_draw: Optional[Params] = None
+
+    def _complete_stats(self) -> None:
+        """Hook: statistics still owed for the last draw."""
+
+    def _stack_stat(self, values: Sequence) -> torch.Tensor:
+        dtype = torch.get_default_dtype()
+        if self.num_chains is None:
+            return torch.as_tensor([float(v) for v in values], dtype=dtype)
+        return torch.stack([torch.as_tensor(v).detach().to("cpu", dtype) for v in values])
+
+    def _record_draw(self, params: Params) -> None:
+        self._last_draw = params
+        if self.record_draws:
+            self._draws.append(params)
+
+    @property
+    def partial_samples(self) -> List[Dict[str, torch.Tensor]]:
+        """Post-warm-up draws of each chain run so far (finished chains, then the current ones)."""
+        chains = list(self._completed_draws)
+        if self._draws:
+            chains.extend(self._stack_draws(self._draws))
+        return chains
+
+    def _stack_draws(self, draws: List[Params]) -> List[Dict[str, torch.Tensor]]:
+        """``draws`` as one ``{site: (draw, ...)}`` dict per chain, in the constrained space."""
+        transforms = self.transforms
+        out = {}
+        for name in draws[0]:
+            z = torch.stack([d[name] for d in draws])
+            out[name] = transforms[name].inv(z) if name in transforms else z
+        if self.num_chains is None:
+            return [out]
+        return [{k: v[:, c] for k, v in out.items()} for c in range(self.num_chains)]
+
+
+class StochasticGradientKernel(TargetKernel):
+    """Base class: one gradient of the (minibatch) potential per iteration.
+
+    Subclasses implement :meth:`update` (the rule) and may override :meth:`build_target`
+    (what is sampled; a target's ``last_stats`` become per-draw statistics).
+
+    :param step_size: base step :math:`\\alpha > 0`.
+    :param temperature: :math:`T > 0`; the target is :math:`\\propto \\exp(-U/T)`.
+    :param schedule: ``None``, a positive float or a callable ``k -> factor`` (see
+        :mod:`pyro_flat.schedules`); the step at iteration ``k`` is ``step_size * schedule(k)``.
+
+    ``model``, ``potential_fn``, ``init_strategy`` and ``record_draws`` are those of
+    :class:`TargetKernel`.
+    """
+
+    allow_zero_temperature = False
+
+    def __init__(
+        self,
+        model: Optional[Callable] = None,
+        *,
+        potential_fn: Optional[Callable[[Params], torch.Tensor]] = None,
+        step_size: float,
+        temperature: float = 1.0,
+        schedule: Union[None, float, Schedule] = None,
+        init_strategy: Callable = init_to_sample,
+        record_draws: bool = True,
+    ):
+        super().__init__(model, potential_fn=potential_fn, init_strategy=init_strategy,
+                         record_draws=record_draws)
+        self.step_size = check_positive(
+            "step_size", step_size, hint="Try a value such that step_size * (largest curvature) < 1."
+        )
+        if self.allow_zero_temperature and temperature == 0:
+            self.temperature = 0.0
+        else:
+            self.temperature = check_positive("temperature", temperature)
+        self.schedule = as_schedule(schedule)
 
     def sample(self, params: Params) -> Params:
         k = self._iteration
@@ -129,7 +279,7 @@ class StochasticGradientKernel(MCMCKernel):
         energy, grads = self.target.potential_and_grad(params)
         new_params = self.update(params, grads, step_size)
         # One host sync per step: NaN/inf anywhere makes this sum non-finite.
-        check = energy + sum(v.sum() for v in new_params.values()) * 0.0
+        check = energy.sum() + sum(v.sum() for v in new_params.values()) * 0.0
         if not math.isfinite(float(check)):
             self._raise_divergence(params, grads, new_params, energy, step_size)
         self._iteration += 1
@@ -140,10 +290,10 @@ class StochasticGradientKernel(MCMCKernel):
             self._record_state(state_stats)
         self._last_stats = {"step_size": step_size, **state_stats}
         if k >= self._warmup_steps:
-            self._stats["step_size"].append(step_size)
-            self._last_draw = new_params
-            if self.record_draws:
-                self._draws.append(new_params)
+            self._stats["step_size"].append(
+                step_size if self.num_chains is None else torch.full((self.num_chains,), step_size)
+            )
+            self._record_draw(new_params)
         return new_params
 
     def logging(self) -> Dict[str, str]:
@@ -153,68 +303,30 @@ class StochasticGradientKernel(MCMCKernel):
         """Pyro's divergence list (always empty: a divergence stops the chain) and the per-draw
         ``sample_stats``: ``step_size`` (the step that produced the draw), ``potential_energy``
         (the minibatch estimate of U at the draw) and the target's own statistics."""
+        return super().diagnostics()
+
+    def _complete_stats(self) -> None:
         if self._last_draw is not None and len(self._stats["potential_energy"]) < len(
             self._stats["step_size"]
         ):
             energy, _ = self.target.potential_and_grad(self._last_draw)
             self._record_state({"potential_energy": energy, **self.target.last_stats})
-        stats = {
-            name: torch.as_tensor([float(v) for v in values], dtype=torch.get_default_dtype())
-            for name, values in self._stats.items()
-        }
-        return {"divergences": [], "sample_stats": stats}
 
     def _record_state(self, state_stats: dict) -> None:
         for name, value in state_stats.items():
             self._stats[name].append(value)
 
-    def cleanup(self) -> None:
-        # Pyro calls cleanup twice per chain: keep it idempotent.
-        if self._draws:
-            self._completed_draws.append(self._stack_draws(self._draws))
-            self._draws = []
-
-    # ----------------------------------------------------------------- subclass hooks
-    def build_target(self, args: tuple, kwargs: dict):
-        """The potential sampled: the model's, or ``potential_fn``."""
-        if self.model is not None:
-            return ModelPotential(self.model, args, kwargs, self.init_strategy)
-        if self._pending_initial_params is None:
-            raise ValueError(
-                f"{type(self).__name__}(potential_fn=...) needs a starting point: pass "
-                "MCMC(kernel, ..., initial_params={name: tensor}) (one row per chain)."
-            )
-        return CallablePotential(self.potential_fn, self._pending_initial_params)
-
     def update(self, params: Params, grads: Params, step_size: float) -> Params:
         raise NotImplementedError
 
-    # ----------------------------------------------------------------- helpers
-    def _reset_chain_state(self, warmup_steps: int) -> None:
-        self._warmup_steps = warmup_steps
-        self._iteration = 0
-        self._draws: List[Params] = []
-        self._stats: Dict[str, list] = defaultdict(list)
-        self._last_stats: dict = {}
-        self._last_draw: Optional[Params] = None
-
-    @property
-    def partial_samples(self) -> List[Dict[str, torch.Tensor]]:
-        """Post-warm-up draws of each chain run so far (finished chains, then the current one)."""
-        chains = list(self._completed_draws)
-        if self._draws:
-            chains.append(self._stack_draws(self._draws))
-        return chains
-
-    def _stack_draws(self, draws: List[Params]) -> Dict[str, torch.Tensor]:
-        transforms = self.transforms
-        out = {}
-        for name in draws[0]:
-            z = torch.stack([d[name] for d in draws])
-            out[name] = transforms[name].inv(z) if name in transforms else z
-        return out
-
     def _raise_divergence(self, params, grads, new_params, energy, step_size) -> None:
+        chain = self._chain
+        if self.num_chains is not None:  # name the first chain that went non-finite
+            finite = torch.isfinite(energy)
+            for tensors in (grads, new_params, params):
+                for value in tensors.values():
+                    finite = finite & torch.isfinite(value.reshape(value.shape[0], -1)).all(-1)
+            chain = int((~finite).nonzero()[0, 0])
         site = None
         for label, tensors in (("gradient", grads), ("value", new_params), ("value", params)):
             for name, value in tensors.items():
@@ -227,22 +339,24 @@ class StochasticGradientKernel(MCMCKernel):
             where = f"the {what} of site {site!r} became NaN/inf"
         else:  # the energy overflowed first: name the site pushing hardest
             site = max(grads, key=lambda n: float(grads[n].norm()))
+            bad = energy.reshape(-1)[~torch.isfinite(energy.reshape(-1))]
             where = (
-                f"the potential energy became {float(energy)} (largest gradient at site {site!r})"
+                f"the potential energy became {float(bad[0])} (largest gradient at site {site!r})"
             )
         phase = "warm-up" if self._iteration < self._warmup_steps else "sampling"
-        draws = self._stack_draws(self._draws) if self._draws else {}
+        draws = self._stack_draws(self._draws) if self._draws else []
         n = len(self._draws)
         raise DivergenceError(
-            f"{type(self).__name__}: chain {self._chain} diverged at iteration {self._iteration} "
+            f"{type(self).__name__}: chain {chain} diverged at iteration {self._iteration} "
             f"({phase}): {where} with step size {step_size:.3g}. Use a smaller "
             f"step_size (e.g. {self.step_size / 10:.3g}) or a schedule that decays it. "
             f"The {n} draw(s) made by this chain before it are kept in the exception's "
             "`.samples` (finished chains in `.completed_chains`).",
             site=site,
             iteration=self._iteration,
-            chain=self._chain,
+            chain=chain,
             step_size=step_size,
-            samples=draws,
-            completed_chains=list(self._completed_draws),
+            samples=draws[chain] if self.num_chains is not None and draws else (draws[0] if draws else {}),
+            completed_chains=list(self._completed_draws)
+            + [d for c, d in enumerate(draws) if self.num_chains is not None and c != chain],
         )

@@ -90,7 +90,7 @@ class EntropySGLD(SGLD):
         if self.model is None and self._pending_initial_params is not None:
             given = self._pending_initial_params
             theta = {k: v for k, v in given.items() if k[: -len(self.suffix)] not in given}
-            base = CallablePotential(self.potential_fn, theta)
+            base = CallablePotential(self.potential_fn, theta, self.num_chains)
         else:
             base = super().build_target(args, kwargs)
         return CoupledPotential(base, self.eta, self.sites, self.suffix)
@@ -99,5 +99,5 @@ class EntropySGLD(SGLD):
         out = super().logging()
         dist = self._last_stats.get("coupling_distance")
         if dist is not None:
-            out["|θ-θa|"] = f"{float(dist):.3g}"
+            out["|θ-θa|"] = f"{float(dist.mean()):.3g}"  # mean over vectorized chains
         return out

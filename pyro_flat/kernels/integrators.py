@@ -7,7 +7,7 @@ sample returned by a kernel is never aliased by a later one.
 from __future__ import annotations
 
 import math
-from typing import Dict
+from typing import Callable, Dict, Tuple
 
 import torch
 
@@ -31,3 +31,32 @@ def langevin_step(params: Params, grads: Params, step_size: float, temperature: 
     if noise_scale > 0:
         torch._foreach_add_(new, [torch.randn_like(z) for z in new], alpha=noise_scale)
     return dict(zip(names, new))
+
+
+def leapfrog(
+    position: torch.Tensor,
+    momentum: torch.Tensor,
+    grad: torch.Tensor,
+    step_size: torch.Tensor,
+    num_steps: int,
+    velocity: Callable[[torch.Tensor], torch.Tensor],
+    potential_and_grad: Callable[[torch.Tensor], Tuple[torch.Tensor, torch.Tensor]],
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    r"""``num_steps`` velocity-Verlet steps of Hamiltonian dynamics with kinetic energy
+    :math:`\tfrac12 r^\top M^{-1} r` (``velocity(r)`` is :math:`M^{-1} r`):
+
+    .. math:: r \leftarrow r - \tfrac{\epsilon}{2}\nabla U(q),\quad
+              q \leftarrow q + \epsilon M^{-1} r,\quad
+              r \leftarrow r - \tfrac{\epsilon}{2}\nabla U(q).
+
+    Tensors are ``(chains, D)``; ``step_size`` is ``(chains, 1)``. Returns the final position,
+    momentum, potential ``(chains,)`` and gradient. Non-finite values are carried, not raised:
+    the caller rejects such trajectories.
+    """
+    q, r = position, momentum - 0.5 * step_size * grad
+    energy = None
+    for i in range(num_steps):
+        q = q + step_size * velocity(r)
+        energy, grad = potential_and_grad(q)
+        r = r - (step_size if i + 1 < num_steps else 0.5 * step_size) * grad
+    return q, r, energy, grad

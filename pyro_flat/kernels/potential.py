@@ -12,10 +12,12 @@ plate scales the likelihood by :math:`N/B`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, Optional, Tuple
 
 import torch
+import pyro
 from pyro import poutine
 from pyro.distributions.util import scale_and_mask
 from pyro.infer.autoguide.initialization import InitMessenger, init_to_sample
@@ -33,6 +35,7 @@ class SiteInfo:
     name: str
     shape: torch.Size
     transform: torch.distributions.Transform  # unconstrained -> constrained
+    batch_rank: int = 0  # len(fn.batch_shape): how many leading dims of `shape` are plate/batch dims
     is_identity: bool = field(init=False)
 
     def __post_init__(self):
@@ -66,13 +69,42 @@ class EpochBatcher:
         return batch
 
 
-class _LogJoint(Messenger):
-    """Substitute unconstrained values and minibatch indices; accumulate the log joint."""
+class NotBroadcasting(ValueError):
+    """The model does not broadcast over a leading chain dimension (see :class:`ModelPotential`)."""
 
-    def __init__(self, sites: Dict[str, SiteInfo], params: Params, indices: Dict[str, torch.Tensor]):
+
+class _LogJoint(Messenger):
+    """Substitute unconstrained values and minibatch indices; accumulate the log joint.
+
+    With ``chains=(C, max_plate_nesting)`` the values carry a leading dimension of ``C`` chains,
+    the model runs inside a ``pyro.plate`` of size ``C`` at ``dim=-(max_plate_nesting + 1)`` (the
+    layout of Pyro's ``vectorize_particles``), and the log joint is a ``(C,)`` vector.
+    """
+
+    def __init__(self, sites: Dict[str, SiteInfo], params: Params, indices: Dict[str, torch.Tensor],
+                 chains: Optional[Tuple[int, int]] = None):
         super().__init__()
-        self.sites, self.params, self.indices = sites, params, indices
+        self.sites, self.params, self.indices, self.chains = sites, params, indices, chains
         self.terms: list = []
+
+    def _reduce(self, name: str, term: torch.Tensor) -> torch.Tensor:
+        """Sum a log-density term over everything but the chain dimension."""
+        if self.chains is None:
+            return term.sum()
+        num_chains, nesting = self.chains
+        if term.dim() != nesting + 1 or term.shape[0] != num_chains:
+            raise NotBroadcasting(
+                f"site {name!r} has log-density shape {tuple(term.shape)} with {num_chains} "
+                f"vectorized chains; expected ({num_chains}, ...) with {nesting + 1} dims"
+            )
+        return term.reshape(num_chains, -1).sum(-1)
+
+    def _value(self, site: SiteInfo) -> torch.Tensor:
+        z = self.params[site.name]
+        if self.chains is None:
+            return z
+        num_chains, nesting = self.chains  # pad with the plate dims the site is not in
+        return z.reshape((num_chains,) + (1,) * (nesting - site.batch_rank) + tuple(site.shape))
 
     @property
     def log_joint(self) -> torch.Tensor:
@@ -94,18 +126,21 @@ class _LogJoint(Messenger):
                     f"the model sampled latent site {name!r}, which it did not sample during "
                     "setup; models must have a fixed set of latent sites."
                 )
-            unconstrained = self.params[name]
+            unconstrained = self._value(site)
             value = unconstrained if site.is_identity else site.transform(unconstrained)
             msg["value"] = value
             msg["done"] = True
             if not site.is_identity:
-                self.terms.append(site.transform.log_abs_det_jacobian(unconstrained, value).sum())
+                jacobian = site.transform.log_abs_det_jacobian(unconstrained, value)
+                self.terms.append(
+                    jacobian.sum() if self.chains is None else jacobian.reshape(self.chains[0], -1).sum(-1)
+                )
         scale, mask = msg["scale"], msg["mask"]
         if mask is None:  # scale the sum, not every term
-            log_prob = fn.log_prob(value).sum()
+            log_prob = self._reduce(name, fn.log_prob(value))
             self.terms.append(log_prob if scale == 1.0 else log_prob * scale)
         else:
-            self.terms.append(scale_and_mask(fn.log_prob(value), scale, mask).sum())
+            self.terms.append(self._reduce(name, scale_and_mask(fn.log_prob(value), scale, mask)))
 
 
 def _check_finite_inputs(args: tuple, kwargs: dict) -> None:
@@ -122,17 +157,24 @@ def _check_finite_inputs(args: tuple, kwargs: dict) -> None:
                 )
 
 
-def potential_and_grad(potential: Callable[[Params], torch.Tensor], params: Params) -> Tuple[torch.Tensor, Params]:
-    """Evaluate ``potential(params)`` and its gradient with one reverse pass."""
+def potential_and_grad(
+    potential: Callable[[Params], torch.Tensor], params: Params, num_chains: Optional[int] = None
+) -> Tuple[torch.Tensor, Params]:
+    """Evaluate ``potential(params)`` and its gradient with one reverse pass.
+
+    With ``num_chains=C`` the potential returns one energy per chain, shape ``(C,)``; chains are
+    independent, so the gradient of the sum is every chain's own gradient.
+    """
     leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
     energy = potential(leaves)
-    if not (torch.is_tensor(energy) and energy.numel() == 1):
+    expected = () if num_chains is None else (num_chains,)
+    if not (torch.is_tensor(energy) and energy.numel() == max(1, math.prod(expected))):
         raise ValueError(
-            f"the potential must return a scalar tensor, got {type(energy).__name__} "
-            f"with shape {getattr(energy, 'shape', None)}"
+            f"the potential must return a tensor of shape {expected or 'scalar'}, got "
+            f"{type(energy).__name__} with shape {tuple(getattr(energy, 'shape', ()))}"
         )
-    grads = torch.autograd.grad(energy, list(leaves.values()), allow_unused=True)
-    return energy.detach().reshape(()), {
+    grads = torch.autograd.grad(energy.sum(), list(leaves.values()), allow_unused=True)
+    return energy.detach().reshape(expected), {
         k: (torch.zeros_like(v) if g is None else g) for (k, v), g in zip(leaves.items(), grads)
     }
 
@@ -148,9 +190,10 @@ class _Autograd:
     """Targets whose gradient comes from one reverse pass through ``__call__``."""
 
     last_stats: Dict[str, torch.Tensor] = {}  # statistics of the last evaluation (none here)
+    num_chains: Optional[int] = None  # vectorized chains: a leading (C,) dim on every tensor
 
     def potential_and_grad(self, params: Params) -> Tuple[torch.Tensor, Params]:
-        return potential_and_grad(self, params)
+        return potential_and_grad(self, params, self.num_chains)
 
 
 class ModelPotential(_Autograd):
@@ -159,6 +202,13 @@ class ModelPotential(_Autograd):
     :param model: a Pyro model; plates with ``subsample_size`` make :meth:`__call__` stochastic.
     :param model_args, model_kwargs: the data, as passed to ``mcmc.run``.
     :param init_strategy: a Pyro init strategy (``pyro.infer.autoguide.initialization``).
+    :param num_chains: ``C`` vectorized chains: every parameter gets a leading ``(C,)`` dim and
+        :meth:`__call__` returns ``(C,)`` energies. The model then runs inside a ``pyro.plate`` of
+        size ``C`` left of its own plates, each site's value padded with a singleton for every
+        plate it is not in (Pyro's ``vectorize_particles`` layout): a global weight vector of
+        shape ``(d,)`` arrives as ``(C, 1, d)`` in a model with one data plate, or as ``(C, d)``
+        if it is declared in a ``pyro.plate`` of its own (see :func:`pyro_flat.models.logistic_regression`).
+        All chains see the same minibatch at a step.
     """
 
     def __init__(
@@ -167,8 +217,10 @@ class ModelPotential(_Autograd):
         model_args: tuple = (),
         model_kwargs: Optional[dict] = None,
         init_strategy: Callable = init_to_sample,
+        num_chains: Optional[int] = None,
     ):
         self.model = model
+        self.num_chains = num_chains
         self.model_args = tuple(model_args)
         self.model_kwargs = dict(model_kwargs or {})
         self.init_strategy = init_strategy
@@ -178,6 +230,7 @@ class ModelPotential(_Autograd):
         self.batchers: Dict[str, EpochBatcher] = {}
         self.full_indices: Dict[str, torch.Tensor] = {}
         subsampled = {}
+        nesting = 0
         for name, site in trace.nodes.items():
             if site["type"] != "sample":
                 continue
@@ -214,7 +267,11 @@ class ModelPotential(_Autograd):
                 )
             transform = support_transform(name, site["fn"].support)
             unconstrained = transform.inv(site["value"]).detach()
-            self.sites[name] = SiteInfo(name, unconstrained.shape, transform)
+            self.sites[name] = SiteInfo(name, unconstrained.shape, transform, len(site["fn"].batch_shape))
+        for site in trace.nodes.values():
+            if site["type"] == "sample":
+                frames = [-f.dim for f in site["cond_indep_stack"] if f.vectorized]
+                nesting = max([nesting, len(getattr(site["fn"], "batch_shape", ())), *frames])
         if not self.sites:
             raise ValueError(
                 "the model has no continuous latent site (pyro.sample without obs=); there is "
@@ -223,6 +280,7 @@ class ModelPotential(_Autograd):
             )
         self._initial_trace = trace
         self.subsampled_plates: Dict[str, Tuple[int, int]] = subsampled
+        self.max_plate_nesting = nesting
 
     def _init_trace(self) -> poutine.Trace:
         with torch.no_grad():
@@ -238,34 +296,57 @@ class ModelPotential(_Autograd):
     def initial_params(self, overrides: Optional[Params] = None) -> Params:
         """Unconstrained values drawn by the init strategy (the setup trace, then fresh ones),
         with the user's ``overrides`` put in."""
-        trace, self._initial_trace = self._initial_trace, None
-        if trace is None:
-            trace = self._init_trace()
-        params = {
-            name: site.transform.inv(trace.nodes[name]["value"]).detach().clone()
-            for name, site in self.sites.items()
-        }
+        draws = []
+        for _ in range(self.num_chains or 1):  # vectorized chains: one init-strategy draw each
+            trace, self._initial_trace = self._initial_trace, None
+            if trace is None:
+                trace = self._init_trace()
+            draws.append({
+                name: site.transform.inv(trace.nodes[name]["value"]).detach().clone()
+                for name, site in self.sites.items()
+            })
+        if self.num_chains is None:
+            params = draws[0]
+        else:
+            params = {name: torch.stack([d[name] for d in draws]) for name in self.sites}
         return merge_overrides(params, overrides)
 
-    def __call__(self, params: Params) -> torch.Tensor:
-        indices = {name: batcher() for name, batcher in self.batchers.items()}
-        indices.update(self.full_indices)
-        with _LogJoint(self.sites, params, indices) as log_joint:
-            self.model(*self.model_args, **self.model_kwargs)
+    def __call__(self, params: Params, indices: Optional[Dict[str, torch.Tensor]] = None) -> torch.Tensor:
+        if indices is None:
+            indices = {name: batcher() for name, batcher in self.batchers.items()}
+        indices = {**indices, **self.full_indices}
+        chains = None if self.num_chains is None else (self.num_chains, self.max_plate_nesting)
+        with _LogJoint(self.sites, params, indices, chains) as log_joint:
+            if chains is None:
+                self.model(*self.model_args, **self.model_kwargs)
+            else:
+                with pyro.plate("_pyro_flat_chains", chains[0], dim=-(chains[1] + 1)):
+                    self.model(*self.model_args, **self.model_kwargs)
         return -log_joint.log_joint
+
+    def fixed_batch(self) -> Dict[str, torch.Tensor]:
+        """The first minibatch of every subsampled plate (for deterministic comparisons)."""
+        return {name: torch.arange(b.batch_size, device=b.device) for name, b in self.batchers.items()}
 
 
 class CallablePotential(_Autograd):
-    """A user's ``potential_fn(params) -> scalar`` over real-valued tensors."""
+    """A user's ``potential_fn(params) -> scalar`` over real-valued tensors.
+
+    With ``num_chains=C`` the initial values carry a leading ``(C,)`` dim and ``potential_fn``
+    must map such a batch to ``(C,)`` energies.
+    """
 
     def __init__(
         self,
         potential_fn: Callable[[Params], torch.Tensor],
         initial_params: Params,
+        num_chains: Optional[int] = None,
     ):
         self.potential_fn = potential_fn
+        self.num_chains = num_chains
+        lead = 0 if num_chains is None else 1
         self.sites = {
-            name: SiteInfo(name, value.shape, torch.distributions.transforms.identity_transform)
+            name: SiteInfo(name, value.shape[lead:], torch.distributions.transforms.identity_transform)
             for name, value in initial_params.items()
         }
         self._initial = {k: v.detach().clone() for k, v in initial_params.items()}
@@ -278,8 +359,11 @@ class CallablePotential(_Autograd):
     def initial_params(self, overrides: Optional[Params] = None) -> Params:
         return merge_overrides({k: v.clone() for k, v in self._initial.items()}, overrides)
 
-    def __call__(self, params: Params) -> torch.Tensor:
+    def __call__(self, params: Params, indices=None) -> torch.Tensor:
         return self.potential_fn(params)
+
+    def fixed_batch(self) -> Dict[str, torch.Tensor]:
+        return {}
 
 
 class CoupledPotential:
@@ -314,6 +398,7 @@ class CoupledPotential:
                 aux, base.sites[name].shape, torch.distributions.transforms.identity_transform
             )
         self.subsampled_plates = base.subsampled_plates
+        self.num_chains = base.num_chains
 
     @property
     def transforms(self) -> Dict[str, torch.distributions.Transform]:
@@ -336,8 +421,11 @@ class CoupledPotential:
         torch._foreach_div_(diff, self.eta)
         grads.update(zip(names, torch._foreach_add([grads[n] for n in names], diff)))
         grads.update(zip(auxes, torch._foreach_neg(diff)))
-        norms = torch._foreach_norm(diff)
-        sq = (torch.stack(norms).square().sum()) if len(norms) > 1 else norms[0].square()
+        if self.num_chains is None:
+            norms = torch._foreach_norm(diff)
+            sq = (torch.stack(norms).square().sum()) if len(norms) > 1 else norms[0].square()
+        else:  # one squared norm per chain
+            sq = sum(d.reshape(d.shape[0], -1).square().sum(-1) for d in diff)
         self.last_stats = {"coupling_distance": sq.sqrt() * self.eta}  # ||θ - θa||
         return energy + sq * (0.5 * self.eta), grads
 

@@ -1,0 +1,355 @@
+r"""Entropy-HMC: Metropolis-corrected Hamiltonian Monte Carlo on the flat posterior's joint."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict, Iterable, List, Optional
+
+import torch
+from pyro.infer.autoguide.initialization import init_to_sample
+
+from ..flat import _check_eta
+from .adaptation import StepSizeAdapter, WelfordCovariance, adaptation_windows
+from .base import TargetKernel, check_positive
+from .integrators import leapfrog
+from .mass_matrix import CoupledFactor, DiagonalFactor, conditional_covariance, factor_from_covariance
+from .potential import CallablePotential, CoupledPotential, Params
+
+AUX_UPDATES = ("gibbs", "joint")
+MAX_NUM_STEPS = 1000
+
+
+class _Layout:
+    """Named site tensors <-> one flat ``(chains, D)`` vector (coupled sites first)."""
+
+    def __init__(self, sites: Dict, names: List[str], batched: bool):
+        self.names, self.batched = names, batched
+        self.shapes = [tuple(sites[n].shape) for n in names]
+        self.sizes = [math.prod(s) for s in self.shapes]
+        self.dim = sum(self.sizes)
+
+    def pack(self, params: Params) -> torch.Tensor:
+        parts = [params[n] if self.batched else params[n].unsqueeze(0) for n in self.names]
+        return torch.cat([p.reshape(p.shape[0], -1) for p in parts], -1)
+
+    def unpack(self, flat: torch.Tensor, names: Optional[List[str]] = None) -> Params:
+        out = {}
+        for name, shape, part in zip(names or self.names, self.shapes, flat.split(self.sizes, -1)):
+            value = part.reshape(part.shape[:1] + shape)
+            out[name] = value if self.batched else value[0]
+        return out
+
+
+class EntropyHMC(TargetKernel):
+    r"""Exact (Metropolis-corrected) HMC on the Entropy-MCMC joint, a Pyro ``MCMCKernel``.
+
+    The target is :math:`\propto \exp(-U/T)`, :math:`U(\theta, \theta_a) = f(\theta) +
+    \lVert\theta - \theta_a\rVert^2/(2\eta)` with :math:`f` the model's potential (full batch).
+    One iteration, by ``aux_update``:
+
+    - ``"joint"``: an HMC trajectory on :math:`(\theta, \theta_a)` together, with the coupled mass
+      matrix of :mod:`~pyro_flat.kernels.mass_matrix`: :math:`M^{-1}` is the joint covariance
+      implied by an adapted covariance :math:`\Sigma` of :math:`\theta` and the exact coupling,
+      so the stiff direction :math:`\theta - \theta_a` costs no extra steps;
+    - ``"gibbs"``: an exact draw :math:`\theta_a \sim \mathcal N(\theta, T\eta I)`, then an HMC
+      trajectory on :math:`\theta \mid \theta_a` (potential :math:`U(\cdot, \theta_a)`, mass
+      matrix :math:`(\Sigma^{-1} + I/\eta)^{-1}`). Directions where :math:`\theta` is weakly
+      determined (posterior precision :math:`\lambda \ll 1/\eta`) then move by a factor
+      :math:`1/(1 + \lambda\eta)` per iteration only: prefer ``"joint"`` for small :math:`\eta`.
+
+    Each trajectory is ``num_steps`` leapfrog steps (:func:`~pyro_flat.kernels.integrators.leapfrog`)
+    of a step size jittered by ±10 % per iteration, followed by the Metropolis test
+    :math:`\min(1, e^{H_0 - H_1})`. During warm-up the step size follows dual averaging
+    towards ``target_accept_prob`` and :math:`\Sigma` (diagonal, or dense with ``full_mass``) is
+    re-estimated at the end of Stan's windows, one estimate per chain. A trajectory whose energy
+    error exceeds ``max_energy_error`` or becomes NaN/inf is *divergent*: it is rejected (the chain
+    stays put), counted in ``diagnostics()["divergences"]`` and flagged in ``sample_stats``.
+
+    :param model: a Pyro model without subsampled plates (or ``potential_fn``, as in
+        :class:`~pyro_flat.SGLD`).
+    :param eta: coupling variance :math:`\eta > 0`.
+    :param step_size: initial step size (default 1, then adapted) or the fixed one.
+    :param num_steps: leapfrog steps per iteration; or ``trajectory_length`` (default
+        :math:`\pi/2`, a quarter period of a unit-variance direction in the adapted metric), the
+        steps being ``ceil(trajectory_length / step_size)`` (at most 1000; the largest over
+        vectorized chains).
+    :param adapt_step_size, adapt_mass_matrix, full_mass: warm-up adaptation switches.
+    :param aux_update: ``"joint"`` or ``"gibbs"`` (above).
+    :param temperature: :math:`T > 0`.
+    :param target_accept_prob: the acceptance rate dual averaging aims for.
+    :param max_energy_error: energy error beyond which a trajectory is divergent.
+    :param sites, suffix: coupled sites and the auxiliary names, as in :class:`~pyro_flat.EntropySGLD`.
+
+    ``sample_stats`` (ArviZ names): ``potential_energy`` (:math:`U`), ``energy`` (the Hamiltonian),
+    ``acceptance_rate``, ``step_size``, ``n_steps``, ``diverging``, ``coupling_distance``.
+
+    Example::
+
+        >>> import torch, pyro, pyro.distributions as dist
+        >>> from pyro.infer import MCMC
+        >>> from pyro_flat import EntropyHMC
+        >>> def model(y):
+        ...     mu = pyro.sample("mu", dist.Normal(0., 10.))
+        ...     with pyro.plate("data", len(y)):
+        ...         pyro.sample("y", dist.Normal(mu, 1.), obs=y)
+        >>> mcmc = MCMC(EntropyHMC(model, eta=0.1, num_steps=5), num_samples=200, warmup_steps=100,
+        ...             disable_progbar=True)
+        >>> mcmc.run(torch.randn(100) + 3.)
+        >>> sorted(mcmc.get_samples())
+        ['mu', 'mu_aux']
+    """
+
+    def __init__(
+        self,
+        model: Optional[Callable] = None,
+        *,
+        potential_fn: Optional[Callable[[Params], torch.Tensor]] = None,
+        eta: float,
+        step_size: Optional[float] = None,
+        num_steps: Optional[int] = None,
+        trajectory_length: Optional[float] = None,
+        adapt_step_size: bool = True,
+        adapt_mass_matrix: bool = True,
+        full_mass: bool = False,
+        aux_update: str = "joint",
+        temperature: float = 1.0,
+        target_accept_prob: float = 0.8,
+        max_energy_error: float = 1000.0,
+        sites: Optional[Iterable[str]] = None,
+        suffix: str = "_aux",
+        init_strategy: Callable = init_to_sample,
+        record_draws: bool = True,
+    ):
+        super().__init__(model, potential_fn=potential_fn, init_strategy=init_strategy,
+                         record_draws=record_draws)
+        self.eta = _check_eta(eta)
+        self.step_size = 1.0 if step_size is None else check_positive("step_size", step_size)
+        if num_steps is not None and trajectory_length is not None:
+            raise ValueError(
+                "EntropyHMC takes num_steps or trajectory_length, not both: the number of leapfrog "
+                "steps is either fixed or trajectory_length / step_size."
+            )
+        if num_steps is not None and (not isinstance(num_steps, int) or num_steps < 1):
+            raise ValueError(f"num_steps must be a positive int, got num_steps={num_steps!r}.")
+        self.num_steps = num_steps
+        self.trajectory_length = (
+            math.pi / 2 if trajectory_length is None
+            else check_positive("trajectory_length", trajectory_length)
+        )
+        if aux_update not in AUX_UPDATES:
+            raise ValueError(
+                f"aux_update must be 'joint' (HMC on θ and θa together) or 'gibbs' (exact θa | θ "
+                f"draw, then HMC on θ | θa), got aux_update={aux_update!r}."
+            )
+        self.aux_update = aux_update
+        self.temperature = check_positive("temperature", temperature)
+        if not 0.0 < float(target_accept_prob) < 1.0:
+            raise ValueError(f"target_accept_prob must lie in (0, 1), got {target_accept_prob!r}.")
+        self.target_accept_prob = float(target_accept_prob)
+        self.max_energy_error = check_positive("max_energy_error", max_energy_error)
+        self.adapt_step_size, self.adapt_mass_matrix = adapt_step_size, adapt_mass_matrix
+        self.full_mass = full_mass
+        self.sites = None if sites is None else tuple(sites)
+        self.suffix = suffix
+
+    # ----------------------------------------------------------------- target and state
+    def build_target(self, args: tuple, kwargs: dict) -> CoupledPotential:
+        if self.model is None and self._pending_initial_params is not None:
+            given = self._pending_initial_params
+            theta = {k: v for k, v in given.items() if k[: -len(self.suffix)] not in given}
+            base = CallablePotential(self.potential_fn, theta, self.num_chains)
+        else:
+            base = super().build_target(args, kwargs)
+        if base.subsampled_plates:
+            name, (size, batch) = next(iter(base.subsampled_plates.items()))
+            raise ValueError(
+                f"EntropyHMC needs the full-batch potential, but plate {name!r} subsamples {batch} of "
+                f"{size}: drop subsample_size (e.g. batch_size=None) or use EntropySGLD, which is "
+                "built for minibatches."
+            )
+        return CoupledPotential(base, self.eta, self.sites, self.suffix)
+
+    def after_setup(self, params: Params) -> None:
+        target = self.target
+        coupled = list(target.pairs.values())
+        names = coupled + [n for n in target.base.sites if n not in coupled]
+        batched = self.num_chains is not None
+        self._theta = _Layout(target.base.sites, names, batched)
+        self._aux = _Layout(target.sites, list(target.pairs), batched)
+        self._aux_names = [n + self.suffix for n in coupled]
+        self._num_coupled = self._aux.dim
+        chains = self.num_chains or 1
+        x = self._theta.pack(params)
+        self._theta_cov = torch.ones_like(x) if not self.full_mass else (
+            torch.eye(x.shape[-1], dtype=x.dtype, device=x.device).expand(chains, -1, -1).clone())
+        self._set_metric()
+        self._step = torch.full((chains, 1), self.step_size, dtype=x.dtype, device=x.device)
+        self._windows = set(adaptation_windows(self._warmup_steps)) if self.adapt_mass_matrix else set()
+        self._welford = WelfordCovariance(diagonal=not self.full_mass)
+        self._adapter = StepSizeAdapter(self.target_accept_prob)
+        self._cache = None
+        self._accept_sum = 0.0
+        self._needs_step_search = self.adapt_step_size
+
+    def _set_metric(self) -> None:
+        cov = self._theta_cov
+        if self.aux_update == "joint":
+            self._metric = CoupledFactor(factor_from_covariance(cov), self.eta * self.temperature,
+                                         self._num_coupled)
+        else:
+            self._metric = factor_from_covariance(
+                conditional_covariance(cov, self.eta * self.temperature, self._num_coupled))
+
+    def _f(self, x: torch.Tensor):
+        """:math:`f` and its gradient at flat ``x`` ``(chains, D)``."""
+        energy, grads = self.target.base.potential_and_grad(self._theta.unpack(x))
+        return energy.reshape(-1), self._theta.pack(grads)
+
+    def _joint_energy(self, x, a, f, grad_f):
+        """:math:`U/T` and its gradient in :math:`x` and :math:`a`, from :math:`f` at :math:`x`."""
+        diff = x[:, : self._num_coupled] - a
+        coupling = diff.square().sum(-1) / (2 * self.eta)
+        grad_x = grad_f.clone()
+        grad_x[:, : self._num_coupled] += diff / self.eta
+        T = self.temperature
+        return (f + coupling) / T, grad_x / T, -diff / (self.eta * T)
+
+    def _potential(self, a: Optional[torch.Tensor]):
+        """``q -> (U/T, ∇U/T)`` over the moving block: ``(x, a)`` (joint) or ``x`` with ``a`` fixed."""
+        dim = self._theta.dim
+
+        def potential_and_grad(q):
+            x = q[:, :dim]
+            f, grad_f = self._f(x)
+            aux = q[:, dim:] if a is None else a
+            energy, grad_x, grad_a = self._joint_energy(x, aux, f, grad_f)
+            self._last_f = (f, grad_f)
+            return energy, (torch.cat([grad_x, grad_a], -1) if a is None else grad_x)
+
+        return potential_and_grad
+
+    # ----------------------------------------------------------------- one iteration
+    def sample(self, params: Params) -> Params:
+        k = self._iteration
+        if self._cache is not None and self._cache[0] is params:
+            _, x, a, f, grad_f = self._cache
+        else:
+            x, a = self._theta.pack(params), self._aux.pack(params)
+            f, grad_f = self._f(x)
+        if self.aux_update == "gibbs":
+            a = x[:, : self._num_coupled] + math.sqrt(self.temperature * self.eta) * torch.randn_like(a)
+            q, fixed_aux = x, a
+        else:
+            q, fixed_aux = torch.cat([x, a], -1), None
+        potential = self._potential(fixed_aux)
+        energy, grad, _ = self._joint_energy(x, a, f, grad_f)
+        if self.aux_update == "joint":
+            grad = torch.cat([grad, _], -1)
+        if self._needs_step_search:
+            self._step = self._find_step_size(q, energy, grad, potential)
+            self._adapter.reset(self._step[:, 0])
+            self._needs_step_search = False
+
+        step = self._step * (1.0 + 0.2 * (torch.rand_like(self._step) - 0.5))  # ±10 % jitter
+        num_steps = self.num_steps or min(
+            MAX_NUM_STEPS, max(1, math.ceil(self.trajectory_length / float(self._step.min())))
+        )
+        momentum = self._metric.solve_lt(torch.randn_like(q))
+        h0 = energy + 0.5 * self._metric.lt(momentum).square().sum(-1)
+        q1, r1, energy1, grad1 = leapfrog(q, momentum, grad, step, num_steps,
+                                          lambda r: self._metric.l(self._metric.lt(r)), potential)
+        f1, grad_f1 = self._last_f
+        h1 = energy1 + 0.5 * self._metric.lt(r1).square().sum(-1)
+        delta = h1 - h0
+        diverging = ~torch.isfinite(delta) | (delta > self.max_energy_error)
+        accept_prob = torch.where(diverging, torch.zeros_like(delta), torch.exp(torch.clamp(-delta, max=0.0)))
+        accept = (torch.rand_like(delta) < accept_prob) & ~diverging
+        keep = accept.unsqueeze(-1)
+        dim = self._theta.dim
+        x = torch.where(keep, q1[:, :dim], x)
+        if self.aux_update == "joint":
+            a = torch.where(keep, q1[:, dim:], a)
+        f = torch.where(accept, f1, f)
+        grad_f = torch.where(keep, grad_f1, grad_f)
+        hamiltonian = torch.where(accept, h1, h0)
+
+        if k < self._warmup_steps:
+            self._adapt(k, x, accept_prob)
+        self._iteration += 1
+        new_params = {**self._theta.unpack(x), **self._aux.unpack(a, self._aux_names)}
+        self._cache = (new_params, x, a, f, grad_f)
+        coupling_distance = (x[:, : self._num_coupled] - a).norm(dim=-1)
+        stats = {
+            "potential_energy": f + coupling_distance.square() / (2 * self.eta),
+            "energy": hamiltonian,
+            "acceptance_rate": accept_prob,
+            "step_size": step[:, 0],
+            "n_steps": torch.full_like(f, num_steps),
+            "diverging": diverging.to(f.dtype),
+            "coupling_distance": coupling_distance,
+        }
+        self._last_stats = stats
+        if k >= self._warmup_steps:
+            draw = k - self._warmup_steps
+            for c in diverging.nonzero()[:, 0].tolist():
+                self._divergences[c].append(draw)
+            self._accept_sum += accept_prob
+            for name, value in stats.items():
+                self._stats[name].append(value if self.num_chains is not None else value[0])
+            self._record_draw(new_params)
+        return new_params
+
+    def _adapt(self, k: int, x: torch.Tensor, accept_prob: torch.Tensor) -> None:
+        if self.adapt_step_size:
+            self._step = self._adapter.update(accept_prob).unsqueeze(-1)
+        if self._windows:
+            self._welford.update(x)
+            if k in self._windows:
+                self._theta_cov = self._welford.covariance()
+                self._welford.reset()
+                self._set_metric()
+                self._needs_step_search = self.adapt_step_size
+        if k == self._warmup_steps - 1 and self.adapt_step_size:
+            self._step = self._adapter.final().unsqueeze(-1)
+
+    def _find_step_size(self, q, energy, grad, potential) -> torch.Tensor:
+        """Double or halve each chain's step until one leapfrog step's acceptance crosses 0.8
+        (Hoffman & Gelman's heuristic, as Pyro's HMC)."""
+        step = self._step.clone()
+        threshold = math.log(0.8)
+        direction, done = None, torch.zeros(step.shape[0], dtype=torch.bool, device=step.device)
+        velocity = lambda r: self._metric.l(self._metric.lt(r))  # noqa: E731
+        for _ in range(60):
+            r = self._metric.solve_lt(torch.randn_like(q))
+            h0 = energy + 0.5 * self._metric.lt(r).square().sum(-1)
+            _, r1, energy1, _ = leapfrog(q, r, grad, step, 1, velocity, potential)
+            log_accept = h0 - (energy1 + 0.5 * self._metric.lt(r1).square().sum(-1))
+            log_accept = torch.nan_to_num(log_accept, nan=-math.inf)
+            up = log_accept > threshold
+            if direction is None:
+                direction = up
+            done = done | (up != direction)
+            if bool(done.all()):
+                break
+            factor = torch.where(direction, 2.0, 0.5).to(step.dtype).unsqueeze(-1)
+            step = torch.where(done.unsqueeze(-1), step, step * factor)
+        return step
+
+    # ----------------------------------------------------------------- reporting
+    def logging(self) -> Dict[str, str]:
+        stats = self._last_stats
+        if not stats:
+            return {}
+        drawn = max(self._iteration - self._warmup_steps, 0)
+        accept = (float(self._accept_sum.mean()) / drawn if drawn and torch.is_tensor(self._accept_sum)
+                  else float(stats["acceptance_rate"].mean()))
+        return {"step size": f"{float(stats['step_size'].mean()):.2e}", "acc. prob": f"{accept:.3f}",
+                "steps": str(int(stats["n_steps"][0]))}
+
+    def diagnostics(self) -> dict:
+        out = super().diagnostics()
+        drawn = max(self._iteration - self._warmup_steps, 0)
+        if drawn and torch.is_tensor(self._accept_sum):
+            rate = (self._accept_sum / drawn).cpu()
+            out["acceptance rate"] = float(rate[0]) if self.num_chains is None else rate
+        return out

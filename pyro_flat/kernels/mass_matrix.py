@@ -1,0 +1,103 @@
+r"""Mass matrices for HMC, each given by a factor :math:`L` of the inverse mass :math:`M^{-1} = L L^\top`.
+
+Three operations are all HMC needs: the momentum draw :math:`r = L^{-\top}\xi`
+(:math:`r \sim \mathcal N(0, M)`), the velocity :math:`M^{-1} r = L(L^\top r)` and the kinetic
+energy :math:`\tfrac12 \lVert L^\top r\rVert^2`. Every tensor has a leading chain dimension, so each
+chain has its own matrix.
+
+:class:`CoupledFactor` is the metric of Entropy-HMC's joint move. Under the flat posterior
+:math:`\theta_a = \theta + \delta` with :math:`\delta \sim \mathcal N(0, \eta I)` independent of
+:math:`\theta`, so if :math:`\theta` has covariance :math:`\Sigma = S S^\top` the pair has
+
+.. math:: \operatorname{Cov}\begin{pmatrix}\theta\\ \theta_a\end{pmatrix}
+          = \begin{pmatrix}\Sigma & \Sigma E\\ E^\top\Sigma & E^\top\Sigma E + \eta I\end{pmatrix}
+          = L L^\top, \qquad
+          L = \begin{pmatrix} S & 0\\ E^\top S & \sqrt\eta\, I\end{pmatrix},
+
+(:math:`E` selects the coupled coordinates, which come first). HMC with this inverse mass moves
+:math:`\theta` and :math:`\theta_a` together and needs no small steps for the stiff direction
+:math:`\theta - \theta_a` (variance :math:`\eta`), whatever :math:`\eta`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+class DiagonalFactor:
+    """:math:`L = \\operatorname{diag}(s)`: ``scale`` holds the per-coordinate standard deviations, ``(C, D)``."""
+
+    def __init__(self, scale: torch.Tensor):
+        self.scale = scale
+
+    def lt(self, r: torch.Tensor) -> torch.Tensor:
+        return self.scale * r
+
+    def l(self, u: torch.Tensor) -> torch.Tensor:  # noqa: E743 (the matrix's name)
+        return self.scale * u
+
+    def solve_lt(self, xi: torch.Tensor) -> torch.Tensor:
+        return xi / self.scale
+
+
+class DenseFactor:
+    """:math:`L` lower triangular, ``(C, D, D)``: a Cholesky factor of the covariance."""
+
+    def __init__(self, tril: torch.Tensor):
+        self.tril = tril
+
+    def lt(self, r: torch.Tensor) -> torch.Tensor:
+        return (self.tril.mT @ r.unsqueeze(-1)).squeeze(-1)
+
+    def l(self, u: torch.Tensor) -> torch.Tensor:  # noqa: E743
+        return (self.tril @ u.unsqueeze(-1)).squeeze(-1)
+
+    def solve_lt(self, xi: torch.Tensor) -> torch.Tensor:
+        return torch.linalg.solve_triangular(self.tril.mT, xi.unsqueeze(-1), upper=True).squeeze(-1)
+
+
+class CoupledFactor:
+    """The joint factor of the module docstring over :math:`(\\theta, \\theta_a)`: ``inner`` is
+    :math:`S` (over the ``D`` coordinates of :math:`\\theta`), the first ``num_coupled`` of which have
+    a twin."""
+
+    def __init__(self, inner, eta: float, num_coupled: int):
+        self.inner, self.sqrt_eta, self.num_coupled = inner, math.sqrt(eta), num_coupled
+
+    def _pad(self, r2: torch.Tensor, dim: int) -> torch.Tensor:
+        return torch.nn.functional.pad(r2, (0, dim - self.num_coupled))
+
+    def lt(self, r: torch.Tensor) -> torch.Tensor:
+        dim = r.shape[-1] - self.num_coupled
+        r1, r2 = r[..., :dim], r[..., dim:]
+        return torch.cat([self.inner.lt(r1 + self._pad(r2, dim)), self.sqrt_eta * r2], -1)
+
+    def l(self, w: torch.Tensor) -> torch.Tensor:  # noqa: E743
+        dim = w.shape[-1] - self.num_coupled
+        x = self.inner.l(w[..., :dim])
+        return torch.cat([x, x[..., : self.num_coupled] + self.sqrt_eta * w[..., dim:]], -1)
+
+    def solve_lt(self, xi: torch.Tensor) -> torch.Tensor:
+        dim = xi.shape[-1] - self.num_coupled
+        r2 = xi[..., dim:] / self.sqrt_eta
+        return torch.cat([self.inner.solve_lt(xi[..., :dim]) - self._pad(r2, dim), r2], -1)
+
+
+def factor_from_covariance(cov: torch.Tensor):
+    """The factor for a ``(C, D)`` variance (diagonal) or a ``(C, D, D)`` covariance."""
+    if cov.dim() == 2:
+        return DiagonalFactor(cov.sqrt())
+    return DenseFactor(torch.linalg.cholesky(cov))
+
+
+def conditional_covariance(cov: torch.Tensor, eta: float, num_coupled: int) -> torch.Tensor:
+    r"""Covariance of :math:`\theta \mid \theta_a` for a Gaussian :math:`\theta` of covariance
+    ``cov``: :math:`(\Sigma^{-1} + E E^\top/\eta)^{-1}` (the Gibbs move's metric)."""
+    coupling = torch.zeros(cov.shape[-1], dtype=cov.dtype, device=cov.device)
+    coupling[:num_coupled] = 1.0 / eta
+    if cov.dim() == 2:
+        return 1.0 / (1.0 / cov + coupling)
+    precision = torch.cholesky_inverse(torch.linalg.cholesky(cov)) + torch.diag(coupling)
+    return torch.cholesky_inverse(torch.linalg.cholesky(precision))

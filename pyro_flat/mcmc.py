@@ -1,0 +1,143 @@
+r"""``pyro_flat.MCMC``: Pyro's MCMC driver, plus chains vectorized in one process.
+
+Pyro runs ``num_chains`` chains one after the other, or in worker processes (about 1 ms of
+traffic per draw). pyro-flat's kernels can instead advance all chains together as one batched
+tensor (a leading chain dimension on every parameter), which is what many-chain studies need:
+hundreds of chains at the cost of a few. :class:`MCMC` is ``pyro.infer.MCMC`` with one more
+argument, ``chain_method``:
+
+- ``"vectorized"``: one kernel, one process, all chains batched; an error says why if the model
+  does not broadcast;
+- ``"auto"`` (default): vectorized when the kernel supports it and the model broadcasts over a
+  leading chain dimension (checked by evaluating the first chains both ways), else Pyro's
+  behaviour, with a warning that says why;
+- ``"sequential"``/``"parallel"``: Pyro's behaviour (``"parallel"`` uses Pyro's worker processes
+  when there are enough CPUs).
+
+Whatever ran is in ``mcmc.chain_method``. Samples, ``summary()``, ``diagnostics()`` and
+:func:`pyro_flat.to_arviz` look exactly as after Pyro's own run: ``(chain, draw, ...)``.
+With ``pyro.set_rng_seed(s)`` before ``run`` a vectorized run is reproducible bit for bit.
+
+Example::
+
+    >>> import torch, pyro, pyro.distributions as dist
+    >>> from pyro_flat import MCMC, EntropySGLD
+    >>> def model():
+    ...     pyro.sample("x", dist.Normal(torch.zeros(2), 1.).to_event(1))
+    >>> mcmc = MCMC(EntropySGLD(model, eta=0.5, step_size=0.05), num_samples=100,
+    ...             warmup_steps=50, num_chains=8, disable_progbar=True)
+    >>> mcmc.run()
+    >>> mcmc.chain_method, mcmc.get_samples(group_by_chain=True)["x_aux"].shape
+    ('vectorized', torch.Size([8, 100, 2]))
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Dict, Optional
+
+import torch
+import pyro.infer
+
+CHAIN_METHODS = ("auto", "vectorized", "sequential", "parallel")
+
+
+class MCMC(pyro.infer.MCMC):
+    """``pyro.infer.MCMC`` with vectorized chains (see the module docstring).
+
+    :param chain_method: ``"auto"``, ``"vectorized"``, ``"sequential"`` or ``"parallel"``.
+
+    The other arguments are ``pyro.infer.MCMC``'s. ``initial_params`` for ``num_chains > 1`` have
+    a leading chain dimension, as in Pyro.
+    """
+
+    def __init__(self, kernel, num_samples: int, warmup_steps: Optional[int] = None,
+                 initial_params: Optional[Dict[str, torch.Tensor]] = None, num_chains: int = 1,
+                 chain_method: str = "auto", **kwargs):
+        if chain_method not in CHAIN_METHODS:
+            raise ValueError(f"chain_method must be one of {CHAIN_METHODS}, got {chain_method!r}.")
+        if not isinstance(num_chains, int) or num_chains < 1:
+            raise ValueError(f"num_chains must be a positive int, got num_chains={num_chains!r}.")
+        can_vectorize = hasattr(kernel, "vectorization_error")
+        if chain_method == "vectorized" and not can_vectorize:
+            raise ValueError(
+                f"chain_method='vectorized' needs a pyro-flat kernel; {type(kernel).__name__} "
+                "cannot batch chains. Use chain_method='sequential'."
+            )
+        self._requested = (num_chains, chain_method, initial_params, num_samples, warmup_steps, kwargs)
+        self.kernel = kernel
+        self.chain_method = chain_method
+        vectorize = num_chains > 1 and can_vectorize and chain_method in ("auto", "vectorized")
+        if vectorize:  # decided for good in run(), when the model's arguments are known
+            super().__init__(kernel, num_samples, warmup_steps, num_chains=1, **kwargs)
+        else:
+            self._init_pyro(num_chains, initial_params)
+
+    def _init_pyro(self, num_chains: int, initial_params) -> None:
+        _, _, _, num_samples, warmup_steps, kwargs = self._requested
+        with warnings.catch_warnings():
+            if self.chain_method == "sequential":  # asked for: Pyro need not warn about it
+                warnings.filterwarnings("ignore", message="num_chains=.*Chains will be drawn sequentially")
+            super().__init__(self.kernel, num_samples, warmup_steps, initial_params=initial_params,
+                             num_chains=num_chains, **kwargs)
+        if num_chains > 1 and self.chain_method != "sequential":
+            parallel = type(self.sampler).__name__ == "_MultiSampler"
+            self.chain_method = "parallel" if parallel else "sequential"
+        elif num_chains == 1:
+            self.chain_method = "sequential"
+
+    def run(self, *args, **kwargs) -> None:
+        num_chains, method, initial_params, *_ = self._requested
+        if self.num_chains == 1 and num_chains > 1:  # vectorization requested: can it be done?
+            reason = self.kernel.vectorization_error(num_chains, args, kwargs, initial_params)
+            if reason is None:
+                return self._run_vectorized(num_chains, initial_params, args, kwargs)
+            if method == "vectorized":
+                raise ValueError(
+                    f"chain_method='vectorized': the model does not broadcast over a leading chain "
+                    f"dimension ({reason}). Write it so that every latent may carry a leading "
+                    "batch dim (as Predictive(parallel=True) needs), pass a batched potential_fn, "
+                    "or use chain_method='sequential'."
+                )
+            warnings.warn(
+                f"{type(self.kernel).__name__}: running {num_chains} chains with Pyro's driver, "
+                f"not vectorized, because the model does not broadcast over a leading chain "
+                f"dimension ({reason}).",
+                stacklevel=2,
+            )
+            self.chain_method = "sequential"
+            self._init_pyro(num_chains, initial_params)
+        return super().run(*args, **kwargs)
+
+    def _run_vectorized(self, num_chains: int, initial_params, args, kwargs) -> None:
+        kernel = self.kernel
+        kernel.num_chains = num_chains
+        try:
+            if initial_params is not None:
+                kernel.initial_params = initial_params
+            super().run(*args, **kwargs)  # one Pyro "chain" whose draws hold every chain
+        finally:
+            kernel.num_chains = None
+        self.chain_method = "vectorized"
+        self.num_chains = num_chains
+        # (1, draw, chain, ...) -> (chain, draw, ...)
+        self._samples = {k: v[0].transpose(0, 1).contiguous() for k, v in self._samples.items()}
+        self._diagnostics = _split_diagnostics(self._diagnostics[0], num_chains)
+
+
+def _split_diagnostics(diagnostics: dict, num_chains: int) -> list:
+    """A vectorized kernel's diagnostics as Pyro's list of one dict per chain."""
+    per_chain = []
+    for c in range(num_chains):
+        chain = {}
+        for key, value in diagnostics.items():
+            if key == "divergences":
+                chain[key] = list(value[c])
+            elif key == "sample_stats":
+                chain[key] = {name: stat[:, c] for name, stat in value.items()}
+            elif torch.is_tensor(value) and value.dim() > 0 and value.shape[0] == num_chains:
+                chain[key] = value[c]
+            else:
+                chain[key] = value
+        per_chain.append(chain)
+    return per_chain
