@@ -77,9 +77,10 @@ class FlatPosteriorMessenger(Messenger):
     .. math:: \theta_a \sim \mathcal N\big(t^{-1}(\theta), \sqrt{\eta}\big)
 
     with the event dimension of :math:`t`'s domain: the coupling lives in the *unconstrained* space,
-    which for real-valued weights is the identity. Sites are chosen after conditioning has been
-    applied (in ``_postprocess_message``), so a site observed through ``poutine.condition`` is never
-    coupled.
+    which for real-valued weights is the identity. A site is coupled if it is latent where the
+    model samples it: ``obs=`` data and a ``poutine.condition`` applied *inside*
+    ``flat_posterior`` make it data, never coupled; a ``condition`` applied *outside* (as Pyro's
+    HMC/NUTS potential does to every latent) only fixes its value, and its twin stays.
     """
 
     def __init__(self, eta: float, sites: Optional[Iterable[str]] = None, suffix: str = "_aux"):
@@ -93,7 +94,14 @@ class FlatPosteriorMessenger(Messenger):
 
     def __enter__(self):
         self._coupled = set()
+        self._latent: set = set()  # sites still latent when they reach this handler
         return super().__enter__()
+
+    def _pyro_sample(self, msg) -> None:
+        # handlers outside this one (e.g. Pyro's potential conditioning every latent) have not
+        # run yet: what is observed here is the model's data
+        if not msg["is_observed"]:
+            self._latent.add(msg["name"])
 
     def __exit__(self, *exc):
         result = super().__exit__(*exc)
@@ -110,7 +118,7 @@ class FlatPosteriorMessenger(Messenger):
     def _postprocess_message(self, msg) -> None:
         if (
             msg["type"] != "sample"
-            or msg["is_observed"]
+            or msg["name"] not in self._latent
             or _is_subsample(msg)
             or msg["infer"].get(AUX_INFER_KEY) is not None
             or msg["infer"].get("_deterministic")

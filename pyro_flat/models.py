@@ -39,8 +39,10 @@ def logistic_regression(X: torch.Tensor, y: Optional[torch.Tensor] = None, *,
     b = pyro.sample("b", dist.Normal(zero, prior_scale))
     subsample = None if batch_size is None else min(batch_size, X.shape[0])
     with pyro.plate("data", X.shape[0], subsample_size=subsample) as idx:
-        logits = w @ X.index_select(0, idx).T + b
-        pyro.sample("y", dist.Bernoulli(logits=logits), obs=None if y is None else y.index_select(0, idx))
+        if subsample is not None and subsample < X.shape[0]:  # full batch: no copy of X
+            X, y = X.index_select(0, idx), None if y is None else y.index_select(0, idx)
+        logits = w @ X.T + b
+        pyro.sample("y", dist.Bernoulli(logits=logits), obs=y)
 
 
 def logistic_probs(samples: Dict[str, torch.Tensor], X: torch.Tensor, *, suffix: str = "") -> torch.Tensor:
