@@ -33,11 +33,18 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import warnings
 from typing import Dict, Optional
 
 import torch
+
+import pyro
 import pyro.infer
+from pyro import poutine
+from pyro.infer.mcmc.api import _add_logging_hook
+from pyro.infer.mcmc.logger import ProgressBar, initialize_logger
+from pyro.util import optional
 
 CHAIN_METHODS = ("auto", "vectorized", "sequential", "parallel")
 
@@ -110,19 +117,45 @@ class MCMC(pyro.infer.MCMC):
         return super().run(*args, **kwargs)
 
     def _run_vectorized(self, num_chains: int, initial_params, args, kwargs) -> None:
-        kernel = self.kernel
+        """Pyro's sampling loop for one kernel that holds every chain; draws go straight into
+        preallocated ``(chain, draw, ...)`` buffers."""
+        kernel, warmup, num_samples = self.kernel, self.warmup_steps, self.num_samples
         kernel.num_chains = num_chains
+        if initial_params is not None:
+            kernel.initial_params = initial_params
+        self._args, self._kwargs = args, kwargs
+        args = [a.detach() if torch.is_tensor(a) else a for a in args]
+        progress_bar = ProgressBar(warmup, num_samples, disable=self.sampler.disable_progbar)
+        logger = initialize_logger(logging.getLogger("pyro.infer.mcmc"), "", progress_bar)
+        hook = _add_logging_hook(logger, progress_bar, self.sampler.hook)
         try:
-            if initial_params is not None:
-                kernel.initial_params = initial_params
-            super().run(*args, **kwargs)  # one Pyro "chain" whose draws hold every chain
+            with poutine.block(), optional(pyro.validation_enabled(not self.disable_validation),
+                                           self.disable_validation is not None):
+                kernel.setup(warmup, *args, **kwargs)
+                params = kernel.initial_params
+                names = getattr(kernel, "save_params", None) or sorted(params)
+                draws = {n: params[n].new_empty((num_chains, num_samples) + params[n].shape[1:])
+                         for n in names}
+                for i in range(warmup):
+                    params = kernel.sample(params)
+                    hook(kernel, params, "Warmup", i)
+                for i in range(num_samples):
+                    params = kernel.sample(params)
+                    for n in names:
+                        draws[n][:, i] = params[n]
+                    hook(kernel, params, "Sample", i)
+                diagnostics = kernel.diagnostics()
+                kernel.cleanup()
+            if self.transforms is None:
+                self.transforms = kernel.transforms
+            self._samples = {n: self.transforms[n].inv(v) if n in self.transforms else v
+                             for n, v in draws.items()}
         finally:
+            progress_bar.close()
             kernel.num_chains = None
         self.chain_method = "vectorized"
         self.num_chains = num_chains
-        # (1, draw, chain, ...) -> (chain, draw, ...)
-        self._samples = {k: v[0].transpose(0, 1).contiguous() for k, v in self._samples.items()}
-        self._diagnostics = _split_diagnostics(self._diagnostics[0], num_chains)
+        self._diagnostics = _split_diagnostics(diagnostics, num_chains)
 
 
 def _split_diagnostics(diagnostics: dict, num_chains: int) -> list:

@@ -138,8 +138,10 @@ def test_vectorized_matches_sequential_and_is_reproducible():
 
     vec, seq = run("vectorized", 0), run("sequential", 0)
     assert (vec.chain_method, seq.chain_method) == ("vectorized", "sequential")
-    x = {m.chain_method: torch.cat([m.get_samples(True)["theta"], m.get_samples(True)["theta_aux"]], -1)
-         for m in (vec, seq)}
+    x = {}
+    for m in (vec, seq):
+        s = m.get_samples(group_by_chain=True)
+        x[m.chain_method] = torch.cat([s["theta"], s["theta_aux"]], -1)
     mean, cov = joint_truth(1.0)
     for draws in x.values():
         assert draws.shape == (4, 300, 2 * D)
@@ -197,13 +199,14 @@ def test_divergent_trajectories_are_rejected_and_counted():
 
     def potential(p):
         x = p["x"]
-        return torch.where(x > 0, 0.5 * (x - 1.0) ** 2, torch.full_like(x, float("nan"))).sum()
+        return torch.where(x > 0, 0.5 * (x - 1.0) ** 2, torch.full_like(x, float("nan"))).sum(-1)
 
     kernel = EntropyHMC(potential_fn=potential, eta=0.5, step_size=0.8, num_steps=4,
                         adapt_step_size=False, adapt_mass_matrix=False)
     mcmc = MCMC(kernel, 300, 0, initial_params={"x": torch.ones(4, 1)}, num_chains=4,
                 disable_progbar=True)
     mcmc.run()
+    assert mcmc.chain_method == "vectorized"  # potential_fn maps (4, 1) to (4,)
     samples = mcmc.get_samples()
     assert torch.isfinite(samples["x"]).all() and (samples["x"] > 0).all()
     divergences = mcmc.diagnostics()["divergences"]

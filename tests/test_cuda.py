@@ -1,0 +1,52 @@
+"""The kernels on CUDA tensors: the state, the draws and the statistics stay on the data's device.
+
+Skipped without a GPU (CI has none); run on a GPU machine with ``python -m pytest tests/test_cuda.py``.
+"""
+
+import pytest
+import torch
+
+import pyro
+from pyro_flat import MCMC, SGLD, EntropyHMC, EntropySGLD
+from pyro_flat.models import logistic_regression
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _data(n=500, d=20):
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(n, d, generator=g)
+    y = torch.bernoulli(torch.sigmoid(X @ torch.ones(d) / d**0.5), generator=g)
+    return X.cuda(), y.cuda()
+
+
+@pytest.mark.parametrize("chains", [1, 16])
+@pytest.mark.parametrize("make", [
+    lambda: SGLD(logistic_regression, step_size=1e-3),
+    lambda: EntropySGLD(logistic_regression, eta=0.05, step_size=1e-3),
+], ids=["SGLD", "EntropySGLD"])
+def test_stochastic_gradient_kernels_on_cuda(make, chains):
+    X, y = _data()
+    kernel = make()
+    mcmc = MCMC(kernel, 100, 50, num_chains=chains, disable_progbar=True)
+    mcmc.run(X, y, batch_size=50)
+    samples = mcmc.get_samples(group_by_chain=True)
+    assert mcmc.chain_method == ("vectorized" if chains > 1 else "sequential")
+    for value in samples.values():
+        assert value.is_cuda and bool(torch.isfinite(value).all())
+    # the posterior mean of the weights points along the true direction
+    assert float(samples["w"].mean((0, 1)).sum()) > 0
+
+
+@pytest.mark.parametrize("full_mass", [False, "hessian"])
+def test_entropy_hmc_on_cuda(full_mass):
+    X, y = _data()
+    mcmc = MCMC(EntropyHMC(logistic_regression, eta=0.05, full_mass=full_mass), 100, 100,
+                num_chains=8, disable_progbar=True)
+    mcmc.run(X, y, batch_size=None)
+    samples = mcmc.get_samples()
+    assert mcmc.chain_method == "vectorized"
+    assert all(v.is_cuda and bool(torch.isfinite(v).all()) for v in samples.values())
+    rate = torch.stack([torch.as_tensor(d["acceptance rate"]) for d in mcmc._diagnostics])
+    assert 0.5 < float(rate.mean()) < 1.0
+    pyro.clear_param_store()
