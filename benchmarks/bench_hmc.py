@@ -55,7 +55,7 @@ def score(label: str, samples: dict, seconds: float, extra: str = "") -> dict:
     tail = min_ess(samples, ["w", "b", "w_aux", "b_aux"], "tail")
     print(f"  {label:34s} {seconds:7.1f} s  min ESS θ {theta:6.1f} θa {aux:6.1f} (tail {tail:6.1f})  "
           f"ESS/s θ {theta / seconds:6.3f} θa {aux / seconds:6.3f}  {extra}")
-    return {"theta": theta / seconds, "aux": aux / seconds}
+    return {"theta": theta / seconds, "aux": aux / seconds, "tail": tail / seconds}
 
 
 def run_entropy_hmc(X, y, draws, warmup, chains):
@@ -124,14 +124,14 @@ def main():
     numpyro_score = run_numpyro_nuts(X, y, args.draws, args.warmup, args.chains)
     if not args.skip_pyro:
         pyro_score = run_pyro_nuts(X, y, args.draws, args.warmup, args.chains)
-        for key, label in (("theta", "θ"), ("aux", "θa")):
+        for key, label in (("theta", "θ"), ("aux", "θa"), ("tail", "tail")):
             ratio = ours[key] / pyro_score[key]
-            print(f"  EntropyHMC / Pyro NUTS, ESS/s of {label:2s}   {ratio:7.2f}  "
+            print(f"  EntropyHMC / Pyro NUTS, ESS/s of {label:4s}   {ratio:7.2f}  "
                   f"{'ok' if ratio >= 5 else 'MISSED'} (target >= 5)")
     if numpyro_score:
-        for key, label in (("theta", "θ"), ("aux", "θa")):
+        for key, label in (("theta", "θ"), ("aux", "θa"), ("tail", "tail")):
             ratio = ours[key] / numpyro_score[key]
-            print(f"  EntropyHMC / NumPyro NUTS, ESS/s of {label:2s} {ratio:7.2f}  (goal >= 1)")
+            print(f"  EntropyHMC / NumPyro NUTS, ESS/s of {label:4s} {ratio:7.2f}  (goal >= 1)")
 
 
 if __name__ == "__main__":

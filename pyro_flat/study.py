@@ -28,14 +28,19 @@ import pyro
 from . import metrics
 from .datasets import load_mnist79, sharp_flat_2d
 from .diagnostics import mcmc_sample_stats
-from .kernels import SGLD, EntropySGLD
+from .kernels import SGLD, EntropyHMC, EntropySGLD
+from .mcmc import MCMC
 from .models import logistic_probs, logistic_regression
 
-#: Sampler names of the studies -> ``(config) -> MCMCKernel`` on the model ``logistic_regression``.
+#: Sampler names of the studies -> ``(config, model) -> MCMCKernel`` on ``logistic_regression``.
 SAMPLERS: Dict[str, Callable] = {
     "entropy-sgld": lambda c, model: EntropySGLD(model, eta=c.eta, step_size=c.step_size),
     "sgld": lambda c, model: SGLD(model, step_size=c.step_size),
+    # exact, full batch; step size and (Hessian) mass matrix adapted during warm-up
+    "entropy-hmc": lambda c, model: EntropyHMC(model, eta=c.eta, full_mass="hessian"),
 }
+#: Samplers that need the full-batch potential (the study then ignores --batch-size).
+FULL_BATCH = {"entropy-hmc"}
 REDUCED = os.environ.get("PYRO_FLAT_REDUCED") == "1"
 
 
@@ -121,15 +126,14 @@ def _stack_partial(chains: List[Dict[str, torch.Tensor]]) -> Dict[str, torch.Ten
 
 def run_sampler(name: str, config: MNIST79Config, X: torch.Tensor, y: torch.Tensor) -> SamplerRun:
     """Run one sampler of :data:`SAMPLERS` on the logistic regression; Ctrl-C keeps the draws."""
-    from pyro.infer import MCMC
-
     kernel = SAMPLERS[name](config, logistic_regression)
     mcmc = MCMC(kernel, num_samples=config.num_samples, warmup_steps=config.warmup,
-                num_chains=config.chains, disable_progbar=not config.progress)
+                num_chains=config.chains, disable_progbar=not config.progress)  # vectorized chains
     pyro.set_rng_seed(config.seed)
     start = time.perf_counter()
+    batch_size = None if name in FULL_BATCH else config.batch_size
     try:
-        mcmc.run(X, y, batch_size=config.batch_size, prior_scale=config.prior_scale)
+        mcmc.run(X, y, batch_size=batch_size, prior_scale=config.prior_scale)
     except KeyboardInterrupt:
         samples = _stack_partial(kernel.partial_samples)
         return SamplerRun(name, _thin(samples, config.thin), seconds=time.perf_counter() - start,

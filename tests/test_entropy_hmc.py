@@ -73,6 +73,19 @@ def test_gaussian_dense_metrics(full_mass):
         assert int(mcmc.kernel._last_stats["n_steps"][0]) <= 6
 
 
+@pytest.mark.parametrize("aux_update", ["joint", "gibbs"])
+def test_nuts_trajectories(aux_update):
+    kernel = EntropyHMC(gaussian_model, eta=0.1, aux_update=aux_update, use_nuts=True)
+    mcmc = MCMC(kernel, 300, 200, num_chains=2, disable_progbar=True)
+    with pytest.warns(UserWarning, match="NUTS trees grow differently"):
+        mcmc.run()  # NUTS runs chains one at a time, and says so
+    assert mcmc.chain_method == "sequential"
+    s = mcmc.get_samples(group_by_chain=True)
+    assert_moments(torch.cat([s["theta"], s["theta_aux"]], -1).numpy(), *joint_truth(0.1))
+    depth = mcmc._diagnostics[0]["sample_stats"]["tree_depth"]
+    assert 2 <= float(depth.mean()) <= 8
+
+
 def test_gaussian_check_can_fail():
     """The same draws fail against a wrong η: the tolerance is tight enough to see a bias."""
     x, _ = run_gaussian(0.1, "joint", chains=8)
@@ -169,6 +182,8 @@ def test_bad_arguments():
         EntropyHMC(gaussian_model, eta=0.1, num_steps=0)
     with pytest.raises(ValueError, match="full_mass"):
         EntropyHMC(gaussian_model, eta=0.1, full_mass="lbfgs")
+    with pytest.raises(ValueError, match="use_nuts"):
+        EntropyHMC(gaussian_model, eta=0.1, use_nuts=True, num_steps=3)
 
 
 def test_subsampled_plate_points_to_entropy_sgld():

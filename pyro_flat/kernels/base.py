@@ -92,6 +92,7 @@ class TargetKernel(MCMCKernel):
     def setup(self, warmup_steps: int, *args, **kwargs) -> None:
         self._chain = self._num_setups
         self._num_setups += 1
+        self._state_chains = self.num_chains  # how the recorded draws are laid out
         self._reset_chain_state(warmup_steps)
         self.target = self.build_target(args, kwargs)
         user_params, self._pending_initial_params = self._pending_initial_params, None
@@ -229,9 +230,10 @@ class TargetKernel(MCMCKernel):
         for name in draws[0]:
             z = torch.stack([d[name] for d in draws])
             out[name] = transforms[name].inv(z) if name in transforms else z
-        if self.num_chains is None:
+        chains = getattr(self, "_state_chains", None)
+        if chains is None:
             return [out]
-        return [{k: v[:, c] for k, v in out.items()} for c in range(self.num_chains)]
+        return [{k: v[:, c] for k, v in out.items()} for c in range(chains)]
 
 
 class StochasticGradientKernel(TargetKernel):

@@ -12,6 +12,7 @@ from ..flat import _check_eta
 from .adaptation import StepSizeAdapter, WelfordCovariance, adaptation_windows
 from .base import TargetKernel, check_positive
 from .integrators import leapfrog
+from .nuts import nuts_transition
 from .mass_matrix import CoupledFactor, DiagonalFactor, conditional_covariance, factor_from_covariance
 from .potential import CallablePotential, CoupledPotential, Params
 
@@ -84,6 +85,9 @@ class EntropyHMC(TargetKernel):
     :param temperature: :math:`T > 0`.
     :param target_accept_prob: the acceptance rate dual averaging aims for.
     :param max_energy_error: energy error beyond which a trajectory is divergent.
+    :param use_nuts: replace the fixed trajectory by a No-U-Turn one
+        (:mod:`~pyro_flat.kernels.nuts`; one chain at a time, ``tree_depth`` in ``sample_stats``).
+    :param max_tree_depth: NUTS stops doubling after ``2**max_tree_depth`` steps.
     :param sites, suffix: coupled sites and the auxiliary names, as in :class:`~pyro_flat.EntropySGLD`.
 
     ``sample_stats`` (ArviZ names): ``potential_energy`` (:math:`U`), ``energy`` (the Hamiltonian),
@@ -121,6 +125,8 @@ class EntropyHMC(TargetKernel):
         temperature: float = 1.0,
         target_accept_prob: float = 0.8,
         max_energy_error: float = 1000.0,
+        use_nuts: bool = False,
+        max_tree_depth: int = 10,
         sites: Optional[Iterable[str]] = None,
         suffix: str = "_aux",
         init_strategy: Callable = init_to_sample,
@@ -159,6 +165,17 @@ class EntropyHMC(TargetKernel):
         self.full_mass = full_mass
         self.sites = None if sites is None else tuple(sites)
         self.suffix = suffix
+        if use_nuts and (num_steps is not None or trajectory_length is not None):
+            raise ValueError("use_nuts=True chooses the trajectory length itself: drop num_steps "
+                             "and trajectory_length.")
+        if not isinstance(max_tree_depth, int) or max_tree_depth < 1:
+            raise ValueError(f"max_tree_depth must be a positive int, got {max_tree_depth!r}.")
+        self.use_nuts, self.max_tree_depth = bool(use_nuts), max_tree_depth
+
+    def vectorization_error(self, num_chains, args, kwargs, initial_params=None):
+        if self.use_nuts:
+            return "NUTS trees grow differently per chain: use_nuts=True runs one chain at a time"
+        return super().vectorization_error(num_chains, args, kwargs, initial_params)
 
     # ----------------------------------------------------------------- target and state
     def build_target(self, args: tuple, kwargs: dict) -> CoupledPotential:
@@ -265,19 +282,28 @@ class EntropyHMC(TargetKernel):
             self._needs_step_search = False
 
         step = self._step * (1.0 + 0.2 * (torch.rand_like(self._step) - 0.5))  # ±10 % jitter
-        num_steps = self.num_steps or min(
-            MAX_NUM_STEPS, max(1, math.ceil(self.trajectory_length / float(self._step.min())))
-        )
         momentum = self._metric.solve_lt(torch.randn_like(q))
-        h0 = energy + 0.5 * self._metric.lt(momentum).square().sum(-1)
-        q1, r1, energy1, grad1 = leapfrog(q, momentum, grad, step, num_steps,
-                                          lambda r: self._metric.l(self._metric.lt(r)), potential)
-        f1, grad_f1 = self._last_f
-        h1 = energy1 + 0.5 * self._metric.lt(r1).square().sum(-1)
-        delta = h1 - h0
-        diverging = ~torch.isfinite(delta) | (delta > self.max_energy_error)
-        accept_prob = torch.where(diverging, torch.zeros_like(delta), torch.exp(torch.clamp(-delta, max=0.0)))
-        accept = (torch.rand_like(delta) < accept_prob) & ~diverging
+        h0 = energy + self._kinetic(momentum)
+        if self.use_nuts:
+            q1, _, _, (f1, grad_f1), accept_prob, num_steps, diverging, depth = nuts_transition(
+                q, momentum, energy, grad, (f, grad_f), step, self._velocity, self._kinetic,
+                lambda z: (*potential(z), self._last_f), self.max_tree_depth, self.max_energy_error)
+            accept_prob = torch.full_like(f, accept_prob)
+            diverging = torch.full_like(f, diverging, dtype=torch.bool)
+            accept = torch.ones_like(diverging)
+            h1 = h0
+        else:
+            num_steps = self.num_steps or min(
+                MAX_NUM_STEPS, max(1, math.ceil(self.trajectory_length / float(self._step.min())))
+            )
+            q1, r1, energy1, _ = leapfrog(q, momentum, grad, step, num_steps, self._velocity, potential)
+            f1, grad_f1 = self._last_f
+            h1 = energy1 + self._kinetic(r1)
+            delta = h1 - h0
+            diverging = ~torch.isfinite(delta) | (delta > self.max_energy_error)
+            accept_prob = torch.where(diverging, torch.zeros_like(delta),
+                                      torch.exp(torch.clamp(-delta, max=0.0)))
+            accept = (torch.rand_like(delta) < accept_prob) & ~diverging
         keep = accept.unsqueeze(-1)
         dim = self._theta.dim
         x = torch.where(keep, q1[:, :dim], x)
@@ -302,6 +328,8 @@ class EntropyHMC(TargetKernel):
             "diverging": diverging.to(f.dtype),
             "coupling_distance": coupling_distance,
         }
+        if self.use_nuts:
+            stats["tree_depth"] = torch.full_like(f, depth)
         self._last_stats = stats
         if k >= self._warmup_steps:
             draw = k - self._warmup_steps
@@ -347,18 +375,22 @@ class EntropyHMC(TargetKernel):
         cov = (vectors / magnitude.unsqueeze(-2)) @ vectors.mT
         return 0.5 * (cov + cov.mT)
 
+    def _velocity(self, r: torch.Tensor) -> torch.Tensor:
+        return self._metric.l(self._metric.lt(r))  # M⁻¹ r
+
+    def _kinetic(self, r: torch.Tensor) -> torch.Tensor:
+        return 0.5 * self._metric.lt(r).square().sum(-1)
+
     def _find_step_size(self, q, energy, grad, potential) -> torch.Tensor:
         """Double or halve each chain's step until one leapfrog step's acceptance crosses 0.8
         (Hoffman & Gelman's heuristic, as Pyro's HMC)."""
         step = self._step.clone()
         threshold = math.log(0.8)
         direction, done = None, torch.zeros(step.shape[0], dtype=torch.bool, device=step.device)
-        velocity = lambda r: self._metric.l(self._metric.lt(r))  # noqa: E731
         for _ in range(60):
             r = self._metric.solve_lt(torch.randn_like(q))
-            h0 = energy + 0.5 * self._metric.lt(r).square().sum(-1)
-            _, r1, energy1, _ = leapfrog(q, r, grad, step, 1, velocity, potential)
-            log_accept = h0 - (energy1 + 0.5 * self._metric.lt(r1).square().sum(-1))
+            _, r1, energy1, _ = leapfrog(q, r, grad, step, 1, self._velocity, potential)
+            log_accept = energy + self._kinetic(r) - (energy1 + self._kinetic(r1))
             log_accept = torch.nan_to_num(log_accept, nan=-math.inf)
             up = log_accept > threshold
             if direction is None:
