@@ -155,3 +155,12 @@ def test_divergence_names_the_chain_and_keeps_draws():
     with pytest.raises(DivergenceError, match="chain 2") as info:
         mcmc.run()
     assert info.value.chain == 2
+
+
+def test_user_errors_are_raised_not_a_reason_to_fall_back(recwarn):
+    X, y = _data()
+    X[3, 1] = float("nan")
+    mcmc = MCMC(SGLD(logistic_regression, step_size=1e-3), 10, 5, num_chains=3, disable_progbar=True)
+    with pytest.raises(ValueError, match="NaN"):
+        mcmc.run(X, y)
+    assert not [w for w in recwarn if "not vectorized" in str(w.message)]

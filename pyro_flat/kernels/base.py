@@ -159,36 +159,38 @@ class TargetKernel(MCMCKernel):
         The batched energies of the first chains' initial points (on one fixed minibatch) must
         equal the energies of the same points evaluated one by one.
         """
+        first = None if initial_params is None else {k: v[0] for k, v in initial_params.items()}
         try:
-            self.num_chains = num_chains
-            self._pending_initial_params = initial_params
-            batched = self.build_target(args, kwargs)
-            params = batched.initial_params(
-                {k: v for k, v in (initial_params or {}).items() if k in batched.sites}
-            )
-            batched = getattr(batched, "base", batched)
-            params = {k: v for k, v in params.items() if k in batched.sites}
-            fixed = batched.fixed_batch()
-            energies = batched(params, fixed).detach()
-            if energies.shape != (num_chains,):
-                return f"the potential returned shape {tuple(energies.shape)}, not ({num_chains},)"
-            self.num_chains = None
-            self._pending_initial_params = (
-                None if initial_params is None else {k: v[0] for k, v in initial_params.items()}
-            )
+            # one chain's target first, outside the inner `try`: its errors (bad data, a discrete
+            # latent, a subsampled plate for HMC, ...) are the user's to see, not a reason to fall back
+            self.num_chains, self._pending_initial_params = None, first
             single = self.build_target(args, kwargs)
             single = getattr(single, "base", single)
-            for c in range(min(num_chains, 2)):
-                expected = float(single({k: v[c] for k, v in params.items()}, fixed))
-                got = float(energies[c])
-                if not math.isclose(got, expected, rel_tol=1e-4, abs_tol=1e-4):
-                    return (f"chain {c}'s energy is {got:.6g} evaluated with the others but "
-                            f"{expected:.6g} alone")
-        except Exception as err:  # any failure of the batched run means: not broadcastable
-            return f"{type(err).__name__}: {err}".split("\n")[0]
+            try:
+                return self._compare_batched(single, num_chains, args, kwargs, initial_params)
+            except Exception as err:  # any failure of the batched run means: not broadcastable
+                return f"{type(err).__name__}: {err}".split("\n")[0]
         finally:
-            self.num_chains = None
-            self._pending_initial_params = None
+            self.num_chains, self._pending_initial_params = None, None
+
+    def _compare_batched(self, single, num_chains, args, kwargs, initial_params) -> Optional[str]:
+        self.num_chains, self._pending_initial_params = num_chains, initial_params
+        batched = self.build_target(args, kwargs)
+        params = batched.initial_params(
+            {k: v for k, v in (initial_params or {}).items() if k in batched.sites}
+        )
+        batched = getattr(batched, "base", batched)
+        params = {k: v for k, v in params.items() if k in batched.sites}
+        fixed = batched.fixed_batch()
+        energies = batched(params, fixed).detach()
+        if energies.shape != (num_chains,):
+            return f"the potential returned shape {tuple(energies.shape)}, not ({num_chains},)"
+        for c in range(min(num_chains, 2)):
+            expected = float(single({k: v[c] for k, v in params.items()}, fixed))
+            got = float(energies[c])
+            if not math.isclose(got, expected, rel_tol=1e-4, abs_tol=1e-4):
+                return (f"chain {c}'s energy is {got:.6g} evaluated with the others but "
+                        f"{expected:.6g} alone")
         return None
 
     # ----------------------------------------------------------------- helpers
