@@ -4,7 +4,7 @@ Bayesian logistic regression on MNIST 7 vs 9 shaped data (784 pixels + bias, the
 training images), minibatch 100, eta = 0.01, one process. Target: at least 30x the
 chain-iterations per second of a single chain.
 
-Run:  python benchmarks/bench_vectorized.py [--chains 128] [--iterations 300]
+Run:  python benchmarks/bench_vectorized.py [--chains 128] [--iterations 300] [--threads 2]
 """
 
 from __future__ import annotations
@@ -38,12 +38,18 @@ def main():
     parser.add_argument("--chains", type=int, default=128)
     parser.add_argument("--iterations", type=int, default=300)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     X, y = load_mnist79(None, split="train")
-    one, one_s, _ = chain_iterations_per_second(X, y, 1, args.iterations * 4)
-    many, many_s, method = chain_iterations_per_second(X, y, args.chains, args.iterations)
-    print(f"EntropySGLD, logistic regression d=785, N={len(X)}, minibatch 100, {args.threads} threads")
+    ones, manys = [], []
+    for _ in range(args.repeats):  # alternate, keep the best of each: this machine is noisy
+        ones.append(chain_iterations_per_second(X, y, 1, args.iterations * 4))
+        manys.append(chain_iterations_per_second(X, y, args.chains, args.iterations))
+    one, one_s, _ = max(ones)
+    many, many_s, method = max(manys)
+    print(f"EntropySGLD, logistic regression d=785, N={len(X)}, minibatch 100, {args.threads} threads, "
+          f"best of {args.repeats}")
     print(f"  1 chain                  {one:10.0f} chain-iterations/s  ({one_s:.1f} s)")
     print(f"  {args.chains} chains ({method}) {many:10.0f} chain-iterations/s  ({many_s:.1f} s)")
     ratio = many / one

@@ -134,7 +134,7 @@ class MCMC(pyro.infer.MCMC):
                 kernel.setup(warmup, *args, **kwargs)
                 params = kernel.initial_params
                 names = getattr(kernel, "save_params", None) or sorted(params)
-                draws = {n: params[n].new_empty((num_chains, num_samples) + params[n].shape[1:])
+                draws = {n: params[n].new_empty((num_samples,) + params[n].shape)  # (draw, chain, ...)
                          for n in names}
                 for i in range(warmup):
                     params = kernel.sample(params)
@@ -142,12 +142,13 @@ class MCMC(pyro.infer.MCMC):
                 for i in range(num_samples):
                     params = kernel.sample(params)
                     for n in names:
-                        draws[n][:, i] = params[n]
+                        draws[n][i] = params[n]
                     hook(kernel, params, "Sample", i)
                 diagnostics = kernel.diagnostics()
                 kernel.cleanup()
             if self.transforms is None:
                 self.transforms = kernel.transforms
+            draws = {n: v.transpose(0, 1) for n, v in draws.items()}  # (chain, draw, ...) views
             self._samples = {n: self.transforms[n].inv(v) if n in self.transforms else v
                              for n, v in draws.items()}
         finally:

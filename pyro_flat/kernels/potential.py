@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, Optional, Tuple
 
 import torch
-import pyro
 from pyro import poutine
 from pyro.distributions.util import scale_and_mask
 from pyro.infer.autoguide.initialization import InitMessenger, init_to_sample
@@ -76,9 +75,11 @@ class NotBroadcasting(ValueError):
 class _LogJoint(Messenger):
     """Substitute unconstrained values and minibatch indices; accumulate the log joint.
 
-    With ``chains=(C, max_plate_nesting)`` the values carry a leading dimension of ``C`` chains,
-    the model runs inside a ``pyro.plate`` of size ``C`` at ``dim=-(max_plate_nesting + 1)`` (the
-    layout of Pyro's ``vectorize_particles``), and the log joint is a ``(C,)`` vector.
+    With ``chains=(C, max_plate_nesting)`` the values carry a leading dimension of ``C`` chains at
+    ``dim=-(max_plate_nesting + 1)`` of the batch shape (the layout of Pyro's
+    ``vectorize_particles``) and the log joint is a ``(C,)`` vector. No plate is added for the
+    chains: the distributions stay unexpanded and broadcast, which saves a pass over every
+    ``(C, ...)`` parameter; a term without the chain dimension is the same for every chain.
     """
 
     def __init__(self, sites: Dict[str, SiteInfo], params: Params, indices: Dict[str, torch.Tensor],
@@ -92,6 +93,8 @@ class _LogJoint(Messenger):
         if self.chains is None:
             return term.sum()
         num_chains, nesting = self.chains
+        if term.dim() <= nesting:  # does not depend on the chain's parameters
+            return term.sum().expand(num_chains)
         if term.dim() != nesting + 1 or term.shape[0] != num_chains:
             raise NotBroadcasting(
                 f"site {name!r} has log-density shape {tuple(term.shape)} with {num_chains} "
@@ -203,9 +206,9 @@ class ModelPotential(_Autograd):
     :param model_args, model_kwargs: the data, as passed to ``mcmc.run``.
     :param init_strategy: a Pyro init strategy (``pyro.infer.autoguide.initialization``).
     :param num_chains: ``C`` vectorized chains: every parameter gets a leading ``(C,)`` dim and
-        :meth:`__call__` returns ``(C,)`` energies. The model then runs inside a ``pyro.plate`` of
-        size ``C`` left of its own plates, each site's value padded with a singleton for every
-        plate it is not in (Pyro's ``vectorize_particles`` layout): a global weight vector of
+        :meth:`__call__` returns ``(C,)`` energies. The chain dimension sits left of the model's
+        own plates, each site's value padded with a singleton for every plate it is not in
+        (Pyro's ``vectorize_particles`` layout): a global weight vector of
         shape ``(d,)`` arrives as ``(C, 1, d)`` in a model with one data plate, or as ``(C, d)``
         if it is declared in a ``pyro.plate`` of its own (see :func:`pyro_flat.models.logistic_regression`).
         All chains see the same minibatch at a step.
@@ -317,11 +320,7 @@ class ModelPotential(_Autograd):
         indices = {**indices, **self.full_indices}
         chains = None if self.num_chains is None else (self.num_chains, self.max_plate_nesting)
         with _LogJoint(self.sites, params, indices, chains) as log_joint:
-            if chains is None:
-                self.model(*self.model_args, **self.model_kwargs)
-            else:
-                with pyro.plate("_pyro_flat_chains", chains[0], dim=-(chains[1] + 1)):
-                    self.model(*self.model_args, **self.model_kwargs)
+            self.model(*self.model_args, **self.model_kwargs)
         return -log_joint.log_joint
 
     def fixed_batch(self) -> Dict[str, torch.Tensor]:
