@@ -77,6 +77,8 @@ def to_arviz(
         raise ValueError(f"to_arviz: every site needs the same (chain, draw) leading shape, got {shapes}")
     if sample_stats:
         stats.update({k: _numpy(v) for k, v in sample_stats.items()})
+    if "diverging" in stats:  # ArviZ indexes draws with it
+        stats["diverging"] = stats["diverging"].astype(bool)
     if "potential_energy" in stats and "lp" not in stats:
         stats["lp"] = -stats["potential_energy"]  # ArviZ's name for the log density
     return _build(posterior, stats)

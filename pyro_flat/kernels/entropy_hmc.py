@@ -376,10 +376,10 @@ class EntropyHMC(TargetKernel):
         return 0.5 * (cov + cov.mT)
 
     def _velocity(self, r: torch.Tensor) -> torch.Tensor:
-        return self._metric.l(self._metric.lt(r))  # M⁻¹ r
+        return self._metric.velocity(r)  # M⁻¹ r
 
     def _kinetic(self, r: torch.Tensor) -> torch.Tensor:
-        return 0.5 * self._metric.lt(r).square().sum(-1)
+        return 0.5 * (r * self._metric.velocity(r)).sum(-1)
 
     def _find_step_size(self, q, energy, grad, potential) -> torch.Tensor:
         """Double or halve each chain's step until one leapfrog step's acceptance crosses 0.8

@@ -1,9 +1,9 @@
 r"""Mass matrices for HMC, each given by a factor :math:`L` of the inverse mass :math:`M^{-1} = L L^\top`.
 
 Three operations are all HMC needs: the momentum draw :math:`r = L^{-\top}\xi`
-(:math:`r \sim \mathcal N(0, M)`), the velocity :math:`M^{-1} r = L(L^\top r)` and the kinetic
-energy :math:`\tfrac12 \lVert L^\top r\rVert^2`. Every tensor has a leading chain dimension, so each
-chain has its own matrix.
+(:math:`r \sim \mathcal N(0, M)`), the velocity :math:`M^{-1} r` (one product with the stored
+:math:`M^{-1}`) and the kinetic energy :math:`\tfrac12 r^\top M^{-1} r`. Every tensor has a leading
+chain dimension, so each chain has its own matrix.
 
 :class:`CoupledFactor` is the metric of Entropy-HMC's joint move. Under the flat posterior
 :math:`\theta_a = \theta + \delta` with :math:`\delta \sim \mathcal N(0, \eta I)` independent of
@@ -41,12 +41,19 @@ class DiagonalFactor:
     def solve_lt(self, xi: torch.Tensor) -> torch.Tensor:
         return xi / self.scale
 
+    def velocity(self, r: torch.Tensor) -> torch.Tensor:
+        return self.scale.square() * r
+
 
 class DenseFactor:
     """:math:`L` lower triangular, ``(C, D, D)``: a Cholesky factor of the covariance."""
 
     def __init__(self, tril: torch.Tensor):
         self.tril = tril
+        self.cov = (tril @ tril.mT).contiguous()  # M⁻¹: one matrix-vector product per step
+
+    def velocity(self, r: torch.Tensor) -> torch.Tensor:
+        return (self.cov @ r.unsqueeze(-1)).squeeze(-1)
 
     def lt(self, r: torch.Tensor) -> torch.Tensor:
         return (self.tril.mT @ r.unsqueeze(-1)).squeeze(-1)
@@ -83,6 +90,13 @@ class CoupledFactor:
         dim = xi.shape[-1] - self.num_coupled
         r2 = xi[..., dim:] / self.sqrt_eta
         return torch.cat([self.inner.solve_lt(xi[..., :dim]) - self._pad(r2, dim), r2], -1)
+
+    def velocity(self, r: torch.Tensor) -> torch.Tensor:
+        """:math:`M^{-1} r = (\Sigma(r_1 + E r_2),\ E^\top\Sigma(r_1 + E r_2) + \eta r_2)`."""
+        dim = r.shape[-1] - self.num_coupled
+        r2 = r[..., dim:]
+        x = self.inner.velocity(r[..., :dim] + self._pad(r2, dim))
+        return torch.cat([x, x[..., : self.num_coupled] + self.sqrt_eta**2 * r2], -1)
 
 
 def factor_from_covariance(cov: torch.Tensor):
