@@ -92,7 +92,7 @@ class CoupledFactor:
         return torch.cat([self.inner.solve_lt(xi[..., :dim]) - self._pad(r2, dim), r2], -1)
 
     def velocity(self, r: torch.Tensor) -> torch.Tensor:
-        """:math:`M^{-1} r = (\Sigma(r_1 + E r_2),\ E^\top\Sigma(r_1 + E r_2) + \eta r_2)`."""
+        r""":math:`M^{-1} r = (\Sigma(r_1 + E r_2),\ E^\top\Sigma(r_1 + E r_2) + \eta r_2)`."""
         dim = r.shape[-1] - self.num_coupled
         r2 = r[..., dim:]
         x = self.inner.velocity(r[..., :dim] + self._pad(r2, dim))
