@@ -230,3 +230,17 @@ def test_divergent_trajectories_are_rejected_and_counted():
     count = sum(len(v) for v in divergences.values())
     flagged = sum(float(d["sample_stats"]["diverging"].sum()) for d in mcmc._diagnostics)
     assert count > 0 and count == flagged
+
+
+def test_short_warmup_still_adapts_the_step_size():
+    """50 warm-up steps leave 5 for dual averaging after the last window: the final step must
+    follow the acceptance, not the (10x too large) prox-centre."""
+
+    def model():
+        with pyro.plate("d", 2):
+            pyro.sample("x", dist.Normal(0.0, 1.0))
+
+    mcmc = MCMC(EntropyHMC(model, eta=0.5, num_steps=3), 200, 50, num_chains=4, disable_progbar=True)
+    mcmc.run()
+    rates = torch.stack(list(mcmc.diagnostics()["acceptance rate"].values()))
+    assert float(rates.min()) > 0.6, rates

@@ -51,15 +51,20 @@ class StepSizeAdapter:
     def reset(self, step_size: torch.Tensor) -> None:
         self._da.prox_center = torch.log(10 * step_size)
         self._da.reset()
+        self.steps = 0
 
     def update(self, accept_prob: torch.Tensor) -> torch.Tensor:
         """One dual-averaging step; returns the step size to use next."""
         self._da.step(self.target - accept_prob)
+        self.steps += 1
         return torch.exp(self._da.get_state()[0])
 
     def final(self) -> torch.Tensor:
-        """The averaged step size, used after warm-up."""
-        return torch.exp(self._da.get_state()[1])
+        """The averaged step size, used after warm-up; after fewer than 20 steps since the last
+        reset the average still leans to the prox-centre (10x the searched step), so the latest
+        iterate is used instead."""
+        x_t, x_avg = self._da.get_state()
+        return torch.exp(x_avg if self.steps >= 20 else x_t)
 
 
 class WelfordCovariance:
