@@ -233,14 +233,18 @@ def test_divergent_trajectories_are_rejected_and_counted():
 
 
 def test_short_warmup_still_adapts_the_step_size():
-    """50 warm-up steps leave 5 for dual averaging after the last window: the final step must
-    follow the acceptance, not the (10x too large) prox-centre."""
+    """With 50 warm-up steps Stan's schedule leaves 5 for dual averaging after the metric's last
+    change; its average is then still near the prox-centre (10x the searched step) and some
+    chains stop moving (acceptance 0 in 2 of 128 chains before the final buffer got 25 steps)."""
 
     def model():
         with pyro.plate("d", 2):
             pyro.sample("x", dist.Normal(0.0, 1.0))
 
-    mcmc = MCMC(EntropyHMC(model, eta=0.5, num_steps=3), 200, 50, num_chains=4, disable_progbar=True)
-    mcmc.run()
-    rates = torch.stack(list(mcmc.diagnostics()["acceptance rate"].values()))
-    assert float(rates.min()) > 0.6, rates
+    for seed in range(4):
+        pyro.set_rng_seed(seed)
+        mcmc = MCMC(EntropyHMC(model, eta=0.5, num_steps=3), 100, 50, num_chains=32,
+                    disable_progbar=True)
+        mcmc.run()
+        rates = torch.stack(list(mcmc.diagnostics()["acceptance rate"].values()))
+        assert float(rates.min()) > 0.5, (seed, rates)

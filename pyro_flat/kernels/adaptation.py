@@ -21,12 +21,15 @@ def adaptation_windows(num_warmup: int, init_buffer: int = 75, term_buffer: int 
     >>> adaptation_windows(1000)
     [99, 149, 249, 449, 949]
     >>> adaptation_windows(100)
-    [89]
+    [74]
     """
     if num_warmup < 20:
         return []
     if init_buffer + base_window + term_buffer > num_warmup:
-        init_buffer, term_buffer = int(0.15 * num_warmup), int(0.1 * num_warmup)
+        # Stan's 15% / 75% / 10%, but at least 25 final steps (or half of warm-up) for dual
+        # averaging to settle after the last change of the metric
+        init_buffer = int(0.15 * num_warmup)
+        term_buffer = max(int(0.1 * num_warmup), min(25, num_warmup // 2))
         base_window = num_warmup - init_buffer - term_buffer
     ends, start, window = [], init_buffer, base_window
     last = num_warmup - term_buffer
@@ -51,20 +54,15 @@ class StepSizeAdapter:
     def reset(self, step_size: torch.Tensor) -> None:
         self._da.prox_center = torch.log(10 * step_size)
         self._da.reset()
-        self.steps = 0
 
     def update(self, accept_prob: torch.Tensor) -> torch.Tensor:
         """One dual-averaging step; returns the step size to use next."""
         self._da.step(self.target - accept_prob)
-        self.steps += 1
         return torch.exp(self._da.get_state()[0])
 
     def final(self) -> torch.Tensor:
-        """The averaged step size, used after warm-up; after fewer than 20 steps since the last
-        reset the average still leans to the prox-centre (10x the searched step), so the latest
-        iterate is used instead."""
-        x_t, x_avg = self._da.get_state()
-        return torch.exp(x_avg if self.steps >= 20 else x_t)
+        """The averaged step size, used after warm-up."""
+        return torch.exp(self._da.get_state()[1])
 
 
 class WelfordCovariance:
