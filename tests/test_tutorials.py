@@ -1,6 +1,5 @@
 """Every tutorial notebook executes end to end in reduced mode (PYRO_FLAT_REDUCED=1), so none can rot."""
 
-import os
 from pathlib import Path
 
 import pytest

@@ -23,7 +23,7 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from ..schedules import Schedule, as_schedule
 from .errors import DivergenceError
-from .potential import CallablePotential, ModelPotential, Params
+from .potential import CallablePotential, CoupledPotential, ModelPotential, Params
 
 
 def check_positive(name: str, value, *, hint: str = "") -> float:
@@ -210,7 +210,9 @@ class TargetKernel(MCMCKernel):
         dtype = torch.get_default_dtype()
         if self.num_chains is None:
             return torch.as_tensor([float(v) for v in values], dtype=dtype)
-        return torch.stack([torch.as_tensor(v).detach().to("cpu", dtype) for v in values])
+        # per-chain tensors (C,), or one number for all chains
+        return torch.stack([torch.as_tensor(v).detach().to("cpu", dtype).expand(self.num_chains)
+                            for v in values])
 
     def _record_draw(self, params: Params) -> None:
         self._last_draw = params
@@ -250,7 +252,10 @@ class StochasticGradientKernel(TargetKernel):
         :mod:`pyro_flat.schedules`); the step at iteration ``k`` is ``step_size * schedule(k)``.
 
     ``model``, ``potential_fn``, ``init_strategy`` and ``record_draws`` are those of
-    :class:`TargetKernel`.
+    :class:`TargetKernel`. ``diagnostics()`` gives Pyro's divergence list (always empty: a
+    divergence stops the chain) and the per-draw ``sample_stats``: ``step_size`` (the step that
+    produced the draw), ``potential_energy`` (the minibatch estimate of U at the draw) and the
+    target's own statistics.
     """
 
     allow_zero_temperature = False
@@ -294,20 +299,12 @@ class StochasticGradientKernel(TargetKernel):
             self._record_state(state_stats)
         self._last_stats = {"step_size": step_size, **state_stats}
         if k >= self._warmup_steps:
-            self._stats["step_size"].append(
-                step_size if self.num_chains is None else torch.full((self.num_chains,), step_size)
-            )
+            self._stats["step_size"].append(step_size)  # one for all chains
             self._record_draw(new_params)
         return new_params
 
     def logging(self) -> Dict[str, str]:
         return {"step size": f"{self._last_stats.get('step_size', self.step_size):.2e}"}
-
-    def diagnostics(self) -> dict:
-        """Pyro's divergence list (always empty: a divergence stops the chain) and the per-draw
-        ``sample_stats``: ``step_size`` (the step that produced the draw), ``potential_energy``
-        (the minibatch estimate of U at the draw) and the target's own statistics."""
-        return super().diagnostics()
 
     def _complete_stats(self) -> None:
         if self._last_draw is not None and len(self._stats["potential_energy"]) < len(
@@ -364,3 +361,19 @@ class StochasticGradientKernel(TargetKernel):
             completed_chains=list(self._completed_draws)
             + [d for c, d in enumerate(draws) if self.num_chains is not None and c != chain],
         )
+
+
+def coupled_target(kernel: TargetKernel, args: tuple, kwargs: dict) -> CoupledPotential:
+    """The Entropy-MCMC joint of ``kernel``'s target (its ``eta``, ``sites`` and ``suffix``).
+
+    For a ``potential_fn`` the initial values may name twins (``name + suffix``): the base
+    potential takes only the others.
+    """
+    given = kernel._pending_initial_params
+    if kernel.model is None and given is not None:
+        suffix = kernel.suffix
+        theta = {k: v for k, v in given.items() if k[: -len(suffix)] not in given}
+        base = CallablePotential(kernel.potential_fn, theta, kernel.num_chains)
+    else:
+        base = TargetKernel.build_target(kernel, args, kwargs)
+    return CoupledPotential(base, kernel.eta, kernel.sites, kernel.suffix)

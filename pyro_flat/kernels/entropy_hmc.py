@@ -10,11 +10,11 @@ from pyro.infer.autoguide.initialization import init_to_sample
 
 from ..flat import _check_eta
 from .adaptation import StepSizeAdapter, WelfordCovariance, adaptation_windows
-from .base import TargetKernel, check_positive
+from .base import TargetKernel, check_positive, coupled_target
 from .integrators import leapfrog
 from .nuts import nuts_transition
-from .mass_matrix import CoupledFactor, DiagonalFactor, conditional_covariance, factor_from_covariance
-from .potential import CallablePotential, CoupledPotential, Params
+from .mass_matrix import CoupledFactor, conditional_covariance, factor_from_covariance
+from .potential import CoupledPotential, Params
 
 AUX_UPDATES = ("gibbs", "joint")
 MAX_NUM_STEPS = 1000
@@ -179,20 +179,15 @@ class EntropyHMC(TargetKernel):
 
     # ----------------------------------------------------------------- target and state
     def build_target(self, args: tuple, kwargs: dict) -> CoupledPotential:
-        if self.model is None and self._pending_initial_params is not None:
-            given = self._pending_initial_params
-            theta = {k: v for k, v in given.items() if k[: -len(self.suffix)] not in given}
-            base = CallablePotential(self.potential_fn, theta, self.num_chains)
-        else:
-            base = super().build_target(args, kwargs)
-        if base.subsampled_plates:
-            name, (size, batch) = next(iter(base.subsampled_plates.items()))
+        target = coupled_target(self, args, kwargs)
+        if target.subsampled_plates:
+            name, (size, batch) = next(iter(target.subsampled_plates.items()))
             raise ValueError(
                 f"EntropyHMC needs the full-batch potential, but plate {name!r} subsamples {batch} of "
                 f"{size}: drop subsample_size (e.g. batch_size=None) or use EntropySGLD, which is "
                 "built for minibatches."
             )
-        return CoupledPotential(base, self.eta, self.sites, self.suffix)
+        return target
 
     def after_setup(self, params: Params) -> None:
         target = self.target
@@ -201,7 +196,6 @@ class EntropyHMC(TargetKernel):
         batched = self.num_chains is not None
         self._theta = _Layout(target.base.sites, names, batched)
         self._aux = _Layout(target.sites, list(target.pairs), batched)
-        self._aux_names = [n + self.suffix for n in coupled]
         self._num_coupled = self._aux.dim
         chains = self.num_chains or 1
         x = self._theta.pack(params)
@@ -273,9 +267,9 @@ class EntropyHMC(TargetKernel):
         else:
             q, fixed_aux = torch.cat([x, a], -1), None
         potential = self._potential(fixed_aux)
-        energy, grad, _ = self._joint_energy(x, a, f, grad_f)
+        energy, grad, grad_a = self._joint_energy(x, a, f, grad_f)
         if self.aux_update == "joint":
-            grad = torch.cat([grad, _], -1)
+            grad = torch.cat([grad, grad_a], -1)
         if self._needs_step_search:
             self._step = self._find_step_size(q, energy, grad, potential)
             self._adapter.reset(self._step[:, 0])
@@ -316,7 +310,7 @@ class EntropyHMC(TargetKernel):
         if k < self._warmup_steps:
             self._adapt(k, x, accept_prob)
         self._iteration += 1
-        new_params = {**self._theta.unpack(x), **self._aux.unpack(a, self._aux_names)}
+        new_params = {**self._theta.unpack(x), **self._aux.unpack(a)}
         self._cache = (new_params, x, a, f, grad_f)
         coupling_distance = (x[:, : self._num_coupled] - a).norm(dim=-1)
         stats = {

@@ -7,7 +7,8 @@ from typing import Callable, Dict, Iterable, Optional
 import torch
 
 from ..flat import _check_eta
-from .potential import CallablePotential, CoupledPotential, Params
+from .base import coupled_target
+from .potential import CoupledPotential, Params
 from .sgld import SGLD
 
 
@@ -86,14 +87,8 @@ class EntropySGLD(SGLD):
             **kwargs,
         )
 
-    def build_target(self, args: tuple, kwargs: dict):
-        if self.model is None and self._pending_initial_params is not None:
-            given = self._pending_initial_params
-            theta = {k: v for k, v in given.items() if k[: -len(self.suffix)] not in given}
-            base = CallablePotential(self.potential_fn, theta, self.num_chains)
-        else:
-            base = super().build_target(args, kwargs)
-        return CoupledPotential(base, self.eta, self.sites, self.suffix)
+    def build_target(self, args: tuple, kwargs: dict) -> CoupledPotential:
+        return coupled_target(self, args, kwargs)
 
     def logging(self) -> Dict[str, str]:
         out = super().logging()

@@ -27,68 +27,48 @@ import torch
 
 
 class DiagonalFactor:
-    """:math:`L = \\operatorname{diag}(s)`: ``scale`` holds the per-coordinate standard deviations, ``(C, D)``."""
+    """:math:`M^{-1} = \\operatorname{diag}(v)`, ``variance`` of shape ``(C, D)``; :math:`L = \\operatorname{diag}(\\sqrt v)`."""
 
-    def __init__(self, scale: torch.Tensor):
-        self.scale = scale
-
-    def lt(self, r: torch.Tensor) -> torch.Tensor:
-        return self.scale * r
-
-    def l(self, u: torch.Tensor) -> torch.Tensor:  # noqa: E743 (the matrix's name)
-        return self.scale * u
+    def __init__(self, variance: torch.Tensor):
+        self.variance, self.scale = variance, variance.sqrt()
 
     def solve_lt(self, xi: torch.Tensor) -> torch.Tensor:
         return xi / self.scale
 
     def velocity(self, r: torch.Tensor) -> torch.Tensor:
-        return self.scale.square() * r
+        return self.variance * r
 
 
 class DenseFactor:
-    """:math:`L` lower triangular, ``(C, D, D)``: a Cholesky factor of the covariance."""
+    """:math:`M^{-1}` = ``cov`` of shape ``(C, D, D)``; :math:`L` its Cholesky factor."""
 
-    def __init__(self, tril: torch.Tensor):
-        self.tril = tril
-        self.cov = (tril @ tril.mT).contiguous()  # M⁻¹: one matrix-vector product per step
-
-    def velocity(self, r: torch.Tensor) -> torch.Tensor:
-        return (self.cov @ r.unsqueeze(-1)).squeeze(-1)
-
-    def lt(self, r: torch.Tensor) -> torch.Tensor:
-        return (self.tril.mT @ r.unsqueeze(-1)).squeeze(-1)
-
-    def l(self, u: torch.Tensor) -> torch.Tensor:  # noqa: E743
-        return (self.tril @ u.unsqueeze(-1)).squeeze(-1)
+    def __init__(self, cov: torch.Tensor):
+        self.cov = cov.contiguous()  # one matrix-vector product per leapfrog step
+        self.tril = torch.linalg.cholesky(cov)
 
     def solve_lt(self, xi: torch.Tensor) -> torch.Tensor:
         return torch.linalg.solve_triangular(self.tril.mT, xi.unsqueeze(-1), upper=True).squeeze(-1)
 
+    def velocity(self, r: torch.Tensor) -> torch.Tensor:
+        return (self.cov @ r.unsqueeze(-1)).squeeze(-1)
+
 
 class CoupledFactor:
-    """The joint factor of the module docstring over :math:`(\\theta, \\theta_a)`: ``inner`` is
-    :math:`S` (over the ``D`` coordinates of :math:`\\theta`), the first ``num_coupled`` of which have
-    a twin."""
+    """The joint metric of the module docstring over :math:`(\\theta, \\theta_a)`: ``inner`` is
+    the metric of :math:`\\Sigma` (over the ``D`` coordinates of :math:`\\theta`), the first
+    ``num_coupled`` of which have a twin."""
 
     def __init__(self, inner, eta: float, num_coupled: int):
-        self.inner, self.sqrt_eta, self.num_coupled = inner, math.sqrt(eta), num_coupled
+        self.inner, self.eta, self.num_coupled = inner, eta, num_coupled
 
     def _pad(self, r2: torch.Tensor, dim: int) -> torch.Tensor:
         return torch.nn.functional.pad(r2, (0, dim - self.num_coupled))
 
-    def lt(self, r: torch.Tensor) -> torch.Tensor:
-        dim = r.shape[-1] - self.num_coupled
-        r1, r2 = r[..., :dim], r[..., dim:]
-        return torch.cat([self.inner.lt(r1 + self._pad(r2, dim)), self.sqrt_eta * r2], -1)
-
-    def l(self, w: torch.Tensor) -> torch.Tensor:  # noqa: E743
-        dim = w.shape[-1] - self.num_coupled
-        x = self.inner.l(w[..., :dim])
-        return torch.cat([x, x[..., : self.num_coupled] + self.sqrt_eta * w[..., dim:]], -1)
-
     def solve_lt(self, xi: torch.Tensor) -> torch.Tensor:
+        r"""With :math:`L^\top = \begin{pmatrix} S^\top & S^\top E\\ 0 & \sqrt\eta I\end{pmatrix}`:
+        :math:`r_2 = \xi_2/\sqrt\eta`, :math:`r_1 = S^{-\top}\xi_1 - E r_2`."""
         dim = xi.shape[-1] - self.num_coupled
-        r2 = xi[..., dim:] / self.sqrt_eta
+        r2 = xi[..., dim:] / math.sqrt(self.eta)
         return torch.cat([self.inner.solve_lt(xi[..., :dim]) - self._pad(r2, dim), r2], -1)
 
     def velocity(self, r: torch.Tensor) -> torch.Tensor:
@@ -96,14 +76,12 @@ class CoupledFactor:
         dim = r.shape[-1] - self.num_coupled
         r2 = r[..., dim:]
         x = self.inner.velocity(r[..., :dim] + self._pad(r2, dim))
-        return torch.cat([x, x[..., : self.num_coupled] + self.sqrt_eta**2 * r2], -1)
+        return torch.cat([x, x[..., : self.num_coupled] + self.eta * r2], -1)
 
 
 def factor_from_covariance(cov: torch.Tensor):
-    """The factor for a ``(C, D)`` variance (diagonal) or a ``(C, D, D)`` covariance."""
-    if cov.dim() == 2:
-        return DiagonalFactor(cov.sqrt())
-    return DenseFactor(torch.linalg.cholesky(cov))
+    """The metric for a ``(C, D)`` variance (diagonal) or a ``(C, D, D)`` covariance."""
+    return DiagonalFactor(cov) if cov.dim() == 2 else DenseFactor(cov)
 
 
 def conditional_covariance(cov: torch.Tensor, eta: float, num_coupled: int) -> torch.Tensor:
