@@ -14,7 +14,15 @@
 from . import datasets, metrics, models, schedules
 from .diagnostics import to_arviz
 from .flat import flat_posterior, flat_potential
-from .kernels import SGLD, DivergenceError, EntropyHMC, EntropySGLD
+from .kernels import (
+    SGD,
+    SGLD,
+    DivergenceError,
+    EntropyHMC,
+    EntropySGLD,
+    LocalEntropySGD,
+    LocalEntropySGLD,
+)
 from .mcmc import MCMC
 from .predictive import bma_predict
 
@@ -24,7 +32,10 @@ __all__ = [
     "flat_posterior",
     "flat_potential",
     "SGLD",
+    "SGD",
     "EntropySGLD",
+    "LocalEntropySGD",
+    "LocalEntropySGLD",
     "EntropyHMC",
     "MCMC",
     "DivergenceError",

@@ -4,6 +4,18 @@ from .base import StochasticGradientKernel, TargetKernel
 from .entropy_hmc import EntropyHMC
 from .entropy_sgld import EntropySGLD
 from .errors import DivergenceError
+from .local_entropy import LocalEntropySGD, LocalEntropySGLD
+from .sgd import SGD
 from .sgld import SGLD
 
-__all__ = ["TargetKernel", "StochasticGradientKernel", "SGLD", "EntropySGLD", "EntropyHMC", "DivergenceError"]
+__all__ = [
+    "TargetKernel",
+    "StochasticGradientKernel",
+    "SGLD",
+    "SGD",
+    "EntropySGLD",
+    "EntropyHMC",
+    "LocalEntropySGD",
+    "LocalEntropySGLD",
+    "DivergenceError",
+]

@@ -255,7 +255,9 @@ class StochasticGradientKernel(TargetKernel):
     :class:`TargetKernel`. ``diagnostics()`` gives Pyro's divergence list (always empty: a
     divergence stops the chain) and the per-draw ``sample_stats``: ``step_size`` (the step that
     produced the draw), ``potential_energy`` (the minibatch estimate of U at the draw) and the
-    target's own statistics.
+    target's own statistics, and ``grad_evals``: the gradient evaluations of the potential each
+    chain has used up to that draw, warm-up included (:attr:`num_grad_evals` is the running count),
+    so that samplers with different costs per iteration compare per gradient evaluation.
     """
 
     allow_zero_temperature = False
@@ -282,11 +284,14 @@ class StochasticGradientKernel(TargetKernel):
             self.temperature = check_positive("temperature", temperature)
         self.schedule = as_schedule(schedule)
 
+    #: gradient evaluations of the potential per iteration (per chain)
+    grads_per_iteration = 1
+
     def sample(self, params: Params) -> Params:
         k = self._iteration
         step_size = self.step_size * float(self.schedule(k))
-        energy, grads = self.target.potential_and_grad(params)
-        new_params = self.update(params, grads, step_size)
+        new_params, energy, grads = self.transition(params, step_size)
+        self.num_grad_evals += self.grads_per_iteration
         # One host sync per step: NaN/inf anywhere makes this sum non-finite.
         check = energy.sum() + sum(v.sum() for v in new_params.values()) * 0.0
         if not math.isfinite(float(check)):
@@ -300,8 +305,14 @@ class StochasticGradientKernel(TargetKernel):
         self._last_stats = {"step_size": step_size, **state_stats}
         if k >= self._warmup_steps:
             self._stats["step_size"].append(step_size)  # one for all chains
+            self._stats["grad_evals"].append(self.num_grad_evals)
             self._record_draw(new_params)
         return new_params
+
+    def transition(self, params: Params, step_size: float):
+        """One iteration: ``(new_params, energy at params, gradient at params)``."""
+        energy, grads = self.target.potential_and_grad(params)
+        return self.update(params, grads, step_size), energy, grads
 
     def logging(self) -> Dict[str, str]:
         return {"step size": f"{self._last_stats.get('step_size', self.step_size):.2e}"}
@@ -312,6 +323,10 @@ class StochasticGradientKernel(TargetKernel):
         ):
             energy, _ = self.target.potential_and_grad(self._last_draw)
             self._record_state({"potential_energy": energy, **self.target.last_stats})
+
+    def _reset_chain_state(self, warmup_steps: int) -> None:
+        super()._reset_chain_state(warmup_steps)
+        self.num_grad_evals = 0  # per chain, warm-up included
 
     def _record_state(self, state_stats: dict) -> None:
         for name, value in state_stats.items():
