@@ -5,13 +5,17 @@
 - :class:`SGLD` and :class:`EntropySGLD` are ``pyro.infer.MCMC`` kernels with Pyro-native minibatches,
   :class:`EntropyHMC` the exact (Metropolis-corrected) sampler of the same joint;
 - :class:`MCMC` is Pyro's driver plus vectorized chains (all chains as one batched tensor);
+- :class:`SGD`, :class:`LocalEntropySGD` and :class:`LocalEntropySGLD` are the paper's baselines;
+  :func:`check_convergence` and :mod:`pyro_flat.theory` test samplers against their
+  2-Wasserstein bounds;
 - :func:`to_arviz` gives ArviZ diagnostics; :func:`bma_predict` and :mod:`pyro_flat.metrics` give
   Bayesian-model-averaged predictions and their calibration;
 - :mod:`pyro_flat.datasets` (MNIST 7-vs-9, sharp/flat mixtures), :mod:`pyro_flat.models`, and the
   studies behind the ``pyro-flat`` command (:mod:`pyro_flat.study`).
 """
 
-from . import datasets, metrics, models, schedules
+from . import datasets, metrics, models, schedules, theory
+from .convergence import ConvergenceError, ConvergenceResult, check_convergence
 from .diagnostics import to_arviz
 from .flat import flat_posterior, flat_potential
 from .kernels import (
@@ -38,6 +42,10 @@ __all__ = [
     "LocalEntropySGLD",
     "EntropyHMC",
     "MCMC",
+    "check_convergence",
+    "ConvergenceResult",
+    "ConvergenceError",
+    "theory",
     "DivergenceError",
     "to_arviz",
     "bma_predict",

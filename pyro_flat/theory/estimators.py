@@ -48,7 +48,7 @@ class W2Estimate:
 
     @property
     def debiased(self) -> float:
-        """:math:`\sqrt{\max(\text{value}^2 - \text{floor}^2, 0)}`: the floor removed in quadrature
+        r""":math:`\sqrt{\max(\text{value}^2 - \text{floor}^2, 0)}`: the floor removed in quadrature
         (the sampling error and the distance add about so for independent errors)."""
         return math.sqrt(max(self.value**2 - self.floor**2, 0.0))
 

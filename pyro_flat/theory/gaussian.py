@@ -84,16 +84,22 @@ class LinearGaussianChain:
     def step(self, mean: np.ndarray, cov: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         return self.B @ mean + self.c, self.B @ cov @ self.B.T + self.Q
 
-    def w2_trajectory(self, mean0, cov0, num_iterations: int, target: Tuple[np.ndarray, np.ndarray],
+    def w2_trajectory(self, mean0, cov0, iterations, target: Tuple[np.ndarray, np.ndarray],
                       project: Optional[slice] = None) -> np.ndarray:
-        """:func:`gaussian_w2` to ``target`` at iterations ``0..num_iterations`` from
-        :math:`\\mathcal N(` ``mean0, cov0`` :math:`)` (``project``: the coordinates compared)."""
+        r""":func:`gaussian_w2` to ``target`` from :math:`\mathcal N(` ``mean0, cov0`` :math:`)`,
+        at iterations ``0..iterations`` (an int) or at the given iteration counts (an array);
+        ``project``: the coordinates compared."""
+        if np.ndim(iterations) == 0:
+            iterations = np.arange(int(iterations) + 1)
+        iterations = np.asarray(iterations, dtype=int)
         mean, cov = _numpy(mean0).reshape(-1), _numpy(cov0)
         sel = slice(None) if project is None else project
-        out = np.empty(num_iterations + 1)
-        for k in range(num_iterations + 1):
-            out[k] = gaussian_w2(mean[sel], cov[sel, sel], *target)
-            mean, cov = self.step(mean, cov)
+        out, k = np.empty(len(iterations)), 0
+        for i in np.argsort(iterations, kind="stable"):
+            while k < iterations[i]:
+                mean, cov = self.step(mean, cov)
+                k += 1
+            out[i] = gaussian_w2(mean[sel], cov[sel, sel], *target)
         return out
 
 

@@ -1,0 +1,373 @@
+r"""Check a sampler's convergence against its 2-Wasserstein bound, on a problem with known constants.
+
+:func:`check_convergence` runs many independent chains from one starting point, estimates
+:math:`W_2(\nu_k, \pi)` from the ensemble at checkpoints :math:`k` (the ensemble *is* a sample of
+:math:`\nu_k`), evaluates the bound of :mod:`pyro_flat.theory.bounds` with the problem's constants,
+and says whether the estimate stays below it. :func:`run_ensemble` is the loop underneath.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Union
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .kernels import SGD, SGLD, EntropySGLD, LocalEntropySGD, LocalEntropySGLD
+from .kernels.base import StochasticGradientKernel
+from .theory import bounds as B
+from .theory.estimators import W2Estimate, empirical_w2
+from .theory.problems import SITE, GaussianProblem, Problem
+
+SAMPLERS: Dict[str, type] = {
+    "sgld": SGLD,
+    "entropy_sgld": EntropySGLD,
+    "local_entropy_sgld": LocalEntropySGLD,
+    "sgd": SGD,
+    "local_entropy_sgd": LocalEntropySGD,
+}
+#: the law each kernel targets (EntropySGLD: its bound is on the joint)
+TARGET_OF = {SGLD: "posterior", EntropySGLD: "joint", LocalEntropySGLD: "flat", SGD: "mode"}
+MIN_CHAINS, FEW_CHAINS = 10, 100
+
+
+class ConvergenceError(AssertionError):
+    """The empirical :math:`W_2` exceeded the bound beyond its error bar (``result`` attached)."""
+
+    def __init__(self, message: str, result: "ConvergenceResult"):
+        super().__init__(message)
+        self.result = result
+
+
+@dataclass
+class ConvergenceResult:
+    """What :func:`check_convergence` measured, and the verdict.
+
+    ``w2[i]`` (with ``w2_stderr[i]``, bootstrap) estimates :math:`W_2(\\nu_k, \\pi)` at
+    ``iterations[i]`` (``grad_evals[i]`` gradient evaluations per chain); ``w2_floor`` is the
+    estimator's finite-sample floor (its value on exact draws of :math:`\\pi`); ``bound[i]`` the
+    theoretical bound (``None`` where it does not apply: see ``warnings``), ``bound_terms`` its
+    parts; ``exact_w2`` the exact distance where known (Gaussian problems, full batch).
+    ``passed`` is ``True`` when no checkpoint has
+    :math:`\\sqrt{w_2^2 - \\text{floor}^2} - 3\\,\\text{stderr} > \\text{bound}`, ``None`` without a bound.
+    """
+
+    sampler: str
+    target: str
+    estimator: str
+    num_chains: int
+    iterations: np.ndarray
+    grad_evals: np.ndarray
+    w2: np.ndarray
+    w2_stderr: np.ndarray
+    w2_floor: float
+    bound: Optional[np.ndarray]
+    bound_terms: Dict[str, float]
+    constants: Dict[str, float]
+    exact_w2: Optional[np.ndarray] = None
+    violations: List[int] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+    wall_time: Dict[str, float] = field(default_factory=dict)
+
+    @property
+    def w2_debiased(self) -> np.ndarray:
+        return np.sqrt(np.clip(self.w2**2 - self.w2_floor**2, 0.0, None))
+
+    @property
+    def passed(self) -> Optional[bool]:
+        return None if self.bound is None else not self.violations
+
+    def __str__(self) -> str:
+        verdict = {True: "within the bound", False: "VIOLATES the bound", None: "no bound"}[self.passed]
+        lines = [f"{self.sampler} ({self.num_chains} chains, target {self.target}, "
+                 f"{self.estimator} W2): {verdict}",
+                 f"  iterations {self.iterations[0]}..{self.iterations[-1]}: W2 {self.w2[0]:.4g} -> "
+                 f"{self.w2[-1]:.4g} ± {self.w2_stderr[-1]:.2g} (floor {self.w2_floor:.3g})"]
+        if self.bound is not None:
+            lines.append(f"  bound {self.bound[0]:.4g} -> {self.bound[-1]:.4g} "
+                         f"(bound / W2 at the end: {self.bound[-1] / max(self.w2[-1], 1e-300):.3g})")
+        if self.exact_w2 is not None:
+            lines.append(f"  exact W2 at the end: {self.exact_w2[-1]:.4g}")
+        if self.violations:
+            lines.append(f"  violations at iterations {self.violations}")
+        lines += [f"  warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+    def plot(self, ax=None, *, x: str = "iterations"):
+        """Empirical :math:`W_2` (± 2 stderr), its floor, the exact value and the bound against
+        ``x`` (``"iterations"`` or ``"grad_evals"``), log scale. Returns the figure."""
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        else:
+            fig = ax.figure
+        xs = self.grad_evals if x == "grad_evals" else self.iterations
+        ax.errorbar(xs, self.w2, yerr=2 * self.w2_stderr, fmt="o-", ms=3, capsize=2,
+                    label=f"empirical W2 ({self.estimator}, {self.num_chains} chains)")
+        ax.axhline(self.w2_floor, color="gray", ls=":", label="estimator floor (exact draws)")
+        if self.exact_w2 is not None:
+            ax.plot(xs, self.exact_w2, "k--", lw=1, label="exact W2")
+        if self.bound is not None:
+            ax.plot(xs, self.bound, "r-", label="theoretical bound")
+        ax.set_yscale("log")
+        ax.set_xlabel("gradient evaluations per chain" if x == "grad_evals" else "iteration")
+        ax.set_ylabel(f"W2 to the {self.target} law")
+        verdict = {True: "passed", False: "VIOLATED", None: "no bound"}[self.passed]
+        ax.set_title(f"{self.sampler}: {verdict}")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        return fig
+
+
+def run_ensemble(kernel: StochasticGradientKernel, initial_point: torch.Tensor, num_chains: int,
+                 checkpoints, *, progress_bar: bool = True,
+                 callback: Optional[Callable[[int, Dict[str, torch.Tensor]], None]] = None
+                 ) -> Dict[int, Dict[str, torch.Tensor]]:
+    """Run ``num_chains`` vectorized chains of ``kernel`` (built with ``potential_fn=``) from
+    ``initial_point`` (twins too) and return ``{k: params}`` at each checkpoint iteration ``k``
+    (0 is the start). ``callback(k, params)`` is called at each checkpoint as well.
+    Nothing else is stored: the run's memory does not grow with its length."""
+    checkpoints = sorted({int(k) for k in checkpoints})
+    kernel.num_chains = num_chains
+    kernel.initial_params = {SITE: initial_point.detach().expand(num_chains, -1).clone()}
+    kernel.record_draws = False
+    last = checkpoints[-1]
+    try:
+        kernel.setup(last + 1)  # all iterations count as warm-up: no draws or stats are kept
+        params = kernel.initial_params
+        out: Dict[int, Dict[str, torch.Tensor]] = {}
+        with tqdm(total=last, disable=not progress_bar, desc=type(kernel).__name__) as bar:
+            for k in range(last + 1):
+                if k in checkpoints:
+                    out[k] = {name: v.detach().clone() for name, v in params.items()}
+                    if callback is not None:
+                        callback(k, out[k])
+                if k < last:
+                    params = kernel.sample(params)
+                    bar.update()
+        return out
+    finally:
+        kernel.num_chains = None
+
+
+def _kernel(sampler, problem: Problem, batch_size, kernel_kwargs) -> StochasticGradientKernel:
+    if isinstance(sampler, str):
+        key = sampler.lower().replace("-", "_")
+        if key not in SAMPLERS:
+            raise ValueError(f"unknown sampler {sampler!r}; choose one of {sorted(SAMPLERS)} or pass "
+                             "a kernel class.")
+        cls = SAMPLERS[key]
+    elif isinstance(sampler, type) and issubclass(sampler, StochasticGradientKernel):
+        cls = sampler
+    else:
+        raise TypeError(f"sampler must be a name ({sorted(SAMPLERS)}) or a kernel class such as "
+                        f"pyro_flat.EntropySGLD, got {sampler!r}.")
+    kwargs = dict(kernel_kwargs)
+    if cls is not SGD:
+        kwargs.setdefault("temperature", problem.temperature)
+    return cls(potential_fn=problem.potential_fn(batch_size), **kwargs)
+
+
+def _target_of(kernel) -> str:
+    for cls, target in TARGET_OF.items():
+        if type(kernel) is cls:
+            return target
+    for cls, target in TARGET_OF.items():
+        if isinstance(kernel, cls) and not isinstance(kernel, LocalEntropySGD):
+            return target
+    raise ValueError(f"{type(kernel).__name__} has no convergence bound in pyro-flat: it is an "
+                     "optimiser of the local entropy, whose minimiser is not known in closed form. "
+                     "Compare it in the MNIST study (benchmarks/bench_convergence.py) instead.")
+
+
+def _bound(kernel, target: str, problem: Problem, iterations, initial_w2: float, batch_size,
+           radius: float) -> B.W2Bound:
+    m, M = problem.constants()
+    T, d = problem.temperature, problem.dim
+    noise = problem.gradient_noise(batch_size)
+    if target == "joint":
+        return B.entropy_mcmc_w2_bound(m, M, kernel.eta, kernel.step_size, d, iterations,
+                                       initial_w2, temperature=T, gradient_noise=noise)
+    if target == "flat":
+        return B.local_entropy_w2_bound(
+            m, M, kernel.eta, kernel.step_size, d, iterations, initial_w2,
+            num_inner_steps=kernel.num_inner_steps, inner_step_size=kernel.inner_step_size,
+            mean_weight=kernel.mean_weight, radius=radius, temperature=T, gradient_noise=noise)
+    if target == "mode":
+        return B.sgd_bound(m * T, M * T, kernel.step_size, d, iterations, initial_w2,
+                           gradient_noise=noise)
+    return B.sgld_w2_bound(m, M, kernel.step_size, d, iterations, initial_w2, temperature=T,
+                           gradient_noise=noise)
+
+
+def check_convergence(
+    problem: Problem,
+    sampler: Union[str, type],
+    *,
+    num_chains: int = 256,
+    num_iterations: int = 2000,
+    batch_size: Optional[int] = None,
+    num_checkpoints: int = 21,
+    estimator: str = "auto",
+    initial_point=None,
+    reference=None,
+    num_bootstrap: int = 50,
+    progress_bar: bool = True,
+    raise_on_violation: bool = False,
+    seed: Optional[int] = 0,
+    **kernel_kwargs,
+) -> ConvergenceResult:
+    r"""Run many chains of ``sampler`` on ``problem`` and compare their :math:`W_2` to the bound.
+
+    :param problem: a :class:`~pyro_flat.theory.problems.GaussianProblem`,
+        :class:`~pyro_flat.theory.problems.LogisticRegressionProblem` or another
+        :class:`~pyro_flat.theory.problems.Problem` (the bound needs its constants).
+    :param sampler: ``"sgld"``, ``"entropy_sgld"``, ``"local_entropy_sgld"``, ``"sgd"`` or the kernel
+        class; ``kernel_kwargs`` (``step_size``, ``eta``, ``num_inner_steps``, ...) build it.
+        Targets and bounds: SGLD → posterior (:func:`~pyro_flat.theory.sgld_w2_bound`),
+        EntropySGLD → the joint (:func:`~pyro_flat.theory.entropy_mcmc_w2_bound`),
+        LocalEntropySGLD → the flat posterior (:func:`~pyro_flat.theory.local_entropy_w2_bound`, its
+        radius :math:`r` estimated from the ensemble: the largest root-mean-square distance to
+        the reference mean), SGD → the mode (:func:`~pyro_flat.theory.sgd_bound`).
+    :param num_chains: independent chains (vectorized; per-chain minibatches); at least 10.
+    :param num_iterations: iterations per chain, all from ``initial_point`` (default: the
+        problem's, zeros), the twins of EntropySGLD starting there too.
+    :param batch_size: minibatch size (``None``: full batch); its gradient noise bound enters the bound.
+    :param estimator: ``"gaussian"``, ``"marginal"``, ``"exact"``, ``"sliced"``
+        (:func:`~pyro_flat.theory.empirical_w2`) or ``"auto"``: ``"gaussian"`` when the dimension
+        is at most ``num_chains / 4``, else ``"marginal"`` (a lower bound of :math:`W_2` with a
+        small floor: a violation it reports is real).
+    :param reference: the target law as ``(mean, cov)`` or samples; default ``problem.reference``
+        (closed form for Gaussians, a long :class:`~pyro_flat.EntropyHMC` run for logistic regression).
+    :param raise_on_violation: raise :class:`ConvergenceError` instead of returning a failed result.
+    :param seed: ``torch`` and bootstrap seed (``None``: leave the global RNG alone).
+    :returns: a :class:`ConvergenceResult`; ``result.plot()`` draws the figure.
+    :raises ValueError: fewer than 10 chains, a non-strongly-convex problem, unknown names.
+
+    A step size above the admissible :math:`2/((m+M)T)` (of the joint, for EntropySGLD) does not
+    raise: the chains run, ``result.bound`` is ``None``, ``result.passed`` is ``None`` and
+    ``result.warnings`` says why (a :class:`UserWarning` is emitted too).
+
+    Example::
+
+        >>> import torch
+        >>> from pyro_flat import check_convergence
+        >>> from pyro_flat.theory.problems import GaussianProblem
+        >>> problem = GaussianProblem(torch.diag(torch.tensor([1.0, 4.0])), mean=torch.ones(2))
+        >>> result = check_convergence(problem, "entropy_sgld", eta=0.5, step_size=0.05,
+        ...                            num_chains=200, num_iterations=100, progress_bar=False)
+        >>> result.passed, result.target
+        (True, 'joint')
+    """
+    if not isinstance(problem, Problem):
+        raise TypeError(
+            f"problem must be a pyro_flat.theory.problems.Problem (GaussianProblem, "
+            f"LogisticRegressionProblem), got {type(problem).__name__}: the bound needs the "
+            "problem's strong-convexity constants, which a bare Pyro model does not state.")
+    if isinstance(num_chains, bool) or not isinstance(num_chains, int) or num_chains < MIN_CHAINS:
+        raise ValueError(f"num_chains={num_chains!r} is too few for a W2 estimate: the ensemble of "
+                         f"chains is the sample of the chain's law. Use num_chains >= {FEW_CHAINS} "
+                         f"(at least {MIN_CHAINS}).")
+    if isinstance(num_iterations, bool) or not isinstance(num_iterations, int) or num_iterations < 1:
+        raise ValueError(f"num_iterations must be an integer >= 1, got {num_iterations!r}.")
+    problem.constants()  # raises for a non-strongly-convex problem before any work
+    if seed is not None:
+        torch.manual_seed(seed)
+    kernel = _kernel(sampler, problem, batch_size, kernel_kwargs)
+    target = _target_of(kernel)
+    eta = getattr(kernel, "eta", None)
+    notes: List[str] = []
+    if num_chains < FEW_CHAINS:
+        notes.append(f"only {num_chains} chains: the W2 estimate has a large floor and wide error bars; "
+                     f"use num_chains >= {FEW_CHAINS}.")
+    dim = problem.dim * (2 if target == "joint" else 1)
+    if estimator == "auto":
+        estimator = "gaussian" if dim <= num_chains // 4 else "marginal"
+    if reference is None:
+        reference = problem.reference(target, eta)
+    if isinstance(reference, tuple):
+        ref_mean, ref_trace = np.asarray(reference[0], dtype=float), float(np.trace(reference[1]))
+    else:
+        ref = np.asarray(reference, dtype=float)
+        ref_mean, ref_trace = ref.mean(0), float(ref.var(0).sum())
+
+    x0 = torch.as_tensor(problem.initial_point() if initial_point is None else initial_point,
+                         dtype=torch.get_default_dtype()).reshape(problem.dim)
+    start = np.concatenate([x0.numpy(), x0.numpy()]) if target == "joint" else x0.numpy().astype(float)
+    initial_w2 = math.sqrt(float(((start - ref_mean) ** 2).sum()) + ref_trace)
+    checkpoints = np.unique(np.linspace(0, num_iterations, num_checkpoints).round().astype(int))
+
+    t0 = time.perf_counter()
+    states = run_ensemble(kernel, x0, num_chains, checkpoints, progress_bar=progress_bar)
+    t_run = time.perf_counter() - t0
+
+    def view(params) -> np.ndarray:
+        theta = params[SITE].double().numpy()
+        if target == "joint":
+            return np.concatenate([theta, params[SITE + "_aux"].double().numpy()], 1)
+        return theta
+
+    w2, se, floor, radius = [], [], 0.0, 0.0
+    rng_seed = 0 if seed is None else seed
+    for i, k in enumerate(checkpoints):
+        x = view(states[k])
+        radius = max(radius, math.sqrt(float(((x - ref_mean) ** 2).sum(1).mean())))
+        if target == "mode":  # distance to a point: exact for the ensemble
+            dist = np.sqrt(((x - ref_mean) ** 2).sum(1).mean())
+            boot = np.random.default_rng(rng_seed + i)
+            draws = [np.sqrt(((x[j] - ref_mean) ** 2).sum(1).mean())
+                     for j in boot.integers(0, len(x), (num_bootstrap, len(x)))]
+            # float rounding of the chains' own arithmetic: below this the distance is noise
+            rounding = 8 * torch.finfo(torch.get_default_dtype()).eps * math.sqrt(
+                float((ref_mean**2).sum()) + len(ref_mean))
+            est = W2Estimate(float(dist), float(np.std(draws, ddof=1)), "rms distance", len(x),
+                             floor=rounding)
+            floor = rounding
+        else:
+            est = empirical_w2(x, reference, method=estimator, num_bootstrap=num_bootstrap,
+                               floor=(i == 0), seed=rng_seed + i)
+            floor = est.floor if i == 0 else floor
+        w2.append(est.value)
+        se.append(est.stderr)
+    w2, se = np.array(w2), np.array(se)
+    t_est = time.perf_counter() - t0 - t_run
+
+    bound, terms, constants = None, {}, {}
+    try:
+        b = _bound(kernel, target, problem, checkpoints, initial_w2, batch_size, radius)
+    except ValueError as err:
+        notes.append(f"no bound: {err}")
+        warnings.warn(f"check_convergence: {err}", UserWarning, stacklevel=2)
+    else:
+        bound, constants = b.total, dict(b.constants)
+        terms = {"contraction_at_0": float(b.contraction[0]), "discretization": b.discretization,
+                 "gradient_bias": b.gradient_bias, "gradient_noise": b.gradient_noise,
+                 "asymptote": b.asymptote}
+        if target == "flat":
+            notes.append(f"the local-entropy bound uses the radius r = {radius:.4g} measured on the "
+                         "ensemble (largest RMS distance to the reference mean), a plug-in.")
+    constants.update({"m": problem.constants()[0], "M": problem.constants()[1],
+                      "gradient_noise_bound": problem.gradient_noise(batch_size)})
+
+    exact = None
+    if isinstance(problem, GaussianProblem) and batch_size is None:
+        exact = problem.exact_w2(kernel, target, checkpoints, x0)
+
+    result = ConvergenceResult(
+        sampler=type(kernel).__name__, target=target, estimator=estimator if target != "mode" else "rms distance",
+        num_chains=num_chains, iterations=checkpoints, grad_evals=checkpoints * kernel.grads_per_iteration,
+        w2=w2, w2_stderr=se, w2_floor=floor, bound=bound, bound_terms=terms, constants=constants,
+        exact_w2=exact, warnings=notes, wall_time={"sampling": t_run, "estimation": t_est},
+    )
+    if bound is not None:
+        lower = result.w2_debiased - 3.0 * se
+        result.violations = [int(k) for k, lo, b in zip(checkpoints, lower, bound) if lo > b]
+    if raise_on_violation and result.passed is False:
+        raise ConvergenceError(str(result), result)
+    return result
