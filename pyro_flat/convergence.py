@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from .kernels import SGD, SGLD, EntropySGLD, LocalEntropySGD, LocalEntropySGLD
 from .kernels.base import StochasticGradientKernel
 from .theory import bounds as B
-from .theory.estimators import W2Estimate, empirical_w2
+from .theory.estimators import W2Estimate, W2Estimator
 from .theory.problems import SITE, GaussianProblem, Problem
 
 SAMPLERS: Dict[str, type] = {
@@ -315,6 +315,8 @@ def check_convergence(
 
     w2, se, floor, radius = [], [], 0.0, 0.0
     rng_seed = 0 if seed is None else seed
+    if target != "mode":
+        w2_of = W2Estimator(reference, method=estimator, num_bootstrap=num_bootstrap, seed=rng_seed)
     for i, k in enumerate(checkpoints):
         x = view(states[k])
         radius = max(radius, math.sqrt(float(((x - ref_mean) ** 2).sum(1).mean())))
@@ -330,9 +332,8 @@ def check_convergence(
                              floor=rounding)
             floor = rounding
         else:
-            est = empirical_w2(x, reference, method=estimator, num_bootstrap=num_bootstrap,
-                               floor=(i == 0), seed=rng_seed + i)
-            floor = est.floor if i == 0 else floor
+            est = w2_of(x)
+            floor = est.floor
         w2.append(est.value)
         se.append(est.stderr)
     w2, se = np.array(w2), np.array(se)

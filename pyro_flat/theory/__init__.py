@@ -29,7 +29,7 @@ from .constants import (
     logistic_gradient_noise,
     logistic_regression_constants,
 )
-from .estimators import W2Estimate, empirical_w2
+from .estimators import W2Estimate, W2Estimator, empirical_w2
 from .gaussian import (
     LinearGaussianChain,
     entropy_langevin_chain,
@@ -60,5 +60,6 @@ __all__ = [
     "entropy_langevin_chain",
     "local_entropy_chain",
     "W2Estimate",
+    "W2Estimator",
     "empirical_w2",
 ]

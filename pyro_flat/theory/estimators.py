@@ -153,6 +153,90 @@ def random_directions(dim: int, num: int, rng: np.random.Generator) -> np.ndarra
     return u / np.linalg.norm(u, axis=0, keepdims=True)
 
 
+class W2Estimator:
+    r"""Estimates :math:`W_2` of many sample sets to one reference, preparing the reference once.
+
+    :param reference: reference samples ``(N, d)``, or ``(mean, cov)`` of a Gaussian reference
+        (the sample-based methods then draw ``num_reference`` points from it, default
+        ``max(20000, 10 d)``; ``"exact"``: 2000).
+    :param method: ``"gaussian"``, ``"marginal"``, ``"exact"`` or ``"sliced"`` (see the module).
+    :param num_bootstrap: resamples of the samples for ``stderr`` (the reference is held fixed).
+    :param num_projections: directions for ``"sliced"`` (the same for every call).
+    :param floor: also estimate the finite-sample floor: ``method`` on ``n`` draws of the
+        reference itself (taken out of the reference samples when there are at least ``2n``;
+        computed once per ``n``).
+    :param seed: seed of the bootstrap, the directions and the Gaussian reference draws.
+    """
+
+    def __init__(self, reference: Reference, *, method: str = "gaussian", num_bootstrap: int = 100,
+                 num_projections: int = 200, num_reference: Optional[int] = None,
+                 floor: bool = True, seed: int = 0):
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
+        self.method, self.num_bootstrap, self.floor = method, num_bootstrap, floor
+        self.rng = np.random.default_rng(seed)
+        if isinstance(reference, tuple):
+            self.mean, self.cov = _numpy(reference[0]).reshape(-1), _numpy(reference[1])
+            d = self.mean.size
+            if self.cov.shape != (d, d):
+                raise ValueError(f"reference (mean, cov) has shapes {self.mean.shape}, "
+                                 f"{self.cov.shape}.")
+            self.ref = None
+            if method != "gaussian":
+                size = num_reference or (2000 if method == "exact" else max(20000, 10 * d))
+                self.ref = self.rng.multivariate_normal(self.mean, self.cov, size=size, method="eigh")
+        else:
+            self.ref = _as_samples(reference, "reference")
+            self.mean = self.ref.mean(0)
+            self.cov = np.cov(self.ref, rowvar=False).reshape(len(self.mean), len(self.mean))
+        self.dim = len(self.mean)
+        self.projections = (random_directions(self.dim, num_projections, self.rng)
+                            if method == "sliced" else None)
+        self._sorted = None  # the reference prepared for "marginal"/"sliced"
+        self._floors: dict = {}
+
+    def _estimator(self, samples: np.ndarray, against: Optional[np.ndarray], sorted_ref=None) -> Callable:
+        """``idx -> W2`` of ``samples[idx]`` to the reference."""
+        method = self.method
+        if method == "gaussian":
+            return GaussianW2(samples, self.mean, self.cov)
+        pick = (lambda idx: samples if idx is None else samples[idx])
+        if method == "exact":
+            return lambda idx=None: _exact(pick(idx), against)
+        if method == "sliced":
+            w2sq = sorted_ref or SortedW2(against @ self.projections)
+            return lambda idx=None: math.sqrt(float(w2sq(pick(idx) @ self.projections).mean()))
+        w2sq = sorted_ref or SortedW2(against)
+        return lambda idx=None: math.sqrt(float(w2sq(pick(idx)).sum()))
+
+    def floor_for(self, n: int) -> float:
+        if n not in self._floors:
+            rng = np.random.default_rng(n)
+            if self.ref is not None and len(self.ref) >= 2 * n:
+                pick = rng.permutation(len(self.ref))
+                own, rest = self.ref[pick[:n]], self.ref[pick[n:]]
+            else:
+                own = rng.multivariate_normal(self.mean, self.cov, size=n, method="eigh")
+                rest = self.ref
+            self._floors[n] = float(self._estimator(own, rest)())
+        return self._floors[n]
+
+    def __call__(self, x) -> W2Estimate:
+        x = _as_samples(x, "x")
+        n, d = x.shape
+        if n < 2:
+            raise ValueError(f"a W2 estimate needs at least 2 samples, got {n}; run more chains.")
+        if d != self.dim:
+            raise ValueError(f"the samples have dimension {d}, the reference {self.dim}.")
+        if self._sorted is None and self.method in ("marginal", "sliced"):
+            self._sorted = SortedW2(self.ref if self.method == "marginal" else self.ref @ self.projections)
+        fn = self._estimator(x, self.ref, self._sorted)
+        value = fn()
+        boots = [fn(self.rng.integers(0, n, n)) for _ in range(self.num_bootstrap)]
+        stderr = float(np.std(boots, ddof=1)) if self.num_bootstrap > 1 else float("nan")
+        return W2Estimate(float(value), stderr, self.method, n, self.floor_for(n) if self.floor else 0.0)
+
+
 def empirical_w2(
     x,
     reference: Reference,
@@ -166,14 +250,9 @@ def empirical_w2(
 ) -> W2Estimate:
     r""":math:`W_2` between the samples ``x`` ``(n, d)`` and a reference, with a bootstrap error bar.
 
-    :param reference: reference samples ``(N, d)``, or ``(mean, cov)`` of a Gaussian reference
-        (the sample-based methods then draw ``num_reference`` points from it, default ``max(10 n, 2000)``;
-        ``"exact"``: ``n``).
-    :param method: ``"gaussian"``, ``"marginal"``, ``"exact"`` or ``"sliced"`` (see the module).
-    :param num_bootstrap: resamples of ``x`` for ``stderr`` (the reference is held fixed).
-    :param num_projections: directions for ``"sliced"`` (the same for every resample).
-    :param floor: also estimate the finite-sample floor: ``method`` on ``n`` draws of the
-        reference itself (taken out of the reference samples when there are at least ``2n``).
+    One call of a :class:`W2Estimator` (see it for the arguments); use the class to compare many
+    sample sets with one reference.
+
     :raises ValueError: for fewer than 2 samples, NaN/inf samples, mismatched dimensions or an
         unknown method.
 
@@ -187,53 +266,7 @@ def empirical_w2(
         >>> abs(est.value - 3.0) < 3 * est.stderr + est.floor
         True
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
-    x = _as_samples(x, "x")
-    n, d = x.shape
-    if n < 2:
-        raise ValueError(f"a W2 estimate needs at least 2 samples, got {n}; run more chains.")
-    rng = np.random.default_rng(seed)
-    if isinstance(reference, tuple):
-        ref_mean, ref_cov = _numpy(reference[0]).reshape(-1), _numpy(reference[1])
-        if ref_mean.size != d or ref_cov.shape != (d, d):
-            raise ValueError(f"reference (mean, cov) has shapes {ref_mean.shape}, {ref_cov.shape}; "
-                             f"the samples have dimension {d}.")
-        ref = None
-        if method != "gaussian":
-            size = num_reference or (n if method == "exact" else max(10 * n, 2000))
-            ref = rng.multivariate_normal(ref_mean, ref_cov, size=size, method="eigh")
-    else:
-        ref = _as_samples(reference, "reference")
-        if ref.shape[1] != d:
-            raise ValueError(f"reference has dimension {ref.shape[1]}, the samples {d}.")
-        ref_mean, ref_cov = ref.mean(0), np.cov(ref, rowvar=False).reshape(d, d)
-    projections = random_directions(d, num_projections, rng) if method == "sliced" else None
-
-    def estimator(samples: np.ndarray, against: Optional[np.ndarray]) -> Callable:
-        """``idx -> W2`` of ``samples[idx]`` to the reference."""
-        if method == "gaussian":
-            return GaussianW2(samples, ref_mean, ref_cov)
-        if method == "exact":
-            return lambda idx=None: _exact(samples if idx is None else samples[idx], against)
-        if method == "sliced":
-            w2sq = SortedW2(against @ projections)
-            return lambda idx=None: math.sqrt(float(w2sq(
-                (samples if idx is None else samples[idx]) @ projections).mean()))
-        w2sq = SortedW2(against)
-        return lambda idx=None: math.sqrt(float(w2sq(samples if idx is None else samples[idx]).sum()))
-
-    floor_value = 0.0
-    if floor:
-        if ref is not None and len(ref) >= 2 * n:
-            pick = rng.permutation(len(ref))
-            own, ref_rest = ref[pick[:n]], ref[pick[n:]]
-        else:
-            own = rng.multivariate_normal(ref_mean, ref_cov, size=n, method="eigh")
-            ref_rest = ref
-        floor_value = float(estimator(own, ref_rest)())
-    fn = estimator(x, ref)
-    value = fn()
-    boots = [fn(rng.integers(0, n, n)) for _ in range(num_bootstrap)]
-    stderr = float(np.std(boots, ddof=1)) if num_bootstrap > 1 else float("nan")
-    return W2Estimate(float(value), stderr, method, n, floor_value)
+    estimator = W2Estimator(reference, method=method, num_bootstrap=num_bootstrap,
+                            num_projections=num_projections, num_reference=num_reference,
+                            floor=floor, seed=seed)
+    return estimator(x)
