@@ -183,7 +183,7 @@ def main():
     rows = study(problem, args.eta, step, args, w2_post, w2_flat)
     floors = {"w2_posterior": w2_post.floor_for(args.chains), "w2_flat": w2_flat.floor_for(args.chains)}
     map_acc = problem.accuracy(torch.as_tensor(problem.mode())[None])[0]
-    print(f"\n| sampler | grad evals | iterations | W2 posterior | W2 flat | BMA acc. | chain acc. | time |")
+    print("\n| sampler | grad evals | iterations | W2 posterior | W2 flat | BMA acc. | chain acc. | time |")
     print("|---|---|---|---|---|---|---|---|")
     for name, rec in rows.items():
         for i in (len(rec["iterations"]) // 2, -1):

@@ -8,7 +8,7 @@ Li & Zhang (2024) call them "Entropy-SGD" and "Entropy-SGLD"; pyro-flat names th
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, Optional
+from typing import Callable, Optional
 
 import torch
 

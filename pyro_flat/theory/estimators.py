@@ -30,7 +30,7 @@ from typing import Callable, Optional, Tuple, Union
 import numpy as np
 
 from .constants import _numpy
-from .gaussian import _sqrtm_psd, gaussian_w2
+from .gaussian import _sqrtm_psd
 
 Reference = Union[np.ndarray, Tuple[np.ndarray, np.ndarray]]
 METHODS = ("gaussian", "marginal", "exact", "sliced")
