@@ -136,7 +136,7 @@ def run_ensemble(kernel: StochasticGradientKernel, initial_point: torch.Tensor, 
     checkpoints = sorted({int(k) for k in checkpoints})
     kernel.num_chains = num_chains
     kernel.initial_params = {SITE: initial_point.detach().expand(num_chains, -1).clone()}
-    kernel.record_draws = False
+    record_draws, kernel.record_draws = kernel.record_draws, False
     last = checkpoints[-1]
     try:
         kernel.setup(last + 1)  # all iterations count as warm-up: no draws or stats are kept
@@ -153,7 +153,7 @@ def run_ensemble(kernel: StochasticGradientKernel, initial_point: torch.Tensor, 
                     bar.update()
         return out
     finally:
-        kernel.num_chains = None
+        kernel.num_chains, kernel.record_draws = None, record_draws
 
 
 def _kernel(sampler, problem: Problem, batch_size, kernel_kwargs) -> StochasticGradientKernel:

@@ -9,6 +9,9 @@ r"""Convergence theory for flat posteriors on strongly convex problems.
 - :mod:`~pyro_flat.theory.estimators`: empirical :math:`W_2` (Gaussian/Bures, exact optimal
   transport, sliced) with bootstrap error bars.
 
+- :mod:`~pyro_flat.theory.problems`: Gaussian and logistic-regression problems with their
+  constants and reference laws.
+
 :func:`pyro_flat.check_convergence` puts them together.
 """
 
@@ -30,6 +33,7 @@ from .constants import (
     logistic_regression_constants,
 )
 from .estimators import W2Estimate, W2Estimator, empirical_w2
+from .problems import GaussianProblem, LogisticRegressionProblem, Problem
 from .gaussian import (
     LinearGaussianChain,
     entropy_langevin_chain,
@@ -60,6 +64,9 @@ __all__ = [
     "entropy_langevin_chain",
     "local_entropy_chain",
     "W2Estimate",
+    "Problem",
+    "GaussianProblem",
+    "LogisticRegressionProblem",
     "W2Estimator",
     "empirical_w2",
 ]
