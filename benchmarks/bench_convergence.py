@@ -93,11 +93,11 @@ def study(problem, eta, step, args, w2_post, w2_flat):
                "w2_flat_se": [], "bma_accuracy": [], "chain_accuracy": []}
         for k in checkpoints:
             theta = states[k]["theta"].double().numpy()
-            flat = states[k].get("theta_aux", states[k]["theta"]).double().numpy()  # EntropySGLD: θa
+            flat = states[k]["theta_aux" if "theta_aux" in states[k] else "theta"].double().numpy()  # θa if any
             for key, est in (("w2_posterior", w2_post(theta)), ("w2_flat", w2_flat(flat))):
                 rec[key].append(est.value)
                 rec[key + "_se"].append(est.stderr)
-            bma, single = problem.accuracy(flat if name.startswith("LocalEntropy") else theta)
+            bma, single = problem.accuracy(theta)
             rec["bma_accuracy"].append(bma)
             rec["chain_accuracy"].append(single)
         rows[name] = rec

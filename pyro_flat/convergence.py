@@ -12,7 +12,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Union
+from typing import Dict, List, Optional, Union
 
 import numpy as np
 import torch
@@ -126,28 +126,23 @@ class ConvergenceResult:
 
 
 def run_ensemble(kernel: StochasticGradientKernel, initial_point: torch.Tensor, num_chains: int,
-                 checkpoints, *, progress_bar: bool = True,
-                 callback: Optional[Callable[[int, Dict[str, torch.Tensor]], None]] = None
-                 ) -> Dict[int, Dict[str, torch.Tensor]]:
+                 checkpoints, *, progress_bar: bool = True) -> Dict[int, Dict[str, torch.Tensor]]:
     """Run ``num_chains`` vectorized chains of ``kernel`` (built with ``potential_fn=``) from
     ``initial_point`` (twins too) and return ``{k: params}`` at each checkpoint iteration ``k``
-    (0 is the start). ``callback(k, params)`` is called at each checkpoint as well.
-    Nothing else is stored: the run's memory does not grow with its length."""
-    checkpoints = sorted({int(k) for k in checkpoints})
+    (0 is the start). Nothing else is stored: the run's memory does not grow with its length."""
+    marks = {int(k) for k in checkpoints}
     kernel.num_chains = num_chains
     kernel.initial_params = {SITE: initial_point.detach().expand(num_chains, -1).clone()}
     record_draws, kernel.record_draws = kernel.record_draws, False
-    last = checkpoints[-1]
+    last = max(marks)
     try:
         kernel.setup(last + 1)  # all iterations count as warm-up: no draws or stats are kept
         params = kernel.initial_params
         out: Dict[int, Dict[str, torch.Tensor]] = {}
         with tqdm(total=last, disable=not progress_bar, desc=type(kernel).__name__) as bar:
             for k in range(last + 1):
-                if k in checkpoints:
+                if k in marks:
                     out[k] = {name: v.detach().clone() for name, v in params.items()}
-                    if callback is not None:
-                        callback(k, out[k])
                 if k < last:
                     params = kernel.sample(params)
                     bar.update()

@@ -7,13 +7,13 @@ Li & Zhang (2024) call them "Entropy-SGD" and "Entropy-SGLD"; pyro-flat names th
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Optional
 
 import torch
 
 from ..flat import _check_eta
 from .base import StochasticGradientKernel, check_positive
+from .integrators import langevin_step
 from .potential import Params
 
 
@@ -116,31 +116,25 @@ class LocalEntropySGLD(StochasticGradientKernel):
     def transition(self, params: Params, step_size: float):
         names = list(params)
         theta = [params[n] for n in names]
-        inner = list(theta)
-        mean = list(theta)
-        eta, a, inner_step = self.eta, self.mean_weight, self.inner_step_size
-        inner_noise = math.sqrt(2.0 * inner_step * self.temperature)
+        inner, mean = params, theta
         energy = grads = None
         for step in range(self.num_inner_steps):
-            inner_energy, g = self.target.potential_and_grad(dict(zip(names, inner)))
+            inner_energy, g = self.target.potential_and_grad(inner)
             if step == 0:  # theta' = theta: the potential at the draw, for free
                 energy, grads = inner_energy, g
-            # grad of U(theta') + |theta' - theta|^2 / (2 eta)
-            pull = torch._foreach_sub(inner, theta)
-            torch._foreach_div_(pull, eta)
-            direction = torch._foreach_add([g[n] for n in names], pull)
-            inner = torch._foreach_add(inner, direction, alpha=-inner_step)
-            torch._foreach_add_(inner, [torch.randn_like(z) for z in inner], alpha=inner_noise)
-            mean = torch._foreach_add(torch._foreach_mul(mean, 1.0 - a), inner, alpha=a)
-        # outer step along -(theta - mu) / eta, the local-entropy gradient estimate
+            # the inner chain is SGLD on U(theta') + |theta' - theta|^2 / (2 eta)
+            pull = torch._foreach_sub([inner[n] for n in names], theta)
+            torch._foreach_div_(pull, self.eta)
+            torch._foreach_add_(pull, [g[n] for n in names])
+            inner = langevin_step(inner, dict(zip(names, pull)), self.inner_step_size, self.temperature)
+            mean = torch._foreach_lerp(mean, [inner[n] for n in names], self.mean_weight)
+        # the outer step follows the local-entropy gradient estimate (theta - mu) / eta
         local_grad = torch._foreach_sub(theta, mean)
-        torch._foreach_div_(local_grad, eta)
-        new = torch._foreach_add(theta, local_grad, alpha=-step_size)
-        if self.outer_noise:
-            torch._foreach_add_(new, [torch.randn_like(z) for z in new],
-                                alpha=math.sqrt(2.0 * step_size * self.temperature))
-        # a divergence in the inner chain reaches `new` through the mean
-        return dict(zip(names, new)), energy, grads
+        torch._foreach_div_(local_grad, self.eta)
+        # a divergence in the inner chain reaches the new point through the mean
+        new = langevin_step(params, dict(zip(names, local_grad)), step_size,
+                            self.temperature if self.outer_noise else 0.0)
+        return new, energy, grads
 
 
 class LocalEntropySGD(LocalEntropySGLD):

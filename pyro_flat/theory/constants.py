@@ -14,6 +14,8 @@ from typing import Tuple, Union
 import numpy as np
 import torch
 
+from ..kernels.base import check_positive as _check_positive
+
 ArrayLike = Union[np.ndarray, torch.Tensor, float]
 
 
@@ -193,13 +195,3 @@ def logistic_gradient_noise(
     g = (probs - _numpy(y))[:, None] * X
     s2 = float(((g - g.mean(0)) ** 2).sum() / (n - 1))
     return math.sqrt(factor * s2)
-
-
-def _check_positive(name: str, value) -> float:
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        x = float("nan")
-    if not (math.isfinite(x) and x > 0):
-        raise ValueError(f"{name} must be a positive finite number, got {name}={value!r}.")
-    return x

@@ -52,12 +52,6 @@ class W2Estimate:
         (the sampling error and the distance add about so for independent errors)."""
         return math.sqrt(max(self.value**2 - self.floor**2, 0.0))
 
-    def interval(self, z: float = 2.0) -> Tuple[float, float]:
-        return self.value - z * self.stderr, self.value + z * self.stderr
-
-    def __float__(self) -> float:
-        return self.value
-
     def __repr__(self) -> str:
         return (f"W2Estimate({self.value:.4g} ± {self.stderr:.2g}, method={self.method!r}, "
                 f"n={self.num_samples}, floor={self.floor:.3g})")
