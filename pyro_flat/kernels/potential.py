@@ -80,12 +80,18 @@ class _LogJoint(Messenger):
     ``vectorize_particles``) and the log joint is a ``(C,)`` vector. No plate is added for the
     chains: the distributions stay unexpanded and broadcast, which saves a pass over every
     ``(C, ...)`` parameter; a term without the chain dimension is the same for every chain.
+
+    With ``block=(plate, keep, first)`` it evaluates one block of a full-data pass (see
+    :meth:`ModelPotential.full_data`): terms inside ``plate`` lose the plate's ``N/B`` scale and
+    keep only the indices marked in ``keep``; terms outside it count in the ``first`` block only.
     """
 
     def __init__(self, sites: Dict[str, SiteInfo], params: Params, indices: Dict[str, torch.Tensor],
-                 chains: Optional[Tuple[int, int]] = None):
+                 chains: Optional[Tuple[int, int]] = None,
+                 block: Optional[Tuple[str, torch.Tensor, bool]] = None):
         super().__init__()
         self.sites, self.params, self.indices, self.chains = sites, params, indices, chains
+        self.block = block
         self.terms: list = []
 
     def _reduce(self, name: str, term: torch.Tensor) -> torch.Tensor:
@@ -133,12 +139,22 @@ class _LogJoint(Messenger):
             value = unconstrained if site.is_identity else site.transform(unconstrained)
             msg["value"] = value
             msg["done"] = True
-            if not site.is_identity:
+            if not site.is_identity and (self.block is None or self.block[2]):
                 jacobian = site.transform.log_abs_det_jacobian(unconstrained, value)
                 self.terms.append(
                     jacobian.sum() if self.chains is None else jacobian.reshape(self.chains[0], -1).sum(-1)
                 )
         scale, mask = msg["scale"], msg["mask"]
+        if self.block is not None:
+            plate, keep, first = self.block
+            frame = next((f for f in msg["cond_indep_stack"] if f.name == plate), None)
+            if frame is None:
+                if not first:
+                    return
+            else:  # undo the plate's N/B and drop the indices an earlier block has counted
+                scale = scale * frame.size / frame.full_size
+                keep = keep.reshape((-1,) + (1,) * (-frame.dim - 1))
+                mask = keep if mask is None else mask & keep
         if mask is None:  # scale the sum, not every term
             log_prob = self._reduce(name, fn.log_prob(value))
             self.terms.append(log_prob if scale == 1.0 else log_prob * scale)
@@ -195,8 +211,15 @@ class _Autograd:
     last_stats: Dict[str, torch.Tensor] = {}  # statistics of the last evaluation (none here)
     num_chains: Optional[int] = None  # vectorized chains: a leading (C,) dim on every tensor
 
-    def potential_and_grad(self, params: Params) -> Tuple[torch.Tensor, Params]:
-        return potential_and_grad(self, params, self.num_chains)
+    def potential_and_grad(self, params: Params, indices: Optional[Dict[str, torch.Tensor]] = None
+                           ) -> Tuple[torch.Tensor, Params]:
+        """Energy and gradient; ``indices`` (from :meth:`draw_indices`) fixes the minibatch."""
+        fn = self if indices is None else (lambda p: self(p, indices))
+        return potential_and_grad(fn, params, self.num_chains)
+
+    def draw_indices(self) -> Dict[str, torch.Tensor]:
+        """A fresh minibatch, to evaluate the potential twice on the same data (none here)."""
+        return {}
 
 
 class ModelPotential(_Autograd):
@@ -316,12 +339,42 @@ class ModelPotential(_Autograd):
 
     def __call__(self, params: Params, indices: Optional[Dict[str, torch.Tensor]] = None) -> torch.Tensor:
         if indices is None:
-            indices = {name: batcher() for name, batcher in self.batchers.items()}
+            indices = self.draw_indices()
         indices = {**indices, **self.full_indices}
         chains = None if self.num_chains is None else (self.num_chains, self.max_plate_nesting)
         with _LogJoint(self.sites, params, indices, chains) as log_joint:
             self.model(*self.model_args, **self.model_kwargs)
         return -log_joint.log_joint
+
+    def full_data(self, params: Params) -> torch.Tensor:
+        """The potential on **all** the data, differentiable, also for a subsampled model.
+
+        A subsampled plate keeps its ``subsample_size`` ``B``, so the data are visited in blocks of
+        ``B`` indices (the last block overlaps the one before and counts only its new indices);
+        each block's likelihood enters unscaled and the terms outside the plate enter once. The
+        sum is the exact full-data potential. One subsampled plate at most.
+        """
+        if not self.batchers:
+            return self(params, {})
+        if len(self.batchers) > 1:
+            raise ValueError(
+                f"full-data evaluation supports one subsampled plate, the model has "
+                f"{sorted(self.batchers)}; call the model without subsample_size instead."
+            )
+        (plate, batcher), = self.batchers.items()
+        chains = None if self.num_chains is None else (self.num_chains, self.max_plate_nesting)
+        total = None
+        for start in range(0, batcher.size, batcher.batch_size):
+            stop = min(start + batcher.batch_size, batcher.size)
+            idx = torch.arange(stop - batcher.batch_size, stop, device=batcher.device)
+            block = (plate, idx >= start, start == 0)
+            with _LogJoint(self.sites, params, {plate: idx, **self.full_indices}, chains, block) as lj:
+                self.model(*self.model_args, **self.model_kwargs)
+            total = -lj.log_joint if total is None else total - lj.log_joint
+        return total
+
+    def draw_indices(self) -> Dict[str, torch.Tensor]:
+        return {name: batcher() for name, batcher in self.batchers.items()}
 
     def fixed_batch(self) -> Dict[str, torch.Tensor]:
         """The first minibatch of every subsampled plate (for deterministic comparisons)."""
