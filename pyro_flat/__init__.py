@@ -5,7 +5,9 @@
 - :class:`SGLD` and :class:`EntropySGLD` are ``pyro.infer.MCMC`` kernels with Pyro-native minibatches,
   :class:`EntropyHMC` the exact (Metropolis-corrected) sampler of the same joint;
 - :class:`MCMC` is Pyro's driver plus vectorized chains (all chains as one batched tensor);
-- :class:`SGD`, :class:`LocalEntropySGD` and :class:`LocalEntropySGLD` are the paper's baselines;
+- :class:`SGD`, :class:`LocalEntropySGD` and :class:`LocalEntropySGLD` are the paper's baselines,
+  :class:`SASGLD` and :class:`FlatSGLD` the flat-seeking relatives; :mod:`pyro_flat.flatness`
+  measures flatness (Hessian spectra and traces, loss curves, local entropy);
   :func:`check_convergence` and :mod:`pyro_flat.theory` test samplers against their
   2-Wasserstein bounds;
 - :func:`to_arviz` gives ArviZ diagnostics; :func:`bma_predict` and :mod:`pyro_flat.metrics` give
@@ -14,7 +16,7 @@
   studies behind the ``pyro-flat`` command (:mod:`pyro_flat.study`).
 """
 
-from . import datasets, metrics, models, schedules, theory
+from . import datasets, flatness, metrics, models, schedules, theory
 from .convergence import ConvergenceError, ConvergenceResult, check_convergence
 from .diagnostics import to_arviz
 from .flat import flat_posterior, flat_potential
@@ -24,8 +26,10 @@ from .kernels import (
     DivergenceError,
     EntropyHMC,
     EntropySGLD,
+    FlatSGLD,
     LocalEntropySGD,
     LocalEntropySGLD,
+    SASGLD,
 )
 from .mcmc import MCMC
 from .predictive import bma_predict
@@ -40,12 +44,15 @@ __all__ = [
     "EntropySGLD",
     "LocalEntropySGD",
     "LocalEntropySGLD",
+    "SASGLD",
+    "FlatSGLD",
     "EntropyHMC",
     "MCMC",
     "check_convergence",
     "ConvergenceResult",
     "ConvergenceError",
     "theory",
+    "flatness",
     "DivergenceError",
     "to_arviz",
     "bma_predict",

@@ -4,7 +4,9 @@ from .base import StochasticGradientKernel, TargetKernel
 from .entropy_hmc import EntropyHMC
 from .entropy_sgld import EntropySGLD
 from .errors import DivergenceError
+from .flat_sgld import FlatSGLD
 from .local_entropy import LocalEntropySGD, LocalEntropySGLD
+from .sasgld import SASGLD
 from .sgd import SGD
 from .sgld import SGLD
 
@@ -17,5 +19,7 @@ __all__ = [
     "EntropyHMC",
     "LocalEntropySGD",
     "LocalEntropySGLD",
+    "SASGLD",
+    "FlatSGLD",
     "DivergenceError",
 ]
