@@ -251,6 +251,49 @@ def load_mnist_digits(root: Optional[PathLike] = None, *, split: str = "train",
     return images[keep], labels[keep]
 
 
+@dataclass(frozen=True)
+class DigitsOOD:
+    """MNIST split by digit for out-of-distribution tests: a classifier is trained on ``in_digits``
+    (labels renumbered 0..k-1 in that order) and scored on the test images of the other digits."""
+
+    X_train: torch.Tensor
+    y_train: torch.Tensor
+    X_test: torch.Tensor
+    y_test: torch.Tensor
+    X_ood: torch.Tensor
+    in_digits: Tuple[int, ...]
+    ood_digits: Tuple[int, ...]
+
+
+def load_mnist_ood(root: Optional[PathLike] = None, *, in_digits: Sequence[int] = (0, 1, 2, 3, 4),
+                   dtype: torch.dtype = torch.float32) -> DigitsOOD:
+    """Train/test images of ``in_digits`` and test images of the remaining digits, pixels in [0, 1]
+    (``root`` as :func:`load_mnist_digits`; the default is the embedded subset: 400 training and
+    100 test images per digit).
+
+    >>> d = load_mnist_ood(in_digits=(0, 1))
+    >>> d.X_train.shape, sorted(d.y_train.unique().tolist()), d.X_ood.shape[0], d.ood_digits[:2]
+    (torch.Size([800, 784]), [0, 1], 800, (2, 3))
+    """
+    in_digits = tuple(int(d) for d in in_digits)
+    if not in_digits or len(set(in_digits)) != len(in_digits) or not set(in_digits) <= set(range(10)):
+        raise ValueError(f"in_digits must be distinct digits 0-9, got {in_digits}")
+    ood_digits = tuple(d for d in range(10) if d not in in_digits)
+    if not ood_digits:
+        raise ValueError("in_digits holds all ten digits; leave some out to score as out-of-distribution")
+    relabel = np.full(10, -1)
+    relabel[list(in_digits)] = np.arange(len(in_digits))
+
+    def images(split, digits):
+        x, labels = load_mnist_digits(root, split=split, digits=digits)
+        return torch.as_tensor(x.reshape(len(x), -1) / 255.0, dtype=dtype), torch.as_tensor(relabel[labels])
+
+    X_train, y_train = images("train", in_digits)
+    X_test, y_test = images("test", in_digits)
+    X_ood, _ = images("test", ood_digits)
+    return DigitsOOD(X_train, y_train, X_test, y_test, X_ood, in_digits, ood_digits)
+
+
 def load_mnist79(root: Optional[PathLike] = None, *, split: str = "train", normalize: bool = True,
                  dtype: torch.dtype = torch.float32) -> Tuple[torch.Tensor, torch.Tensor]:
     """MNIST sevens and nines as ``(X, y)``: ``X`` of shape (n, 784), ``y = 1.0`` for a nine.

@@ -102,4 +102,43 @@ def classification_metrics(probs: torch.Tensor, y: torch.Tensor, n_bins: int = 1
     }
 
 
-__all__ = ["accuracy", "nll", "brier", "ece", "classification_metrics"]
+def predictive_entropy(probs: torch.Tensor) -> torch.Tensor:
+    """The entropy of each row of ``(N, C)`` (or ``(N,)`` binary) probabilities, in nats: the
+    usual out-of-distribution score of a Bayesian model average."""
+    probs = torch.as_tensor(probs, dtype=torch.float64)
+    if probs.dim() == 1:
+        probs = torch.stack([1.0 - probs, probs], dim=-1)
+    return -(probs * probs.clamp_min(_EPS).log()).sum(-1)
+
+
+def auroc(positive_scores: torch.Tensor, negative_scores: torch.Tensor) -> float:
+    """The area under the ROC curve of scores meant to be higher for the positives:
+    :math:`P(s_+ > s_-) + \tfrac12 P(s_+ = s_-)` (the Mann-Whitney statistic, ties counted half).
+
+    >>> auroc(torch.tensor([0.9, 0.8]), torch.tensor([0.1, 0.85]))
+    0.75
+    """
+    pos = torch.as_tensor(positive_scores, dtype=torch.float64).reshape(-1)
+    neg = torch.as_tensor(negative_scores, dtype=torch.float64).reshape(-1)
+    if pos.numel() == 0 or neg.numel() == 0:
+        raise ValueError("auroc needs at least one positive and one negative score")
+    scores = torch.cat([pos, neg])
+    # average ranks (ties share their mean rank), then the Mann-Whitney U of the positives
+    order = scores.argsort()
+    ranks = torch.empty_like(scores)
+    ranks[order] = torch.arange(1, len(scores) + 1, dtype=torch.float64)
+    values, inverse = scores.unique(return_inverse=True)
+    mean_rank = torch.zeros(len(values), dtype=torch.float64).index_add_(0, inverse, ranks)
+    mean_rank /= torch.bincount(inverse, minlength=len(values)).to(torch.float64)
+    u = mean_rank[inverse[: len(pos)]].sum() - len(pos) * (len(pos) + 1) / 2
+    return float(u / (len(pos) * len(neg)))
+
+
+def ood_auroc(probs_in: torch.Tensor, probs_out: torch.Tensor) -> float:
+    """AUROC of telling out-of-distribution inputs from in-distribution ones by the predictive
+    entropy of their (model-averaged) probabilities; 0.5 is chance, 1 is perfect."""
+    return auroc(predictive_entropy(probs_out), predictive_entropy(probs_in))
+
+
+__all__ = ["accuracy", "nll", "brier", "ece", "classification_metrics", "predictive_entropy", "auroc",
+           "ood_auroc"]

@@ -17,12 +17,14 @@ minibatches (``batch_size=None``: full batch, as Pyro's NUTS and HMC need).
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 import torch
+import torch.nn.functional as F
 
 import pyro
 import pyro.distributions as dist
+from pyro.nn import PyroModule, PyroSample
 
 
 def logistic_regression(X: torch.Tensor, y: Optional[torch.Tensor] = None, *,
@@ -54,3 +56,48 @@ def logistic_probs(samples: Dict[str, torch.Tensor], X: torch.Tensor, *, suffix:
     w, b = samples["w" + suffix], samples["b" + suffix]
     w = w.reshape(-1, w.shape[-1]).to(X.dtype)
     return torch.sigmoid(w @ X.T + b.reshape(-1, 1).to(X.dtype))
+
+
+class BayesianMLP(PyroModule):
+    r"""A Bayesian multilayer perceptron for classification, as a ``PyroModule``.
+
+    .. math:: W_l \sim \mathcal N(0, \sigma_p^2),\quad b_l \sim \mathcal N(0, \sigma_p^2),\quad
+              y_i \mid x_i \sim \mathrm{Categorical}\big(\mathrm{softmax}(f_W(x_i))\big),
+
+    with ``tanh`` hidden layers. Sites ``layers.{l}.weight`` / ``layers.{l}.bias``; the data sit in
+    a ``pyro.plate("data", N, subsample_size=batch_size)``. The weights are drawn before the plate
+    is entered (a ``PyroSample`` read inside a plate would be batched over the data).
+
+    >>> net = BayesianMLP(4, [8], 3)
+    >>> trace = pyro.poutine.trace(net).get_trace(torch.randn(10, 4), torch.randint(0, 3, (10,)))
+    >>> [n for n, s in trace.nodes.items() if s["type"] == "sample" and not s["is_observed"]][:2]
+    ['layers.0.weight', 'layers.0.bias']
+    """
+
+    def __init__(self, in_features: int, hidden: Sequence[int], num_classes: int, *, prior_scale: float = 0.1):
+        super().__init__()
+        sizes = [int(in_features), *map(int, hidden), int(num_classes)]
+        self.layers = PyroModule[torch.nn.ModuleList]([
+            PyroModule[torch.nn.Linear](a, b) for a, b in zip(sizes[:-1], sizes[1:])
+        ])
+        for layer, (a, b) in zip(self.layers, zip(sizes[:-1], sizes[1:])):
+            layer.weight = PyroSample(dist.Normal(0.0, prior_scale).expand([b, a]).to_event(2))
+            layer.bias = PyroSample(dist.Normal(0.0, prior_scale).expand([b]).to_event(1))
+
+    def logits(self, X: torch.Tensor, weights=None) -> torch.Tensor:
+        weights = [(layer.weight, layer.bias) for layer in self.layers] if weights is None else weights
+        h = X
+        for i, (w, b) in enumerate(weights):
+            h = F.linear(h, w, b)
+            if i + 1 < len(weights):
+                h = torch.tanh(h)
+        return h
+
+    def forward(self, X: torch.Tensor, y: Optional[torch.Tensor] = None, *,
+                batch_size: Optional[int] = None) -> None:
+        weights = [(layer.weight, layer.bias) for layer in self.layers]  # drawn outside the plate
+        subsample = None if batch_size is None or batch_size >= X.shape[0] else int(batch_size)
+        with pyro.plate("data", X.shape[0], subsample_size=subsample) as idx:
+            if subsample is not None:
+                X, y = X.index_select(0, idx), None if y is None else y.index_select(0, idx)
+            pyro.sample("y", dist.Categorical(logits=self.logits(X, weights)), obs=y)

@@ -3,7 +3,6 @@
 import math
 
 import numpy as np
-import pyro
 import pyro.distributions as dist
 import pytest
 import torch
@@ -255,3 +254,17 @@ def test_bad_input_gets_errors_that_say_what_to_change(monkeypatch):
     with pytest.warns(UserWarning, match="too large for the exact Hessian.*Lanczos"):
         top = top_eigenvalues(f, torch.zeros(60), k=1, method="exact")
     assert top[0] == pytest.approx(10.0, rel=1e-4)
+
+
+def test_likelihood_only_drops_the_prior_from_the_hessian():
+    X, y = _logistic_data()
+    w, b = torch.randn(4, dtype=torch.float64), torch.tensor(0.3, dtype=torch.float64)
+    for batch_size in (None, 25):
+        full = FlatLoss.from_model(models.logistic_regression, {"w": w, "b": b}, X, y, batch_size=batch_size,
+                                   prior_scale=0.5)
+        lik = FlatLoss.from_model(models.logistic_regression, {"w": w, "b": b}, X, y, batch_size=batch_size,
+                                  prior_scale=0.5, likelihood_only=True)
+        torch.testing.assert_close(HessianOperator(full).dense() - HessianOperator(lik).dense(),
+                                   4.0 * torch.eye(5, dtype=torch.float64))
+        nll = -dist.Bernoulli(logits=X @ w + b).log_prob(y).sum()
+        assert float(lik(lik.params)) == pytest.approx(float(nll), rel=1e-10)

@@ -130,8 +130,8 @@ class FlatLoss:
         return cls(fn, flat, blocks)
 
     @classmethod
-    def from_model(cls, model: Callable, sample: Mapping[str, torch.Tensor], *args, **kwargs
-                   ) -> "FlatLoss":
+    def from_model(cls, model: Callable, sample: Mapping[str, torch.Tensor], *args,
+                   likelihood_only: bool = False, **kwargs) -> "FlatLoss":
         r"""The full-data potential :math:`U(z) = -\log p(D, t(z)) - \log|J_t(z)|` of a Pyro
         model, in unconstrained coordinates, at one draw; one block per latent site.
 
@@ -140,6 +140,9 @@ class FlatLoss:
             ignored.
         :param args, kwargs: the model's data, as passed to ``mcmc.run``. A subsampled plate is
             evaluated on all its data (:meth:`~pyro_flat.kernels.potential.ModelPotential.full_data`).
+        :param likelihood_only: the negative log-likelihood :math:`-\log p(D \mid t(z))` alone (the
+            training loss summed over the data), without the prior: a Gaussian prior adds
+            :math:`I/\sigma_p^2` to the Hessian, which dominates the trace of a large network.
 
         Other draws of the same model: ``loss.at(loss.flatten(other_sample))``.
         """
@@ -161,7 +164,8 @@ class FlatLoss:
         shapes = {n: target.sites[n].shape for n in names}
 
         def fn(x: torch.Tensor) -> torch.Tensor:
-            return target.full_data({n: x[blocks[n]].view(shapes[n]) for n in names})
+            return target.full_data({n: x[blocks[n]].view(shapes[n]) for n in names},
+                                    likelihood_only=likelihood_only)
 
         return cls(fn, _flatten_sites(target, sample), blocks, target)
 

@@ -20,7 +20,7 @@ __all__ = ["flatness_at_samples"]
 def flatness_at_samples(model: Callable, samples: Mapping[str, torch.Tensor], *args,
                         use: str = "theta", k: int = 1, num_probes: int = 20,
                         num_draws: Optional[int] = None, suffix: str = "_aux", seed: int = 0,
-                        **kwargs) -> Dict[str, np.ndarray]:
+                        likelihood_only: bool = False, **kwargs) -> Dict[str, np.ndarray]:
     """Top-``k`` Hessian eigenvalues and Hutchinson traces of ``model``'s potential at draws.
 
     :param model: the original model (a :func:`~pyro_flat.flat_posterior` model is unwrapped).
@@ -29,6 +29,7 @@ def flatness_at_samples(model: Callable, samples: Mapping[str, torch.Tensor], *a
     :param use: ``"theta"`` (the draws of the sites) or ``"aux"`` (their ``name + suffix``
         twins, plugged in as the sites' unconstrained values).
     :param num_draws: measure this many draws, evenly spaced (default: all).
+    :param likelihood_only: measure the negative log-likelihood alone (see :meth:`FlatLoss.from_model`).
     :returns: ``{"draw": (S,), "top_eigenvalues": (S, k), "trace": (S,), "trace_stderr": (S,)}``.
 
     The Hessian is that of the potential :math:`U(z)` in unconstrained coordinates
@@ -55,7 +56,7 @@ def flatness_at_samples(model: Callable, samples: Mapping[str, torch.Tensor], *a
     if use == "aux":
         picked.update({n + suffix: samples[n + suffix][chosen] for n in latents})
     draws = list(_draws(picked, use, suffix, latents, supports))
-    loss = FlatLoss.from_model(model, draws[0], *args, **kwargs)
+    loss = FlatLoss.from_model(model, draws[0], *args, likelihood_only=likelihood_only, **kwargs)
     eigs, traces, stderrs = [], [], []
     for draw in draws:
         at = loss.at(loss.flatten(draw))

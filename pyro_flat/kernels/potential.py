@@ -84,14 +84,15 @@ class _LogJoint(Messenger):
     With ``block=(plate, keep, first)`` it evaluates one block of a full-data pass (see
     :meth:`ModelPotential.full_data`): terms inside ``plate`` lose the plate's ``N/B`` scale and
     keep only the indices marked in ``keep``; terms outside it count in the ``first`` block only.
+    With ``observed_only=True`` only the observed sites count: the log-likelihood.
     """
 
     def __init__(self, sites: Dict[str, SiteInfo], params: Params, indices: Dict[str, torch.Tensor],
                  chains: Optional[Tuple[int, int]] = None,
-                 block: Optional[Tuple[str, torch.Tensor, bool]] = None):
+                 block: Optional[Tuple[str, torch.Tensor, bool]] = None, observed_only: bool = False):
         super().__init__()
         self.sites, self.params, self.indices, self.chains = sites, params, indices, chains
-        self.block = block
+        self.block, self.observed_only = block, observed_only
         self.terms: list = []
 
     def _reduce(self, name: str, term: torch.Tensor) -> torch.Tensor:
@@ -139,6 +140,8 @@ class _LogJoint(Messenger):
             value = unconstrained if site.is_identity else site.transform(unconstrained)
             msg["value"] = value
             msg["done"] = True
+            if self.observed_only:
+                return
             if not site.is_identity and (self.block is None or self.block[2]):
                 jacobian = site.transform.log_abs_det_jacobian(unconstrained, value)
                 self.terms.append(
@@ -346,29 +349,34 @@ class ModelPotential(_Autograd):
             self.model(*self.model_args, **self.model_kwargs)
         return -log_joint.log_joint
 
-    def full_data(self, params: Params) -> torch.Tensor:
-        """The potential on **all** the data, differentiable, also for a subsampled model.
+    def full_data(self, params: Params, *, likelihood_only: bool = False) -> torch.Tensor:
+        """The potential on **all** the data, differentiable, also for a subsampled model
+        (``likelihood_only=True``: the negative log-likelihood alone, without prior and Jacobians).
 
         A subsampled plate keeps its ``subsample_size`` ``B``, so the data are visited in blocks of
         ``B`` indices (the last block overlaps the one before and counts only its new indices);
         each block's likelihood enters unscaled and the terms outside the plate enter once. The
         sum is the exact full-data potential. One subsampled plate at most.
         """
+        chains = None if self.num_chains is None else (self.num_chains, self.max_plate_nesting)
         if not self.batchers:
-            return self(params, {})
+            with _LogJoint(self.sites, params, dict(self.full_indices), chains,
+                           observed_only=likelihood_only) as lj:
+                self.model(*self.model_args, **self.model_kwargs)
+            return -lj.log_joint
         if len(self.batchers) > 1:
             raise ValueError(
                 f"full-data evaluation supports one subsampled plate, the model has "
                 f"{sorted(self.batchers)}; call the model without subsample_size instead."
             )
         (plate, batcher), = self.batchers.items()
-        chains = None if self.num_chains is None else (self.num_chains, self.max_plate_nesting)
         total = None
         for start in range(0, batcher.size, batcher.batch_size):
             stop = min(start + batcher.batch_size, batcher.size)
             idx = torch.arange(stop - batcher.batch_size, stop, device=batcher.device)
             block = (plate, idx >= start, start == 0)
-            with _LogJoint(self.sites, params, {plate: idx, **self.full_indices}, chains, block) as lj:
+            with _LogJoint(self.sites, params, {plate: idx, **self.full_indices}, chains, block,
+                           likelihood_only) as lj:
                 self.model(*self.model_args, **self.model_kwargs)
             total = -lj.log_joint if total is None else total - lj.log_joint
         return total
