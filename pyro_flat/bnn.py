@@ -165,8 +165,11 @@ def run_bnn_study(config: BNNConfig, *, log: Callable[[str], None] = print) -> d
             log(_row_text(row))
     toy = run_toy_study(config, log=log)
     report = {"config": asdict(config), "n_train": n_train, "rows": rows, "toy": toy["rows"]}
-    _flatness_figure(curves, densities, n_train).savefig(out / "flatness.png", dpi=110)
-    toy["figure"].savefig(out / "toy.png", dpi=110)
+    import matplotlib.pyplot as plt
+
+    for fig, name in ((_flatness_figure(curves, densities, n_train), "flatness.png"), (toy["figure"], "toy.png")):
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
     (out / "report.json").write_text(json.dumps(report, indent=2, default=float))
     (out / "report.md").write_text(_report_markdown(report))
     log(f"wrote {out / 'report.md'}, report.json, flatness.png and toy.png")
@@ -205,7 +208,7 @@ def _flatness_figure(curves, densities, n_train):
                          capsize=2, label=label)
     axes[1].set(title="training NLL / N between two draws", xlabel="t (earlier draw to last draw)",
                 ylabel="mean NLL")
-    axes[2].set(title="training NLL / N at random perturbations of the last draw",
+    axes[2].set(title="NLL / N, random perturbations of the last draw",
                 xlabel="perturbation norm r", ylabel="mean NLL")
     for ax in axes:
         ax.legend(fontsize=7)

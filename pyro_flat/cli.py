@@ -1,7 +1,9 @@
 """The ``pyro-flat`` command line (also ``python -m pyro_flat``).
 
 - ``pyro-flat mnist79``: the MNIST 7-vs-9 study (:func:`pyro_flat.study.run_mnist79`);
-- ``pyro-flat synthetic2d``: θ and θa trajectories on the 2-D sharp/flat energy.
+- ``pyro-flat synthetic2d``: θ and θa trajectories on the 2-D sharp/flat energy;
+- ``pyro-flat bnn``: flat-seeking samplers on a Bayesian MLP, with flatness, calibration and
+  out-of-distribution metrics (:func:`pyro_flat.bnn.run_bnn_study`).
 
 User errors (a bad option, missing data, an output path that is a file) print one line and exit
 with code 2; Ctrl-C during sampling still writes the draws made so far and exits with code 130.
@@ -50,11 +52,42 @@ def _add_synthetic2d(sub) -> None:
     p.add_argument("--out", default="pyro-flat-out/synthetic2d", help="output directory")
 
 
+def _add_bnn(sub) -> None:
+    from .bnn import BNNConfig
+
+    d = BNNConfig()
+    p = sub.add_parser("bnn", help="SGLD, EntropySGLD, SASGLD and FlatSGLD on a Bayesian MLP: flatness, "
+                                   "accuracy, calibration, OOD detection",
+                       description="Train a Bayesian MLP on some MNIST digits with four samplers under one "
+                                   "gradient budget; write report.md, report.json, flatness.png and toy.png.")
+    p.add_argument("--data-dir", default=None, help="MNIST files (default: the embedded subset)")
+    p.add_argument("--grad-evals", type=int, default=d.grad_evals,
+                   help=f"gradient evaluations per sampler (default {d.grad_evals})")
+    p.add_argument("--step-size", type=float, default=d.step_size, help=f"default {d.step_size}")
+    p.add_argument("--eta", type=float, default=d.eta, help=f"EntropySGLD coupling (default {d.eta})")
+    p.add_argument("--rho", type=float, default=d.rho, help=f"SASGLD radius (default {d.rho})")
+    p.add_argument("--sigma", type=float, default=d.sigma, help=f"FlatSGLD perturbation sd (default {d.sigma})")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--out", default=d.out, help=f"output directory (default {d.out})")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run_bnn_command(args: argparse.Namespace) -> int:
+    from .bnn import BNNConfig, run_bnn_study
+
+    config = BNNConfig(data_dir=args.data_dir, grad_evals=args.grad_evals, step_size=args.step_size,
+                       eta=args.eta, rho=args.rho, sigma=args.sigma, seed=args.seed, out=args.out,
+                       progress=not args.no_progress)
+    run_bnn_study(config)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pyro-flat", description="Flatness-seeking Bayesian inference with Pyro")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_mnist79(sub)
     _add_synthetic2d(sub)
+    _add_bnn(sub)
     return parser
 
 
@@ -102,7 +135,8 @@ def run_synthetic2d_command(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    command = {"mnist79": run_mnist79_command, "synthetic2d": run_synthetic2d_command}[args.command]
+    command = {"mnist79": run_mnist79_command, "synthetic2d": run_synthetic2d_command,
+               "bnn": run_bnn_command}[args.command]
     try:
         return command(args)
     except ValueError as err:  # StudyError, MNISTFileError and the kernels' argument checks

@@ -101,3 +101,30 @@ def test_bad_perturbation_sizes_are_refused():
             SASGLD(potential_fn=fn, rho=bad, step_size=0.1)
         with pytest.raises(ValueError, match="sigma must be a positive finite number"):
             FlatSGLD(potential_fn=fn, sigma=bad, step_size=0.1)
+
+
+def test_auroc_is_the_pairwise_probability_with_ties_counted_half():
+    from pyro_flat import metrics
+
+    gen = torch.Generator().manual_seed(0)
+    pos = torch.randint(0, 6, (40,), generator=gen).double()  # many ties
+    neg = torch.randint(0, 5, (30,), generator=gen).double()
+    brute = float(((pos[:, None] > neg[None]).double() + 0.5 * (pos[:, None] == neg[None]).double()).mean())
+    assert metrics.auroc(pos, neg) == pytest.approx(brute, abs=1e-12)
+    probs_in = torch.tensor([[0.98, 0.01, 0.01], [0.9, 0.05, 0.05]])
+    probs_out = torch.tensor([[0.4, 0.3, 0.3], [0.34, 0.33, 0.33]])
+    assert metrics.ood_auroc(probs_in, probs_out) == 1.0 and metrics.ood_auroc(probs_out, probs_in) == 0.0
+    with pytest.raises(ValueError, match="at least one"):
+        metrics.auroc(torch.tensor([]), neg)
+
+
+def test_bnn_study_options_are_checked():
+    from pyro_flat.bnn import BNNConfig
+    from pyro_flat.cli import main
+    from pyro_flat.study import StudyError
+
+    assert main(["bnn", "--rho", "0", "--no-progress"]) == 2
+    with pytest.raises(StudyError, match="warmup-fraction"):
+        BNNConfig(warmup_fraction=1.0).validate()
+    with pytest.raises(ValueError, match="in_digits holds all ten"):
+        datasets.load_mnist_ood(in_digits=range(10))
