@@ -3,8 +3,8 @@ r"""``pyro_flat.MCMC``: Pyro's MCMC driver, plus chains vectorized in one proces
 Pyro runs ``num_chains`` chains one after the other, or in worker processes (about 1 ms of
 traffic per draw). pyro-flat's kernels can instead advance all chains together as one batched
 tensor (a leading chain dimension on every parameter), which is what many-chain studies need:
-hundreds of chains at the cost of a few. :class:`MCMC` is ``pyro.infer.MCMC`` with one more
-argument, ``chain_method``:
+hundreds of chains at the cost of a few. :class:`MCMC` is ``pyro.infer.MCMC`` with two more
+arguments, ``chain_method`` and ``thinning``. ``chain_method`` is one of:
 
 - ``"vectorized"``: one kernel, one process, all chains batched; an error says why if the model
   does not broadcast;
@@ -17,6 +17,12 @@ argument, ``chain_method``:
 Whatever ran is in ``mcmc.chain_method``. Samples, ``summary()``, ``diagnostics()`` and
 :func:`pyro_flat.to_arviz` look exactly as after Pyro's own run: ``(chain, draw, ...)``.
 With ``pyro.set_rng_seed(s)`` before ``run`` a vectorized run is reproducible bit for bit.
+
+``thinning=k`` (NumPyro's meaning) keeps every ``k``-th of the ``num_samples`` post-warm-up
+iterations, ``num_samples // k`` draws per chain. The kernel makes the ``k`` iterations of a draw
+inside one ``sample`` call, so the skipped states are never stored, by either driver: a Bayesian
+neural network's chain of thousands of iterations holds only the draws it keeps. The progress bar
+counts kept draws.
 
 Example::
 
@@ -53,6 +59,8 @@ class MCMC(pyro.infer.MCMC):
     """``pyro.infer.MCMC`` with vectorized chains (see the module docstring).
 
     :param chain_method: ``"auto"``, ``"vectorized"``, ``"sequential"`` or ``"parallel"``.
+    :param thinning: keep every ``thinning``-th post-warm-up iteration (a pyro-flat
+        stochastic-gradient kernel is needed for ``thinning > 1``).
 
     The other arguments are ``pyro.infer.MCMC``'s. ``initial_params`` for ``num_chains > 1`` have
     a leading chain dimension, as in Pyro.
@@ -60,7 +68,8 @@ class MCMC(pyro.infer.MCMC):
 
     def __init__(self, kernel, num_samples: int, warmup_steps: Optional[int] = None,
                  initial_params: Optional[Dict[str, torch.Tensor]] = None, num_chains: int = 1,
-                 chain_method: str = "auto", **kwargs):
+                 chain_method: str = "auto", thinning: int = 1, **kwargs):
+        num_samples = _thinned(kernel, num_samples, thinning)
         if chain_method not in CHAIN_METHODS:
             raise ValueError(f"chain_method must be one of {CHAIN_METHODS}, got {chain_method!r}.")
         if not isinstance(num_chains, int) or num_chains < 1:
@@ -157,6 +166,26 @@ class MCMC(pyro.infer.MCMC):
         self.chain_method = "vectorized"
         self.num_chains = num_chains
         self._diagnostics = _split_diagnostics(diagnostics, num_chains)
+
+
+def _thinned(kernel, num_samples: int, thinning: int) -> int:
+    """The number of kept draws; tells the kernel how many iterations make one draw."""
+    if isinstance(thinning, bool) or not isinstance(thinning, int) or thinning < 1:
+        raise ValueError(f"thinning must be a positive int, got thinning={thinning!r}.")
+    if hasattr(kernel, "steps_per_draw"):
+        kernel.steps_per_draw = 1  # a kernel may be reused by a run without thinning
+    if thinning == 1:
+        return num_samples
+    if not hasattr(kernel, "steps_per_draw"):
+        raise ValueError(
+            f"thinning={thinning} needs a pyro-flat stochastic-gradient kernel (SGLD, EntropySGLD, "
+            f"...); {type(kernel).__name__} makes one iteration per draw. Use thinning=1 and "
+            "slice the draws afterwards: mcmc.get_samples(group_by_chain=True)[name][:, ::k].")
+    if num_samples < thinning:
+        raise ValueError(f"num_samples={num_samples} keeps no draw with thinning={thinning}; "
+                         "pass num_samples >= thinning.")
+    kernel.steps_per_draw = thinning
+    return num_samples // thinning
 
 
 def _split_diagnostics(diagnostics: dict, num_chains: int) -> list:

@@ -164,3 +164,61 @@ def test_user_errors_are_raised_not_a_reason_to_fall_back(recwarn):
     with pytest.raises(ValueError, match="NaN"):
         mcmc.run(X, y)
     assert not [w for w in recwarn if "not vectorized" in str(w.message)]
+
+
+@pytest.mark.parametrize("num_chains, chain_method", [(3, "vectorized"), (2, "sequential")])
+def test_thinning_keeps_every_kth_draw_of_the_same_run(num_chains, chain_method):
+    """Same seed, same iterations: the thinned run's draws and statistics are the unthinned run's
+    draws k-1, 2k-1, ... bit for bit (minibatches included), and only those are stored."""
+    X, y = _data(100)
+    runs = {}
+    for thinning in (1, 5):
+        pyro.set_rng_seed(3)
+        kernel = EntropySGLD(logistic_regression, eta=0.1, step_size=1e-3)
+        mcmc = MCMC(kernel, 40, 7, num_chains=num_chains, chain_method=chain_method,
+                    thinning=thinning, disable_progbar=True)
+        mcmc.run(X, y, batch_size=10)
+        runs[thinning] = mcmc
+    full, thin = runs[1].get_samples(group_by_chain=True), runs[5].get_samples(group_by_chain=True)
+    assert thin["w_aux"].shape == (num_chains, 8, 4)
+    for name in full:
+        assert torch.equal(thin[name], full[name][:, 4::5]), name
+    full_stats, thin_stats = to_arviz(runs[1]).sample_stats, to_arviz(runs[5]).sample_stats
+    for stat in ("potential_energy", "grad_evals", "coupling_distance"):
+        np.testing.assert_array_equal(thin_stats[stat].values, full_stats[stat].values[:, 4::5])
+    assert int(thin_stats["grad_evals"].values[0, -1]) == 47
+
+
+def test_bad_thinning():
+    kernel = SGLD(_not_broadcasting, step_size=1e-3)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="thinning must be a positive int"):
+            MCMC(kernel, 10, thinning=bad)
+    with pytest.raises(ValueError, match="num_samples >= thinning"):
+        MCMC(kernel, 3, thinning=4)
+    with pytest.raises(ValueError, match="NUTS makes one iteration per draw"):
+        MCMC(NUTS(_not_broadcasting), 10, thinning=2)
+
+
+def test_bayesian_mlp_runs_its_chains_as_one_batched_network():
+    """The MLP broadcasts over chains: batched energies equal per-chain ones (the check inside
+    MCMC), and a vectorized run matches per-chain logits."""
+    from pyro_flat.models import BayesianMLP
+
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(40, 6, generator=g), torch.randint(0, 3, (40,), generator=g)
+    net = BayesianMLP(6, [5, 4], 3)
+    mcmc = MCMC(SGLD(net, step_size=1e-3), 20, 5, num_chains=3, chain_method="vectorized",
+                thinning=4, disable_progbar=True)
+    mcmc.run(X, y, batch_size=8)
+    draws = mcmc.get_samples(group_by_chain=True)
+    assert draws["layers.2.weight"].shape == (3, 5, 3, 4)
+    last = [(draws[f"layers.{i}.weight"][:, -1, None], draws[f"layers.{i}.bias"][:, -1, None])
+            for i in range(3)]  # (C, 1, out, in) and (C, 1, out): the vectorized layout
+    batched = net.logits(X, last)
+    assert batched.shape == (3, 40, 3)
+    for c in range(3):
+        one = net.logits(X, [(w[c, 0], b[c, 0]) for w, b in last])
+        torch.testing.assert_close(batched[c], one)
+    with pytest.raises(ValueError, match="weight.unsqueeze"):
+        net.logits(X, [(w[:, 0], b[:, 0]) for w, b in last])

@@ -287,27 +287,35 @@ class StochasticGradientKernel(TargetKernel):
     #: gradient evaluations of the potential per iteration (per chain)
     grads_per_iteration = 1
 
+    #: iterations per kept draw after warm-up; ``pyro_flat.MCMC(..., thinning=k)`` sets it
+    steps_per_draw = 1
+
     def sample(self, params: Params) -> Params:
-        k = self._iteration
-        step_size = self.step_size * float(self.schedule(k))
-        new_params, energy, grads = self.transition(params, step_size)
-        self.num_grad_evals += self.grads_per_iteration
-        # One host sync per step: NaN/inf anywhere makes this sum non-finite.
-        check = energy.sum() + sum(v.sum() for v in new_params.values()) * 0.0
-        if not math.isfinite(float(check)):
-            self._raise_divergence(params, grads, new_params, energy, step_size)
-        self._iteration += 1
-        state_stats = {"potential_energy": energy, **self.target.last_stats}
-        if k > self._warmup_steps:
-            # `params` is the draw returned by the previous call: its statistics are known now,
-            # at no extra cost (they come with this step's potential evaluation).
-            self._record_state(state_stats)
-        self._last_stats = {"step_size": step_size, **state_stats}
-        if k >= self._warmup_steps:
-            self._stats["step_size"].append(step_size)  # one for all chains
+        """One warm-up iteration, or after warm-up :attr:`steps_per_draw` iterations of which the
+        last is the draw (thinning inside the kernel: the others are never stored)."""
+        sampling = self._iteration >= self._warmup_steps
+        for j in range(self.steps_per_draw if sampling else 1):
+            k = self._iteration
+            step_size = self.step_size * float(self.schedule(k))
+            new_params, energy, grads = self.transition(params, step_size)
+            self.num_grad_evals += self.grads_per_iteration
+            # One host sync per step: NaN/inf anywhere makes this sum non-finite.
+            check = energy.sum() + sum(v.sum() for v in new_params.values()) * 0.0
+            if not math.isfinite(float(check)):
+                self._raise_divergence(params, grads, new_params, energy, step_size)
+            self._iteration += 1
+            state_stats = {"potential_energy": energy, **self.target.last_stats}
+            if j == 0 and k > self._warmup_steps:
+                # `params` is the draw returned by the previous call: its statistics are known
+                # now, at no extra cost (they come with this step's potential evaluation).
+                self._record_state(state_stats)
+            self._last_stats = {"step_size": step_size, **state_stats}
+            params = new_params
+        if sampling:
+            self._stats["step_size"].append(self._last_stats["step_size"])  # one for all chains
             self._stats["grad_evals"].append(self.num_grad_evals)
-            self._record_draw(new_params)
-        return new_params
+            self._record_draw(params)
+        return params
 
     def transition(self, params: Params, step_size: float):
         """One iteration: ``(new_params, energy at params, gradient at params)``."""
