@@ -1,17 +1,19 @@
-"""The flatness study behind ``pyro-flat bnn``: flat-seeking samplers on a Bayesian neural network.
+r"""The flatness study behind ``pyro-flat bnn``: flat-seeking samplers on a Bayesian neural network.
 
 :func:`run_bnn_study` trains a :class:`~pyro_flat.models.BayesianMLP` on some MNIST digits (the
 embedded data by default) with SGLD, EntropySGLD, SASGLD and FlatSGLD under **the same budget of
-gradient evaluations**, then reports, per sampler: the top Hessian eigenvalue and the Hessian
+gradient evaluations** per chain (``num_chains`` chains run as one batched network, thinned inside
+the kernel so that only the kept draws are stored), then reports, per sampler: the top Hessian
+eigenvalue and the Hessian
 trace of the full-data negative log-likelihood (the training loss, summed; the Gaussian prior
 would only add :math:`I/\sigma_p^2`) at collected draws (:mod:`pyro_flat.flatness`), the BMA test
 accuracy, NLL and ECE, and the out-of-distribution AUROC (predictive entropy on the held-out
 digits). It draws the eigenvalue densities (SLQ) and the interpolation and perturbation curves.
 :func:`run_toy_study` runs the same samplers on the 2-D sharp/flat energy, from the sharp mode.
 
->>> cfg = BNNConfig(grad_evals=100, progress=False)
->>> cfg.iterations(2), cfg.in_digits
-(50, (0, 1, 2, 3, 4))
+>>> cfg = BNNConfig(grad_evals=100, num_draws=5, progress=False)
+>>> cfg.iterations(2), cfg.in_digits, cfg.thinning(2)  # 25 iterations after burn-in, 5 kept
+(50, (0, 1, 2, 3, 4), 5)
 """
 
 from __future__ import annotations
@@ -57,9 +59,10 @@ class BNNConfig:
     """Settings of the BNN flatness study (the defaults are the CLI's; ``PYRO_FLAT_REDUCED=1``
     shrinks the budgets for tests).
 
-    Every sampler gets ``grad_evals`` gradient evaluations (SASGLD needs two per iteration, so it
-    makes half as many iterations); the first ``warmup_fraction`` is burn-in and ``num_draws``
-    evenly spaced draws of the rest form the Bayesian model average.
+    Every chain of every sampler gets ``grad_evals`` gradient evaluations (SASGLD needs two per
+    iteration, so it makes half as many iterations); the first ``warmup_fraction`` is burn-in and
+    ``num_draws`` evenly spaced draws of the rest, per chain, form the Bayesian model average over
+    all ``num_chains`` chains.
     """
 
     data_dir: Optional[str] = None
@@ -67,6 +70,7 @@ class BNNConfig:
     hidden: Tuple[int, ...] = (100,)
     prior_scale: float = 0.1
     batch_size: int = 100
+    num_chains: int = 2 if REDUCED else 4
     step_size: float = 5e-5
     temperature: float = 1.0
     eta: float = 1e-3
@@ -95,36 +99,41 @@ class BNNConfig:
     def iterations(self, grads_per_iteration: int, toy: bool = False) -> int:
         return (self.toy_grad_evals if toy else self.grad_evals) // grads_per_iteration
 
+    def thinning(self, grads_per_iteration: int) -> int:
+        """Post-warm-up iterations per kept draw, so that each chain keeps ``num_draws``."""
+        iterations = self.iterations(grads_per_iteration)
+        return max(1, (iterations - int(self.warmup_fraction * iterations)) // self.num_draws)
+
     def validate(self) -> None:
         for name in ("prior_scale", "step_size", "temperature", "eta", "rho", "sigma", "toy_step_size",
                      "toy_eta", "toy_rho", "toy_sigma"):
             require_positive(f"--{name.replace('_', '-')}", getattr(self, name))
         if not 0.0 <= self.warmup_fraction < 1.0:
             raise StudyError(f"--warmup-fraction must lie in [0, 1), got {self.warmup_fraction}")
-        if min(self.grad_evals // 2, self.num_draws, self.flatness_draws, self.batch_size, self.toy_chains) < 1:
+        if min(self.grad_evals // 2, self.num_draws, self.flatness_draws, self.batch_size, self.toy_chains,
+               self.num_chains) < 1:
             raise StudyError("--grad-evals must be >= 2 and the draw counts, batch size and chains >= 1")
         if self.trace_probes < 2:
             raise StudyError("--trace-probes must be >= 2 (the trace's standard error needs two)")
 
 
-def _thin_evenly(samples: Dict[str, torch.Tensor], num: int) -> Dict[str, torch.Tensor]:
-    total = len(next(iter(samples.values())))
-    idx = torch.as_tensor(np.unique(np.linspace(0, total - 1, min(num, total)).round().astype(int)))
-    return {k: v[idx] for k, v in samples.items()}
-
-
 def _sample(name: str, config: BNNConfig, model: BayesianMLP, data, log) -> Tuple[dict, float, int]:
+    """``num_chains`` vectorized chains; draws ``{site: (chain, draw, ...)}``, the seconds taken and
+    the gradient evaluations per chain."""
     kernel = BNN_SAMPLERS[name](config, model, False)
     iterations = config.iterations(kernel.grads_per_iteration)
     warmup = int(config.warmup_fraction * iterations)
-    mcmc = MCMC(kernel, num_samples=iterations - warmup, warmup_steps=warmup,
-                disable_progbar=not config.progress)
+    thinning = config.thinning(kernel.grads_per_iteration)
+    mcmc = MCMC(kernel, num_samples=iterations - warmup, warmup_steps=warmup, num_chains=config.num_chains,
+                thinning=thinning, disable_progbar=not config.progress)
     pyro.set_rng_seed(config.seed)
     start = time.perf_counter()
     mcmc.run(data.X_train, data.y_train, batch_size=config.batch_size)
     seconds = time.perf_counter() - start
-    log(f"{name}: {iterations} iterations ({kernel.num_grad_evals} gradient evaluations) in {seconds:.1f} s")
-    return _thin_evenly(mcmc.get_samples(), config.num_draws), seconds, kernel.num_grad_evals
+    grad_evals = int(torch.as_tensor(kernel.num_grad_evals).reshape(-1)[0])
+    log(f"{name}: {config.num_chains} chains ({mcmc.chain_method}) x {iterations} iterations "
+        f"({grad_evals} gradient evaluations each) in {seconds:.1f} s")
+    return mcmc.get_samples(group_by_chain=True), seconds, grad_evals
 
 
 def run_bnn_study(config: BNNConfig, *, log: Callable[[str], None] = print) -> dict:
@@ -141,7 +150,8 @@ def run_bnn_study(config: BNNConfig, *, log: Callable[[str], None] = print) -> d
     args, kwargs = (data.X_train, data.y_train), {"batch_size": config.batch_size}
     rows, curves, densities = [], {}, {}
     for name in BNN_SAMPLERS:
-        samples, seconds, grad_evals = _sample(name, config, model, data, log)
+        by_chain, seconds, grad_evals = _sample(name, config, model, data, log)
+        samples = {k: v.flatten(0, 1) for k, v in by_chain.items()}  # chain-major
         uses = ("theta", "aux", "both") if name == "EntropySGLD" else ("theta",)
         for use in uses:
             label = name if use == "theta" and name != "EntropySGLD" else f"{name} {'θ+θa' if use == 'both' else ('θa' if use == 'aux' else 'θ')}"
@@ -160,14 +170,16 @@ def run_bnn_study(config: BNNConfig, *, log: Callable[[str], None] = print) -> d
                            top_eigenvalue_sd=float(flat["top_eigenvalues"][:, 0].std()),
                            trace=float(flat["trace"].mean()),
                            trace_stderr=float(np.sqrt((flat["trace_stderr"] ** 2).sum()) / len(flat["trace"])))
-                curves[label], densities[label] = _curves(model, samples, use, config, args, kwargs)
+                curves[label], densities[label] = _curves(model, by_chain, use, config, args, kwargs)
             rows.append(row)
             log(_row_text(row))
     toy = run_toy_study(config, log=log)
     report = {"config": asdict(config), "n_train": n_train, "rows": rows, "toy": toy["rows"]}
     import matplotlib.pyplot as plt
 
-    for fig, name in ((_flatness_figure(curves, densities, n_train), "flatness.png"), (toy["figure"], "toy.png")):
+    between = ("t (chain 1's last draw to chain 0's)" if config.num_chains > 1 else "t (first draw to last draw)")
+    for fig, name in ((_flatness_figure(curves, densities, n_train, between), "flatness.png"),
+                      (toy["figure"], "toy.png")):
         fig.savefig(out / name, dpi=110)
         plt.close(fig)
     (out / "report.json").write_text(json.dumps(report, indent=2, default=float))
@@ -176,13 +188,18 @@ def run_bnn_study(config: BNNConfig, *, log: Callable[[str], None] = print) -> d
     return report
 
 
-def _curves(model, samples, use, config, args, kwargs):
-    """Interpolation (first to last draw), perturbation and SLQ density at the last draw."""
+def _curves(model, by_chain, use, config, args, kwargs):
+    """Interpolation between the last draws of the first two chains (with one chain: its first and
+    last draws), perturbations of and SLQ density at the last draw of chain 0."""
     from .predictive import _draws
 
-    latents = [n for n in samples if not n.endswith("_aux")]
+    if config.num_chains > 1:
+        ends = {k: torch.stack([v[1, -1], v[0, -1]]) for k, v in by_chain.items()}
+    else:
+        ends = {k: v[0, [0, -1]] for k, v in by_chain.items()}
+    latents = [n for n in ends if not n.endswith("_aux")]
     supports = {n: torch.distributions.constraints.real for n in latents}  # the MLP's weights are real
-    first, *_, last = list(_draws(_thin_evenly(samples, 2), use, "_aux", latents, supports))
+    first, last = list(_draws(ends, use, "_aux", latents, supports))
     loss = flatness.FlatLoss.from_model(model, last, *args, likelihood_only=True, **kwargs)
     start = loss.flatten(first)
     line = flatness.interpolation_curve(loss, start, loss.params, num_points=9 if REDUCED else 17)
@@ -193,7 +210,7 @@ def _curves(model, samples, use, config, args, kwargs):
     return {"interpolation": line, "perturbation": pert}, rho
 
 
-def _flatness_figure(curves, densities, n_train):
+def _flatness_figure(curves, densities, n_train, between):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
@@ -206,7 +223,7 @@ def _flatness_figure(curves, densities, n_train):
         pert = c["perturbation"]
         axes[2].errorbar(pert.x, pert.loss / n_train, yerr=2 * pert.loss_stderr / n_train, marker=".",
                          capsize=2, label=label)
-    axes[1].set(title="training NLL / N between two draws", xlabel="t (earlier draw to last draw)",
+    axes[1].set(title="training NLL / N between two draws", xlabel=between,
                 ylabel="mean NLL")
     axes[2].set(title="NLL / N, random perturbations of the last draw",
                 xlabel="perturbation norm r", ylabel="mean NLL")
@@ -286,7 +303,8 @@ def _report_markdown(report: dict) -> str:
         "",
         f"MNIST digits {tuple(c['in_digits'])} ({report['n_train']} training images), MLP hidden "
         f"{tuple(c['hidden'])}, prior sd {c['prior_scale']}, minibatch {c['batch_size']}, step "
-        f"{c['step_size']:g}, {c['grad_evals']} gradient evaluations per sampler; η = {c['eta']:g}, "
+        f"{c['step_size']:g}, {c['num_chains']} chains x {c['grad_evals']} gradient evaluations per sampler, "
+        f"BMA over {c['num_draws']} draws per chain; η = {c['eta']:g}, "
         f"ρ = {c['rho']:g}, σ = {c['sigma']:g}. Flatness: Hessian of the training negative log-likelihood (all "
         f"{report['n_train']} images, prior excluded) at "
         f"{c['flatness_draws']} draws ({c['trace_probes']} Hutchinson probes).",

@@ -62,7 +62,9 @@ def _add_bnn(sub) -> None:
                                    "gradient budget; write report.md, report.json, flatness.png and toy.png.")
     p.add_argument("--data-dir", default=None, help="MNIST files (default: the embedded subset)")
     p.add_argument("--grad-evals", type=int, default=d.grad_evals,
-                   help=f"gradient evaluations per sampler (default {d.grad_evals})")
+                   help=f"gradient evaluations per chain and sampler (default {d.grad_evals})")
+    p.add_argument("--num-chains", type=int, default=d.num_chains,
+                   help=f"chains per sampler, run as one batched network (default {d.num_chains})")
     p.add_argument("--step-size", type=float, default=d.step_size, help=f"default {d.step_size}")
     p.add_argument("--eta", type=float, default=d.eta, help=f"EntropySGLD coupling (default {d.eta})")
     p.add_argument("--rho", type=float, default=d.rho, help=f"SASGLD radius (default {d.rho})")
@@ -75,7 +77,8 @@ def _add_bnn(sub) -> None:
 def run_bnn_command(args: argparse.Namespace) -> int:
     from .bnn import BNNConfig, run_bnn_study
 
-    config = BNNConfig(data_dir=args.data_dir, grad_evals=args.grad_evals, step_size=args.step_size,
+    config = BNNConfig(data_dir=args.data_dir, grad_evals=args.grad_evals, num_chains=args.num_chains,
+                       step_size=args.step_size,
                        eta=args.eta, rho=args.rho, sigma=args.sigma, seed=args.seed, out=args.out,
                        progress=not args.no_progress)
     run_bnn_study(config)

@@ -66,7 +66,8 @@ class BayesianMLP(PyroModule):
 
     with ``tanh`` hidden layers. Sites ``layers.{l}.weight`` / ``layers.{l}.bias``; the data sit in
     a ``pyro.plate("data", N, subsample_size=batch_size)``. The weights are drawn before the plate
-    is entered (a ``PyroSample`` read inside a plate would be batched over the data).
+    is entered (a ``PyroSample`` read inside a plate would be batched over the data). The network
+    broadcasts over a leading chain dimension, so several chains run vectorized.
 
     >>> net = BayesianMLP(4, [8], 3)
     >>> trace = pyro.poutine.trace(net).get_trace(torch.randn(10, 4), torch.randint(0, 3, (10,)))
@@ -85,10 +86,16 @@ class BayesianMLP(PyroModule):
             layer.bias = PyroSample(dist.Normal(0.0, prior_scale).expand([b]).to_event(1))
 
     def logits(self, X: torch.Tensor, weights=None) -> torch.Tensor:
+        """Class logits, shape ``(N, K)``, or ``(C, N, K)`` for weights with a leading chain dim.
+
+        Weights laid out as Pyro's ``vectorize_particles`` lays them out (``(C, 1, out, in)``:
+        chains, then the data plate's singleton) give one row of logits per chain, so
+        ``pyro_flat.MCMC(..., num_chains=C)`` runs the chains as one batched network.
+        """
         weights = [(layer.weight, layer.bias) for layer in self.layers] if weights is None else weights
         h = X
         for i, (w, b) in enumerate(weights):
-            h = F.linear(h, w, b)
+            h = _linear(h, w, b)
             if i + 1 < len(weights):
                 h = torch.tanh(h)
         return h
@@ -101,3 +108,21 @@ class BayesianMLP(PyroModule):
             if subsample is not None:
                 X, y = X.index_select(0, idx), None if y is None else y.index_select(0, idx)
             pyro.sample("y", dist.Categorical(logits=self.logits(X, weights)), obs=y)
+
+
+def _linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``h @ weight.T + bias`` for one weight matrix or a batch of them.
+
+    A batched weight has shape ``(*chains, 1, out, in)``: the ``1`` is the data plate's slot
+    (``vectorize_particles`` layout). Dropping it puts the chain dims left of the data dim:
+    ``(N, in) @ (*chains, in, out) -> (*chains, N, out)``, and the bias ``(*chains, 1, out)``
+    broadcasts over the data as it is.
+    """
+    if weight.dim() == 2:
+        return F.linear(h, weight, bias)
+    if weight.shape[-3] != 1:
+        raise ValueError(
+            f"BayesianMLP got a weight of shape {tuple(weight.shape)}; a batched weight must be "
+            f"(*chains, 1, out, in), the 1 standing for the data plate (Pyro's vectorize_particles "
+            f"layout). Pass one draw at a time, or add the singleton with weight.unsqueeze(-3)")
+    return torch.matmul(h, weight.squeeze(-3).transpose(-1, -2)) + bias
