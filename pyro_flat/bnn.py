@@ -130,10 +130,9 @@ def _sample(name: str, config: BNNConfig, model: BayesianMLP, data, log) -> Tupl
     start = time.perf_counter()
     mcmc.run(data.X_train, data.y_train, batch_size=config.batch_size)
     seconds = time.perf_counter() - start
-    grad_evals = int(torch.as_tensor(kernel.num_grad_evals).reshape(-1)[0])
     log(f"{name}: {config.num_chains} chains ({mcmc.chain_method}) x {iterations} iterations "
-        f"({grad_evals} gradient evaluations each) in {seconds:.1f} s")
-    return mcmc.get_samples(group_by_chain=True), seconds, grad_evals
+        f"({kernel.num_grad_evals} gradient evaluations each) in {seconds:.1f} s")
+    return mcmc.get_samples(group_by_chain=True), seconds, kernel.num_grad_evals
 
 
 def run_bnn_study(config: BNNConfig, *, log: Callable[[str], None] = print) -> dict:
@@ -177,8 +176,7 @@ def run_bnn_study(config: BNNConfig, *, log: Callable[[str], None] = print) -> d
     report = {"config": asdict(config), "n_train": n_train, "rows": rows, "toy": toy["rows"]}
     import matplotlib.pyplot as plt
 
-    between = ("t (chain 1's last draw to chain 0's)" if config.num_chains > 1 else "t (first draw to last draw)")
-    for fig, name in ((_flatness_figure(curves, densities, n_train, between), "flatness.png"),
+    for fig, name in ((_flatness_figure(curves, densities, n_train), "flatness.png"),
                       (toy["figure"], "toy.png")):
         fig.savefig(out / name, dpi=110)
         plt.close(fig)
@@ -195,8 +193,10 @@ def _curves(model, by_chain, use, config, args, kwargs):
 
     if config.num_chains > 1:
         ends = {k: torch.stack([v[1, -1], v[0, -1]]) for k, v in by_chain.items()}
+        between = "t (chain 1's last draw to chain 0's)"
     else:
         ends = {k: v[0, [0, -1]] for k, v in by_chain.items()}
+        between = "t (first draw to last draw)"
     latents = [n for n in ends if not n.endswith("_aux")]
     supports = {n: torch.distributions.constraints.real for n in latents}  # the MLP's weights are real
     first, last = list(_draws(ends, use, "_aux", latents, supports))
@@ -207,10 +207,10 @@ def _curves(model, by_chain, use, config, args, kwargs):
     pert = flatness.perturbation_curve(loss, radii=radii, num_directions=3 if REDUCED else 8, seed=config.seed)
     rho = flatness.eigenvalue_density(loss, num_probes=config.slq_probes, num_steps=config.slq_steps,
                                       seed=config.seed)
-    return {"interpolation": line, "perturbation": pert}, rho
+    return {"interpolation": line, "perturbation": pert, "between": between}, rho
 
 
-def _flatness_figure(curves, densities, n_train, between):
+def _flatness_figure(curves, densities, n_train):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
@@ -223,8 +223,8 @@ def _flatness_figure(curves, densities, n_train, between):
         pert = c["perturbation"]
         axes[2].errorbar(pert.x, pert.loss / n_train, yerr=2 * pert.loss_stderr / n_train, marker=".",
                          capsize=2, label=label)
-    axes[1].set(title="training NLL / N between two draws", xlabel=between,
-                ylabel="mean NLL")
+    between = next(iter(curves.values()))["between"]  # the same two draws' roles for every sampler
+    axes[1].set(title="training NLL / N between two draws", xlabel=between, ylabel="mean NLL")
     axes[2].set(title="NLL / N, random perturbations of the last draw",
                 xlabel="perturbation norm r", ylabel="mean NLL")
     for ax in axes:
@@ -258,10 +258,8 @@ def run_toy_study(config: BNNConfig, *, log: Callable[[str], None] = print) -> d
                             ("theta_aux", "EntropySGLD θa")):
             if site not in states[marks[-1]]:
                 continue
-            flat = torch.stack([mixture.in_flat_mode(states[k][site]).double() for k in marks]).mean()
-            crossed = torch.stack([((states[k][site] - mixture.flat_loc).norm(dim=-1)
-                                    < (states[k][site] - mixture.sharp_loc).norm(dim=-1)).double()
-                                   for k in marks]).mean()
+            flat, crossed = (torch.stack([mixture.in_flat_mode(states[k][site], scaled=scaled).double()
+                                          for k in marks]).mean() for scaled in (True, False))
             final = states[marks[-1]][site]
             top = np.mean([flatness.hessian_eigenvalues(energy, x.double())[0] for x in final[:100]])
             rows.append({"sampler": label, "iterations": iterations, "outside_sharp_peak": float(flat),

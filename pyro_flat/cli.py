@@ -78,8 +78,8 @@ def run_bnn_command(args: argparse.Namespace) -> int:
     from .bnn import BNNConfig, run_bnn_study
 
     config = BNNConfig(data_dir=args.data_dir, grad_evals=args.grad_evals, num_chains=args.num_chains,
-                       step_size=args.step_size,
-                       eta=args.eta, rho=args.rho, sigma=args.sigma, seed=args.seed, out=args.out,
+                       step_size=args.step_size, eta=args.eta, rho=args.rho, sigma=args.sigma,
+                       seed=args.seed, out=args.out,
                        progress=not args.no_progress)
     run_bnn_study(config)
     return 0

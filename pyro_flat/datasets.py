@@ -398,9 +398,11 @@ class SharpFlatMixture:
     def log_prob(self, theta: torch.Tensor, eta: float = 0.0) -> torch.Tensor:
         return self.distribution(eta).log_prob(theta)
 
-    def in_flat_mode(self, theta: torch.Tensor) -> torch.Tensor:
-        """True where ``theta`` is nearer (in units of each mode's scale) to the flat mode."""
-        d = [((theta - torch.tensor(loc)) ** 2).sum(-1).sqrt() / s for loc, s in zip(self.locs, self.scales)]
+    def in_flat_mode(self, theta: torch.Tensor, *, scaled: bool = True) -> torch.Tensor:
+        """True where ``theta`` is nearer the flat mode than the sharp one: in units of each mode's
+        scale (outside the sharp peak), or with ``scaled=False`` in plain distance."""
+        d = [((theta - torch.tensor(loc)) ** 2).sum(-1).sqrt() / (s if scaled else 1.0)
+             for loc, s in zip(self.locs, self.scales)]
         return d[int(np.argmax(self.scales))] < d[int(np.argmin(self.scales))]
 
     def model(self) -> None:
