@@ -371,6 +371,9 @@ class SharpFlatMixture:
     True
     >>> bool(m.log_prob(m.sharp_loc, eta=1.0) < m.log_prob(m.flat_loc, eta=1.0))  # but not once smoothed
     True
+    >>> x = torch.tensor([-1.0, -0.5])  # off the sharp peak, yet nearer the sharp mode than the flat one
+    >>> bool(m.in_flat_mode(x)), bool(m.in_flat_mode(x, scaled=False))
+    (True, False)
     """
 
     weights: Tuple[float, ...]
