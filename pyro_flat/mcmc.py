@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Dict, Optional
+from typing import Dict, Iterator, Optional, Tuple
 
 import torch
 
@@ -52,7 +52,34 @@ from pyro.infer.mcmc.api import _add_logging_hook
 from pyro.infer.mcmc.logger import ProgressBar, initialize_logger
 from pyro.util import optional
 
+from .validation import check_nonnegative_int, check_positive_int
+
 CHAIN_METHODS = ("auto", "vectorized", "sequential", "parallel")
+Params = Dict[str, torch.Tensor]
+
+
+def run_chains(kernel, warmup_steps: int, num_samples: int, args: tuple = (),
+               kwargs: Optional[dict] = None) -> Iterator[Tuple[str, int, Params]]:
+    """The sampling loop: set the kernel up, then yield ``(phase, i, params)`` after each draw.
+
+    ``phase`` is ``"Initial"`` once (``i = 0``, the initial point), then ``"Warmup"`` for
+    ``i < warmup_steps`` and ``"Sample"`` for the ``num_samples`` kept draws, as in Pyro's progress
+    hook. The kernel is configured beforehand (:meth:`~pyro_flat.kernels.base.TargetKernel.configure`)
+    and cleaned up however the loop ends. :class:`MCMC` stores the draws it yields; a study that
+    needs only some states (:func:`pyro_flat.convergence.run_ensemble`) keeps those.
+    """
+    try:
+        kernel.setup(warmup_steps, *args, **(kwargs or {}))
+        params = kernel.initial_params
+        yield "Initial", 0, params
+        for i in range(warmup_steps):
+            params = kernel.sample(params)
+            yield "Warmup", i, params
+        for i in range(num_samples):
+            params = kernel.sample(params)
+            yield "Sample", i, params
+    finally:
+        kernel.cleanup()
 
 
 class MCMC(pyro.infer.MCMC):
@@ -63,28 +90,45 @@ class MCMC(pyro.infer.MCMC):
         stochastic-gradient kernel is needed for ``thinning > 1``).
 
     The other arguments are ``pyro.infer.MCMC``'s. ``initial_params`` for ``num_chains > 1`` have
-    a leading chain dimension, as in Pyro.
+    a leading chain dimension, as in Pyro. ``run`` may be called again (with other data, say): with
+    the same seed it gives what a new ``MCMC`` object gives.
     """
 
     def __init__(self, kernel, num_samples: int, warmup_steps: Optional[int] = None,
                  initial_params: Optional[Dict[str, torch.Tensor]] = None, num_chains: int = 1,
                  chain_method: str = "auto", thinning: int = 1, **kwargs):
-        num_samples = _thinned(kernel, num_samples, thinning)
+        num_samples = check_positive_int("num_samples", num_samples,
+                                         hint="It is the number of draws kept per chain.")
+        if warmup_steps is not None:
+            warmup_steps = check_nonnegative_int("warmup_steps", warmup_steps)
+        thinning = check_positive_int("thinning", thinning)
         if chain_method not in CHAIN_METHODS:
             raise ValueError(f"chain_method must be one of {CHAIN_METHODS}, got {chain_method!r}.")
-        if not isinstance(num_chains, int) or num_chains < 1:
-            raise ValueError(f"num_chains must be a positive int, got num_chains={num_chains!r}.")
+        num_chains = check_positive_int("num_chains", num_chains)
+        if thinning > 1 and num_samples < thinning:
+            raise ValueError(f"num_samples={num_samples} keeps no draw with thinning={thinning}; "
+                             "pass num_samples >= thinning.")
         can_vectorize = hasattr(kernel, "vectorization_error")
         if chain_method == "vectorized" and not can_vectorize:
             raise ValueError(
                 f"chain_method='vectorized' needs a pyro-flat kernel; {type(kernel).__name__} "
                 "cannot batch chains. Use chain_method='sequential'."
             )
+        if thinning > 1 and not getattr(kernel, "supports_thinning", False):
+            raise ValueError(
+                f"thinning={thinning} needs a pyro-flat stochastic-gradient kernel (SGLD, EntropySGLD, "
+                f"...); {type(kernel).__name__} makes one iteration per draw. Use thinning=1 and "
+                "slice the draws afterwards: mcmc.get_samples(group_by_chain=True)[name][:, ::k].")
+        if initial_params is not None:
+            _check_initial_params(initial_params, num_chains)
+        self.thinning = thinning
+        num_samples //= thinning
         self._requested = (num_chains, chain_method, initial_params, num_samples, warmup_steps, kwargs)
         self.kernel = kernel
         self.chain_method = chain_method
-        vectorize = num_chains > 1 and can_vectorize and chain_method in ("auto", "vectorized")
-        if vectorize:  # decided for good in run(), when the model's arguments are known
+        # decided for good in run(), when the model's arguments are known
+        self._try_vectorized = num_chains > 1 and can_vectorize and chain_method in ("auto", "vectorized")
+        if self._try_vectorized:
             super().__init__(kernel, num_samples, warmup_steps, num_chains=1, **kwargs)
         else:
             self._init_pyro(num_chains, initial_params)
@@ -104,7 +148,9 @@ class MCMC(pyro.infer.MCMC):
 
     def run(self, *args, **kwargs) -> None:
         num_chains, method, initial_params, *_ = self._requested
-        if self.num_chains == 1 and num_chains > 1:  # vectorization requested: can it be done?
+        if hasattr(self.kernel, "configure"):
+            self.kernel.configure(steps_per_draw=self.thinning)  # forget any earlier run
+        if self._try_vectorized:  # vectorization requested: can it be done with these data?
             reason = self.kernel.vectorization_error(num_chains, args, kwargs, initial_params)
             if reason is None:
                 return self._run_vectorized(num_chains, initial_params, args, kwargs)
@@ -129,67 +175,56 @@ class MCMC(pyro.infer.MCMC):
         """Pyro's sampling loop for one kernel that holds every chain; draws go straight into
         preallocated ``(chain, draw, ...)`` buffers."""
         kernel, warmup, num_samples = self.kernel, self.warmup_steps, self.num_samples
-        kernel.num_chains = num_chains
+        kernel.configure(num_chains=num_chains, steps_per_draw=self.thinning)
         if initial_params is not None:
             kernel.initial_params = initial_params
         self._args, self._kwargs = args, kwargs
-        args = [a.detach() if torch.is_tensor(a) else a for a in args]
+        args = tuple(a.detach() if torch.is_tensor(a) else a for a in args)
         progress_bar = ProgressBar(warmup, num_samples, disable=self.sampler.disable_progbar)
         logger = initialize_logger(logging.getLogger("pyro.infer.mcmc"), "", progress_bar)
         hook = _add_logging_hook(logger, progress_bar, self.sampler.hook)
         try:
             with poutine.block(), optional(pyro.validation_enabled(not self.disable_validation),
                                            self.disable_validation is not None):
-                kernel.setup(warmup, *args, **kwargs)
-                params = kernel.initial_params
-                names = getattr(kernel, "save_params", None) or sorted(params)
-                draws = {n: params[n].new_empty((num_samples,) + params[n].shape)  # (draw, chain, ...)
-                         for n in names}
-                for i in range(warmup):
-                    params = kernel.sample(params)
-                    hook(kernel, params, "Warmup", i)
-                for i in range(num_samples):
-                    params = kernel.sample(params)
-                    for n in names:
-                        draws[n][i] = params[n]
-                    hook(kernel, params, "Sample", i)
+                for phase, i, params in run_chains(kernel, warmup, num_samples, args, kwargs):
+                    if phase == "Initial":
+                        names = getattr(kernel, "save_params", None) or sorted(params)
+                        draws = {n: params[n].new_empty((num_samples,) + params[n].shape)
+                                 for n in names}  # (draw, chain, ...)
+                        continue
+                    if phase == "Sample":
+                        for n in names:
+                            draws[n][i] = params[n]
+                    hook(kernel, params, phase, i)
                 diagnostics = kernel.diagnostics()
-                kernel.cleanup()
-            if self.transforms is None:
-                self.transforms = kernel.transforms
+            self.transforms = kernel.transforms
             draws = {n: v.transpose(0, 1) for n, v in draws.items()}  # (chain, draw, ...) views
             self._samples = {n: self.transforms[n].inv(v) if n in self.transforms else v
                              for n, v in draws.items()}
         finally:
             progress_bar.close()
-            kernel.num_chains = None
         self.chain_method = "vectorized"
         self.num_chains = num_chains
         self._diagnostics = _split_diagnostics(diagnostics, num_chains)
 
 
-def _thinned(kernel, num_samples: int, thinning: int) -> int:
-    """The number of kept draws; tells the kernel how many iterations make one draw."""
-    if isinstance(thinning, bool) or not isinstance(thinning, int) or thinning < 1:
-        raise ValueError(f"thinning must be a positive int, got thinning={thinning!r}.")
-    if hasattr(kernel, "steps_per_draw"):
-        kernel.steps_per_draw = 1  # a kernel may be reused by a run without thinning
-    if thinning == 1:
-        return num_samples
-    if not hasattr(kernel, "steps_per_draw"):
-        raise ValueError(
-            f"thinning={thinning} needs a pyro-flat stochastic-gradient kernel (SGLD, EntropySGLD, "
-            f"...); {type(kernel).__name__} makes one iteration per draw. Use thinning=1 and "
-            "slice the draws afterwards: mcmc.get_samples(group_by_chain=True)[name][:, ::k].")
-    if num_samples < thinning:
-        raise ValueError(f"num_samples={num_samples} keeps no draw with thinning={thinning}; "
-                         "pass num_samples >= thinning.")
-    kernel.steps_per_draw = thinning
-    return num_samples // thinning
+def _check_initial_params(initial_params, num_chains: int) -> None:
+    """``initial_params`` must be a dict of tensors with a leading chain dim for several chains."""
+    if not isinstance(initial_params, dict):
+        raise ValueError(f"initial_params must be a dict {{site name: tensor}}, got "
+                         f"{type(initial_params).__name__}.")
+    if num_chains > 1:
+        for name, value in initial_params.items():
+            shape = tuple(torch.as_tensor(value).shape)
+            if not shape or shape[0] != num_chains:
+                raise ValueError(
+                    f"initial_params[{name!r}] has shape {shape}; with num_chains={num_chains} each "
+                    f"value needs a leading chain dimension of {num_chains} (one row per chain).")
 
 
 def _split_diagnostics(diagnostics: dict, num_chains: int) -> list:
-    """A vectorized kernel's diagnostics as Pyro's list of one dict per chain."""
+    """A vectorized kernel's diagnostics as Pyro's list of one dict per chain (numbers as floats,
+    as Pyro's driver gives them)."""
     per_chain = []
     for c in range(num_chains):
         chain = {}
@@ -199,7 +234,7 @@ def _split_diagnostics(diagnostics: dict, num_chains: int) -> list:
             elif key == "sample_stats":
                 chain[key] = {name: stat[:, c] for name, stat in value.items()}
             elif torch.is_tensor(value) and value.dim() > 0 and value.shape[0] == num_chains:
-                chain[key] = value[c]
+                chain[key] = float(value[c]) if value[c].dim() == 0 else value[c]
             else:
                 chain[key] = value
         per_chain.append(chain)

@@ -65,11 +65,11 @@ def test_small_files_round_trip_exactly(tmp_path, layout):
             write_idx(folder / (name_i + ext), im)
             write_idx(folder / (name_l + ext), lb)
     for split, (im, lb) in (("train", (images, labels)), ("test", (test_images, test_labels))):
-        X, y = load_mnist79(root, split=split, normalize=False, dtype=torch.float64)
+        X, y = load_mnist79(root, split=split, normalize=False, dtype=torch.float64, verify=False)
         keep = np.isin(lb, [7, 9])
         assert np.array_equal(X.numpy(), im[keep].reshape(-1, 784).astype(np.float64))
         assert np.array_equal(y.numpy(), (lb[keep] == 9).astype(np.float64))
-        digits_images, digits_labels = load_mnist_digits(root, split=split)
+        digits_images, digits_labels = load_mnist_digits(root, split=split, verify=False)
         assert np.array_equal(digits_images, im) and np.array_equal(digits_labels, lb)
 
 
@@ -107,10 +107,10 @@ def test_mislabelled_and_swapped_files(tmp_path):
     bad[3] = 12
     _write_split(tmp_path, images, bad)
     with pytest.raises(MNISTFileError, match="labels outside 0-9"):
-        load_mnist79(tmp_path, split="test")
+        load_mnist79(tmp_path, split="test", verify=False)
     _write_split(tmp_path, images, labels[:-1])
     with pytest.raises(MNISTFileError, match="40 images but 39 labels"):
-        load_mnist79(tmp_path, split="test")
+        load_mnist79(tmp_path, split="test", verify=False)
     _write_split(tmp_path, labels, images)  # the two files swapped
     with pytest.raises(MNISTFileError, match=r"expected images of shape \(n, 28, 28\).*is it a labels file"):
         load_mnist79(tmp_path, split="test")
@@ -121,13 +121,30 @@ def test_mislabelled_and_swapped_files(tmp_path):
 
 
 @needs_shared
-def test_a_modified_official_file_fails_its_md5(tmp_path):
+@pytest.mark.parametrize("ext", [".gz", ""])
+def test_a_modified_official_file_fails_its_checksum_gzip_or_raw(tmp_path, ext):
     labels = read_idx(SHARED / "t10k-labels-idx1-ubyte.gz").copy()
     labels[0] = (labels[0] + 1) % 10  # one flipped label, official name and size
-    shutil.copy(SHARED / "t10k-images-idx3-ubyte.gz", tmp_path)
-    write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", labels)
-    with pytest.raises(MNISTFileError, match="t10k-labels-idx1-ubyte.gz: MD5 .* differs from the official"):
+    write_idx(tmp_path / ("t10k-images-idx3-ubyte" + ext), read_idx(SHARED / "t10k-images-idx3-ubyte.gz"))
+    write_idx(tmp_path / ("t10k-labels-idx1-ubyte" + ext), labels)
+    with pytest.raises(MNISTFileError, match=f"t10k-labels-idx1-ubyte{ext}: SHA-256 .* differs from the official"):
         load_mnist79(tmp_path, split="test")
+    write_idx(tmp_path / ("t10k-labels-idx1-ubyte" + ext), read_idx(SHARED / "t10k-labels-idx1-ubyte.gz"))
+    X, _ = load_mnist79(tmp_path, split="test")  # the official content, re-encoded: accepted
+    assert X.shape == (2037, 784)
+
+
+@needs_shared
+@pytest.mark.parametrize("ext", [".gz", ""])
+def test_test_files_renamed_train_are_refused(tmp_path, ext):
+    for kind in ("images-idx3", "labels-idx1"):
+        data = read_idx(SHARED / f"t10k-{kind}-ubyte.gz")
+        write_idx(tmp_path / f"train-{kind}-ubyte{ext}", data)
+    with pytest.raises(MNISTFileError, match="holds 10,000 items, the official train-images-idx3-ubyte holds "
+                                             "60,000. That is the size of the test split: is it the test file renamed"):
+        load_mnist79(tmp_path, split="train")
+    X, _ = load_mnist79(tmp_path, split="train", verify=False)  # said explicitly: read as given
+    assert X.shape == (2037, 784)
 
 
 def test_missing_directory_and_bad_npz(tmp_path):

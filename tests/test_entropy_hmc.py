@@ -246,7 +246,7 @@ def test_short_warmup_still_adapts_the_step_size():
         mcmc = MCMC(EntropyHMC(model, eta=0.5, num_steps=3), 100, 50, num_chains=32,
                     disable_progbar=True)
         mcmc.run()
-        rates = torch.stack(list(mcmc.diagnostics()["acceptance rate"].values()))
+        rates = torch.tensor(list(mcmc.diagnostics()["acceptance rate"].values()))
         assert float(rates.min()) > 0.5, (seed, rates)
 
 

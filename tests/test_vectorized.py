@@ -11,7 +11,7 @@ import torch
 import pyro
 import pyro.distributions as dist
 from pyro.infer import NUTS
-from pyro_flat import MCMC, SGLD, DivergenceError, EntropySGLD, to_arviz
+from pyro_flat import MCMC, SGLD, DivergenceError, EntropySGLD, flat_potential, to_arviz
 from pyro_flat.kernels.potential import ModelPotential
 from pyro_flat.models import logistic_regression
 
@@ -222,3 +222,130 @@ def test_bayesian_mlp_runs_its_chains_as_one_batched_network():
         torch.testing.assert_close(batched[c], one)
     with pytest.raises(ValueError, match="weight.unsqueeze"):
         net.logits(X, [(w[:, 0], b[:, 0]) for w, b in last])
+
+
+def _sgld_stationary_cov(hessian: np.ndarray, step: float) -> np.ndarray:
+    """Exact stationary covariance of z <- z - step H z + sqrt(2 step) xi (discrete Lyapunov)."""
+    from scipy.linalg import solve_discrete_lyapunov
+
+    a = np.eye(len(hessian)) - step * hessian
+    return solve_discrete_lyapunov(a, 2 * step * np.eye(len(hessian)))
+
+
+def test_flat_potential_couples_each_chain_to_its_own_twin():
+    """SGLD on flat_potential(U = x²/2 per chain), 8 vectorized chains from one point: θ, θa and
+    θ − θa follow the exact law of the update (Var(θ − θa) ≈ η = 1). Summing the coupling over the
+    chain axis as well gave Var(θ − θa) ≈ 0.15."""
+    eta, step, C = 1.0, 0.02, 8
+    U = flat_potential(lambda p: 0.5 * (p["x"] ** 2).sum(-1), eta=eta, sites=["x"])
+    pyro.set_rng_seed(0)
+    start = torch.zeros(C, 2, dtype=torch.float64)
+    mcmc = MCMC(SGLD(potential_fn=U, step_size=step), 4000, 500, num_chains=C, disable_progbar=True,
+                initial_params={"x": start, "x_aux": start.clone()})
+    mcmc.run()
+    assert mcmc.chain_method == "vectorized"
+    s = mcmc.get_samples(group_by_chain=True)
+    # per coordinate the joint Hessian is [[1 + 1/η, -1/η], [-1/η, 1/η]]; order (x0, xa0)
+    h = np.array([[1 + 1 / eta, -1 / eta], [-1 / eta, 1 / eta]])
+    cov = _sgld_stationary_cov(h, step)
+    for i in range(2):
+        pair = torch.stack([s["x"][..., i], s["x_aux"][..., i]], -1).numpy()
+        assert_moments(pair, np.zeros(2), cov)
+    diff = (s["x"] - s["x_aux"]).reshape(-1, 2).var(0)
+    exact = cov[0, 0] + cov[1, 1] - 2 * cov[0, 1]
+    assert torch.allclose(diff, torch.full((2,), exact, dtype=diff.dtype), rtol=0.15)
+
+
+def _coupled_across_chains(p):
+    """A hand-written joint that sums the coupling over the chain axis too (the old bug)."""
+    return 0.5 * (p["x"] ** 2).sum(-1) + 0.5 * (p["x"] - p["x_aux"]).square().sum()
+
+
+def test_probe_sees_a_potential_that_mixes_chains_where_chains_start_equal():
+    """All chains start at one point with θa = θ, where the mixing term is zero: the probe moves
+    the points apart before it compares, so it falls back (auto) or refuses (vectorized)."""
+    start = {"x": torch.zeros(4, 2), "x_aux": torch.zeros(4, 2)}
+    mcmc = MCMC(SGLD(potential_fn=_coupled_across_chains, step_size=0.01), 5, 2, num_chains=4,
+                initial_params=start, disable_progbar=True)
+    with pytest.warns(UserWarning, match="evaluated with the others"):
+        mcmc.run()
+    assert mcmc.chain_method == "sequential"
+    demanded = MCMC(SGLD(potential_fn=_coupled_across_chains, step_size=0.01), 5, 2, num_chains=4,
+                    initial_params=start, chain_method="vectorized", disable_progbar=True)
+    with pytest.raises(ValueError, match="does not broadcast"):
+        demanded.run()
+
+
+def test_divergence_when_the_chains_energies_overflow_their_sum():
+    """float32: the sum of the chains' energies overflows before any one chain's energy does;
+    the check must still name the chain that diverged and keep the draws."""
+
+    def model():
+        pyro.sample("x", dist.Normal(torch.zeros(3), 1.0).to_event(1))
+
+    pyro.set_rng_seed(1)
+    mcmc = MCMC(SGLD(model, step_size=2.5), num_samples=400, warmup_steps=0, num_chains=4,
+                disable_progbar=True)
+    with pytest.raises(DivergenceError) as info:
+        mcmc.run()
+    err = info.value
+    assert err.site == "x" and 0 <= err.chain < 4 and err.iteration > 0
+    assert f"chain {err.chain} diverged at iteration {err.iteration}" in str(err)
+    n = err.samples["x"].shape[0]
+    assert n == err.iteration and torch.isfinite(err.samples["x"]).all()
+    assert len(err.completed_chains) == 3
+
+
+@pytest.mark.parametrize("chain_method", ["vectorized", "sequential"])
+def test_run_twice_gives_what_a_new_object_gives(chain_method):
+    X, y = _data(100)
+
+    def new():
+        kernel = EntropySGLD(logistic_regression, eta=0.1, step_size=1e-3)
+        return MCMC(kernel, 20, 10, num_chains=3, chain_method=chain_method, thinning=2,
+                    disable_progbar=True)
+
+    mcmc = new()
+    pyro.set_rng_seed(4)
+    mcmc.run(X, y, batch_size=10)
+    first = mcmc.get_samples()
+    pyro.set_rng_seed(4)
+    mcmc.run(X, y, batch_size=10)  # used to raise "stack expects a non-empty TensorList"
+    second = mcmc.get_samples()
+    fresh = new()
+    pyro.set_rng_seed(4)
+    fresh.run(X, y, batch_size=10)
+    assert mcmc.chain_method == chain_method and second["w"].shape == (30, 4)
+    for name in first:
+        assert torch.equal(first[name], second[name]) and torch.equal(second[name], fresh.get_samples()[name])
+    assert len(mcmc.kernel.partial_samples) == 3  # the second run's chains only
+
+
+def test_entropy_hmc_runs_twice_identically():
+    from pyro_flat import EntropyHMC
+
+    X, y = _data(60)
+
+    def run(mcmc):
+        pyro.set_rng_seed(2)
+        mcmc.run(X, y)
+        return mcmc.get_samples()
+
+    mcmc = MCMC(EntropyHMC(logistic_regression, eta=0.1, num_steps=4), 15, 15, num_chains=2,
+                chain_method="vectorized", disable_progbar=True)
+    first, second = run(mcmc), run(mcmc)
+    for name in first:
+        assert torch.equal(first[name], second[name])
+
+
+def test_acceptance_rate_is_a_float_per_chain_in_both_drivers():
+    from pyro_flat import EntropyHMC
+
+    X, y = _data(60)
+    for chain_method in ("vectorized", "sequential"):
+        mcmc = MCMC(EntropyHMC(logistic_regression, eta=0.1, num_steps=4), 5, 5, num_chains=2,
+                    chain_method=chain_method, disable_progbar=True)
+        mcmc.run(X, y)
+        rates = mcmc.diagnostics()["acceptance rate"]
+        assert set(rates) == {"chain 0", "chain 1"}
+        assert all(type(r) is float and 0 <= r <= 1 for r in rates.values()), (chain_method, rates)

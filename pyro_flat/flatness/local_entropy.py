@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch.func import vmap
 
-from ..flat import _check_eta
+from ..validation import check_eta
 from .loss import FlatLoss, HessianOperator, LossFn, as_flat_loss
 from .spectrum import AUTO_EXACT_DIM, _generator, eigenvalue_density, hessian_eigenvalues
 
@@ -72,7 +72,7 @@ def local_entropy(loss_fn: Union[FlatLoss, LossFn], params: Optional[torch.Tenso
     >>> round(est.value, 6)   # log(2 pi / 2) exactly
     1.14473
     """
-    eta = _check_eta(eta)
+    eta = check_eta(eta)
     loss = as_flat_loss(loss_fn, params)
     d, theta = loss.dim, loss.params
     const = 0.5 * d * math.log(2 * math.pi * eta)

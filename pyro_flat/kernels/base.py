@@ -22,19 +22,9 @@ from pyro.infer.autoguide.initialization import init_to_sample
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from ..schedules import Schedule, as_schedule
+from ..validation import check_positive, check_positive_int
 from .errors import DivergenceError
 from .potential import CallablePotential, CoupledPotential, ModelPotential, Params
-
-
-def check_positive(name: str, value, *, hint: str = "") -> float:
-    """``float(value)`` if it is a positive finite number, else a ``ValueError`` naming ``name``."""
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        x = float("nan")
-    if not math.isfinite(x) or x <= 0:
-        raise ValueError(f"{name} must be a positive finite number, got {name}={value!r}. {hint}".rstrip())
-    return x
 
 
 class TargetKernel(MCMCKernel):
@@ -74,6 +64,36 @@ class TargetKernel(MCMCKernel):
         self._chain = 0
         self._completed_draws: List[Dict[str, torch.Tensor]] = []
         self._reset_chain_state(0)
+
+    #: whether the kernel can make several iterations per kept draw (thinning inside the kernel)
+    supports_thinning = False
+    #: iterations per kept draw after warm-up (see :meth:`configure`)
+    steps_per_draw = 1
+
+    # ----------------------------------------------------------------- driver settings
+    def configure(self, *, num_chains: Optional[int] = None, steps_per_draw: int = 1) -> None:
+        """Settings a driver hands the kernel before a run; forgets every earlier run.
+
+        :param num_chains: ``C`` chains advanced together as one batched tensor (a leading
+            ``(C,)`` dim on every parameter), or ``None`` for one chain per :meth:`setup`
+            (Pyro's own driver).
+        :param steps_per_draw: iterations per kept draw after warm-up (thinning inside the
+            kernel: the skipped states are never stored); ``> 1`` needs
+            :attr:`supports_thinning`.
+        """
+        if num_chains is not None:
+            num_chains = check_positive_int("num_chains", num_chains)
+        steps_per_draw = check_positive_int("steps_per_draw", steps_per_draw)
+        if steps_per_draw > 1 and not self.supports_thinning:
+            raise ValueError(
+                f"thinning={steps_per_draw} needs a pyro-flat stochastic-gradient kernel (SGLD, "
+                f"EntropySGLD, ...); {type(self).__name__} makes one iteration per draw. Use "
+                "thinning=1 and slice the draws afterwards: "
+                "mcmc.get_samples(group_by_chain=True)[name][:, ::k].")
+        self.num_chains = num_chains
+        self.steps_per_draw = steps_per_draw
+        self._num_setups = 0
+        self._completed_draws = []
 
     # ----------------------------------------------------------------- MCMCKernel contract
     @property
@@ -156,8 +176,11 @@ class TargetKernel(MCMCKernel):
                             initial_params: Optional[Params] = None) -> Optional[str]:
         """``None`` if the target evaluates ``num_chains`` chains at once correctly, else why not.
 
-        The batched energies of the first chains' initial points (on one fixed minibatch) must
-        equal the energies of the same points evaluated one by one.
+        The batched energies of the first chains (on one fixed minibatch) must equal the energies
+        of the same points evaluated one by one. The points are the initial ones, each moved by
+        its own random offset, so that chains differ and every twin differs from its site even
+        where the run starts with equal chains and :math:`\theta_a = \theta` (a term that mixes
+        chains, or the coupling, is zero there and would go unseen).
         """
         first = None if initial_params is None else {k: v[0] for k, v in initial_params.items()}
         try:
@@ -180,17 +203,25 @@ class TargetKernel(MCMCKernel):
             {k: v for k, v in (initial_params or {}).items() if k in batched.sites}
         )
         batched = getattr(batched, "base", batched)
-        params = {k: v for k, v in params.items() if k in batched.sites}
+        start = {k: v for k, v in params.items() if k in batched.sites}
+        generator = torch.Generator().manual_seed(0)  # leaves the global random stream alone
+        moved = {k: v + 0.1 * (1 + v.abs()) * torch.randn(v.shape, generator=generator).to(v)
+                 for k, v in start.items()}
         fixed = batched.fixed_batch()
-        energies = batched(params, fixed).detach()
-        if energies.shape != (num_chains,):
-            return f"the potential returned shape {tuple(energies.shape)}, not ({num_chains},)"
-        for c in range(min(num_chains, 2)):
-            expected = float(single({k: v[c] for k, v in params.items()}, fixed))
-            got = float(energies[c])
-            if not math.isclose(got, expected, rel_tol=1e-4, abs_tol=1e-4):
-                return (f"chain {c}'s energy is {got:.6g} evaluated with the others but "
-                        f"{expected:.6g} alone")
+        with torch.no_grad():
+            for c in range(min(num_chains, 2)):
+                # the moved point, unless it leaves the potential's domain (then the start)
+                alone = float(single({k: v[c] for k, v in moved.items()}, fixed))
+                points = moved if math.isfinite(alone) else start
+                if points is start:
+                    alone = float(single({k: v[c] for k, v in start.items()}, fixed))
+                energies = batched(points, fixed)
+                if energies.shape != (num_chains,):
+                    return f"the potential returned shape {tuple(energies.shape)}, not ({num_chains},)"
+                together = float(energies[c])
+                if not math.isclose(together, alone, rel_tol=1e-4, abs_tol=1e-4):
+                    return (f"chain {c}'s energy is {together:.6g} evaluated with the others but "
+                            f"{alone:.6g} alone")
         return None
 
     # ----------------------------------------------------------------- helpers
@@ -240,6 +271,16 @@ class TargetKernel(MCMCKernel):
         return [{k: v[:, c] for k, v in out.items()} for c in range(chains)]
 
 
+def all_finite(energy: torch.Tensor, params: Params) -> bool:
+    """Whether the energy and every parameter are free of NaN/inf, with one host sync.
+
+    The largest absolute value of each tensor (an inf-norm, which keeps NaN) is finite exactly
+    when the tensor is: unlike a sum, it cannot overflow while every entry is finite.
+    """
+    norms = torch._foreach_norm([energy.reshape(-1), *params.values()], math.inf)
+    return math.isfinite(float(torch.stack(norms).amax()))
+
+
 class StochasticGradientKernel(TargetKernel):
     """Base class: one gradient of the (minibatch) potential per iteration.
 
@@ -287,8 +328,7 @@ class StochasticGradientKernel(TargetKernel):
     #: gradient evaluations of the potential per iteration (per chain)
     grads_per_iteration = 1
 
-    #: iterations per kept draw after warm-up; ``pyro_flat.MCMC(..., thinning=k)`` sets it
-    steps_per_draw = 1
+    supports_thinning = True
 
     def sample(self, params: Params) -> Params:
         """One warm-up iteration, or after warm-up :attr:`steps_per_draw` iterations of which the
@@ -299,9 +339,7 @@ class StochasticGradientKernel(TargetKernel):
             step_size = self.step_size * float(self.schedule(k))
             new_params, energy, grads = self.transition(params, step_size)
             self.num_grad_evals += self.grads_per_iteration
-            # One host sync per step: NaN/inf anywhere makes this sum non-finite.
-            check = energy.sum() + sum(v.sum() for v in new_params.values()) * 0.0
-            if not math.isfinite(float(check)):
+            if not all_finite(energy, new_params):
                 self._raise_divergence(params, grads, new_params, energy, step_size)
             self._iteration += 1
             state_stats = {"potential_energy": energy, **self.target.last_stats}
@@ -344,17 +382,18 @@ class StochasticGradientKernel(TargetKernel):
         raise NotImplementedError
 
     def _raise_divergence(self, params, grads, new_params, energy, step_size) -> None:
-        chain = self._chain
+        chain, pick = self._chain, (lambda v: v)
         if self.num_chains is not None:  # name the first chain that went non-finite
             finite = torch.isfinite(energy)
             for tensors in (grads, new_params, params):
                 for value in tensors.values():
                     finite = finite & torch.isfinite(value.reshape(value.shape[0], -1)).all(-1)
             chain = int((~finite).nonzero()[0, 0])
+            pick = lambda v: v[chain]  # noqa: E731  (that chain's slice of a batched tensor)
         site = None
         for label, tensors in (("gradient", grads), ("value", new_params), ("value", params)):
             for name, value in tensors.items():
-                if not bool(torch.isfinite(value).all()):
+                if not bool(torch.isfinite(pick(value)).all()):
                     site, what = name, label
                     break
             if site is not None:
@@ -362,11 +401,9 @@ class StochasticGradientKernel(TargetKernel):
         if site is not None:
             where = f"the {what} of site {site!r} became NaN/inf"
         else:  # the energy overflowed first: name the site pushing hardest
-            site = max(grads, key=lambda n: float(grads[n].norm()))
-            bad = energy.reshape(-1)[~torch.isfinite(energy.reshape(-1))]
-            where = (
-                f"the potential energy became {float(bad[0])} (largest gradient at site {site!r})"
-            )
+            site = max(grads, key=lambda n: float(pick(grads[n]).norm()))
+            where = (f"the potential energy became {float(pick(energy.reshape(-1)))} "
+                     f"(largest gradient at site {site!r})")
         phase = "warm-up" if self._iteration < self._warmup_steps else "sampling"
         draws = self._stack_draws(self._draws) if self._draws else []
         n = len(self._draws)

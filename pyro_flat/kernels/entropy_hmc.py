@@ -8,9 +8,10 @@ from typing import Callable, Dict, Iterable, List, Optional
 import torch
 from pyro.infer.autoguide.initialization import init_to_sample
 
-from ..flat import _check_eta
+from ..validation import check_eta
 from .adaptation import StepSizeAdapter, WelfordCovariance, adaptation_windows
-from .base import TargetKernel, check_positive, coupled_target
+from ..validation import check_positive
+from .base import TargetKernel, coupled_target
 from .integrators import leapfrog
 from .nuts import nuts_transition
 from .mass_matrix import CoupledFactor, conditional_covariance, factor_from_covariance
@@ -134,7 +135,7 @@ class EntropyHMC(TargetKernel):
     ):
         super().__init__(model, potential_fn=potential_fn, init_strategy=init_strategy,
                          record_draws=record_draws)
-        self.eta = _check_eta(eta)
+        self.eta = check_eta(eta)
         self.step_size = 1.0 if step_size is None else check_positive("step_size", step_size)
         if num_steps is not None and trajectory_length is not None:
             raise ValueError(

@@ -6,7 +6,7 @@ from typing import Callable, Dict, Iterable, Optional
 
 import torch
 
-from ..flat import _check_eta
+from ..validation import check_eta
 from .base import coupled_target
 from .potential import CoupledPotential, Params
 from .sgld import SGLD
@@ -75,7 +75,7 @@ class EntropySGLD(SGLD):
         suffix: str = "_aux",
         **kwargs,
     ):
-        self.eta = _check_eta(eta)
+        self.eta = check_eta(eta)
         self.sites = None if sites is None else tuple(sites)
         self.suffix = suffix
         super().__init__(

@@ -11,8 +11,9 @@ from typing import Callable, Optional
 
 import torch
 
-from ..flat import _check_eta
-from .base import StochasticGradientKernel, check_positive
+from ..validation import check_eta
+from ..validation import check_positive
+from .base import StochasticGradientKernel
 from .integrators import langevin_step
 from .potential import Params
 
@@ -95,7 +96,7 @@ class LocalEntropySGLD(StochasticGradientKernel):
     ):
         super().__init__(model, potential_fn=potential_fn, step_size=step_size,
                          temperature=temperature, schedule=schedule, **kwargs)
-        self.eta = _check_eta(eta)
+        self.eta = check_eta(eta)
         if isinstance(num_inner_steps, bool) or not isinstance(num_inner_steps, int) or num_inner_steps < 1:
             raise ValueError(f"num_inner_steps must be an integer >= 1, got {num_inner_steps!r}.")
         self.num_inner_steps = num_inner_steps

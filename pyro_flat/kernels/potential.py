@@ -170,6 +170,9 @@ def _check_finite_inputs(args: tuple, kwargs: dict) -> None:
         (f"argument {k!r}", v) for k, v in kwargs.items()
     ]
     for label, value in named:
+        if torch.is_tensor(value) and value.numel() == 0:
+            raise ValueError(f"model {label} is empty (shape {tuple(value.shape)}); pass at least one "
+                             "data point.")
         if torch.is_tensor(value) and value.is_floating_point():
             if not bool(torch.isfinite(value).all()):
                 bad = int((~torch.isfinite(value)).sum())
@@ -204,7 +207,13 @@ def potential_and_grad(
 def merge_overrides(params: Params, overrides: Optional[Params]) -> Params:
     """``params`` with the user's values put in, cast to each site's dtype and device."""
     for name, value in (overrides or {}).items():
-        params[name] = torch.as_tensor(value).to(params[name]).clone()
+        value = torch.as_tensor(value)
+        if value.shape != params[name].shape:
+            raise ValueError(
+                f"initial_params[{name!r}] has shape {tuple(value.shape)}, but the site's "
+                f"unconstrained value has shape {tuple(params[name].shape)} (a leading chain "
+                "dimension included when chains are vectorized); pass a tensor of that shape.")
+        params[name] = value.to(params[name]).clone()
     return params
 
 
@@ -312,10 +321,22 @@ class ModelPotential(_Autograd):
         self.max_plate_nesting = nesting
 
     def _init_trace(self) -> poutine.Trace:
-        with torch.no_grad():
-            return poutine.trace(InitMessenger(self.init_strategy)(self.model)).get_trace(
-                *self.model_args, **self.model_kwargs
-            )
+        try:
+            with torch.no_grad():
+                return poutine.trace(InitMessenger(self.init_strategy)(self.model)).get_trace(
+                    *self.model_args, **self.model_kwargs
+                )
+        except ZeroDivisionError as err:  # pyro.plate(size=0)
+            raise ValueError("the model has a pyro.plate of size 0: its data are empty; pass at "
+                             "least one data point.") from err
+        except ValueError as err:
+            if "subsample_size does not match len(subsample)" not in str(err):
+                raise
+            asked, size = str(err).split(",")[1].split(".")[0].split(" vs ")
+            raise ValueError(
+                f"a pyro.plate has subsample_size={asked.strip()} but only {size.strip()} data "
+                f"points; pass subsample_size <= {size.strip()} (or None for the full batch)."
+            ) from None
 
     @property
     def transforms(self) -> Dict[str, torch.distributions.Transform]:

@@ -6,7 +6,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .base import check_positive
+from ..validation import check_positive
 from .potential import Params
 from .sgld import SGLD
 

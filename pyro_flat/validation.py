@@ -1,0 +1,60 @@
+"""Argument checks shared by the whole package: one place decides what a valid number is.
+
+Every check returns the value converted (``float`` or ``int``) or raises a ``ValueError`` that
+names the argument, shows what was passed and, with ``hint``, says what to pass instead. A ``bool``
+is never an integer here (``True`` is not a chain count), while numpy integers are.
+
+Example::
+
+    >>> from pyro_flat.validation import check_positive, check_positive_int
+    >>> check_positive("eta", 1e-2), check_positive_int("num_chains", 4)
+    (0.01, 4)
+    >>> check_positive_int("num_chains", True)
+    Traceback (most recent call last):
+    ...
+    ValueError: num_chains must be a positive integer, got num_chains=True.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+
+def _hinted(message: str, hint: str) -> str:
+    return f"{message} {hint}".rstrip()
+
+
+def check_positive(name: str, value, *, hint: str = "") -> float:
+    """``float(value)`` if it is a positive finite number, else a ``ValueError`` naming ``name``."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        x = float("nan")
+    if isinstance(value, bool) or not math.isfinite(x) or x <= 0:
+        raise ValueError(_hinted(f"{name} must be a positive finite number, got {name}={value!r}.", hint))
+    return x
+
+
+def check_eta(eta) -> float:
+    """The coupling variance :math:`\\eta` of the Entropy-MCMC joint: a positive finite float."""
+    return check_positive(
+        "eta", eta, hint="It is the coupling variance: small eta (e.g. 1e-3) stays close to the "
+                         "original posterior, large eta keeps only wide modes.")
+
+
+def _check_int(name: str, value, minimum: int, what: str, hint: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(_hinted(f"{name} must be {what}, got {name}={value!r}.", hint))
+    return int(value)
+
+
+def check_positive_int(name: str, value, *, minimum: int = 1, hint: str = "") -> int:
+    """``int(value)`` if it is an integer ``>= minimum`` (default 1), else a ``ValueError``."""
+    what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+    return _check_int(name, value, minimum, what, hint)
+
+
+def check_nonnegative_int(name: str, value, *, hint: str = "") -> int:
+    """``int(value)`` if it is an integer ``>= 0``, else a ``ValueError`` naming ``name``."""
+    return _check_int(name, value, 0, "a non-negative integer", hint)
