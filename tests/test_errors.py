@@ -151,3 +151,57 @@ def test_initial_params_twins_start_at_their_site_unless_given():
     kernel.initial_params = {"thetta": torch.zeros(3)}
     with pytest.raises(ValueError, match="'thetta'"):
         kernel.setup(0)
+
+
+def _logistic_full(X, y, subsample_size=None):
+    w = pyro.sample("w", dist.Normal(torch.zeros(X.shape[1]), 1.0).to_event(1))
+    with pyro.plate("data", X.shape[0], subsample_size=subsample_size) as idx:
+        pyro.sample("y", dist.Bernoulli(logits=X.index_select(0, idx) @ w), obs=y.index_select(0, idx))
+
+
+@pytest.mark.parametrize("chain_method", ["vectorized", "sequential"])
+@pytest.mark.parametrize("case, needle", [
+    ("empty", r"model argument 0 is empty \(shape \(0, 3\)\)"),
+    ("subsample", r"subsample_size=50 but only 20 data points; pass subsample_size <= 20"),
+    ("initial_params", r"initial_params\['w'\] has shape \(5,\), but the site's unconstrained value has shape \(3,\)"),
+])
+def test_bad_data_and_initial_values_name_the_argument_in_both_drivers(chain_method, case, needle):
+    from pyro_flat import MCMC as FlatMCMC
+
+    X, y = torch.randn(20, 3), torch.ones(20)
+    args, kwargs = (X, y), {}
+    if case == "empty":
+        args = (X[:0], y[:0])
+    if case == "subsample":
+        kwargs = {"subsample_size": 50}
+    init = {"w": torch.zeros(2, 5)} if case == "initial_params" else None
+    mcmc = FlatMCMC(SGLD(_logistic_full, step_size=1e-3), 5, 2, num_chains=2, chain_method=chain_method,
+                    initial_params=init, disable_progbar=True)
+    with pytest.raises(ValueError, match=needle):
+        mcmc.run(*args, **kwargs)
+
+
+@pytest.mark.parametrize("chain_method", ["vectorized", "sequential"])
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(num_samples=0), "num_samples must be a positive integer, got num_samples=0"),
+    (dict(num_samples=-3), "num_samples must be a positive integer"),
+    (dict(num_samples=10, warmup_steps=-1), "warmup_steps must be a non-negative integer, got warmup_steps=-1"),
+    (dict(num_samples=10, initial_params={"theta": torch.zeros(3)}),
+     r"initial_params\['theta'\] has shape \(3,\); with num_chains=2 each value needs a leading chain dimension"),
+])
+def test_bad_run_lengths_are_refused_alike_by_both_drivers(chain_method, kwargs, needle):
+    from pyro_flat import MCMC as FlatMCMC
+
+    with pytest.raises(ValueError, match=needle):
+        FlatMCMC(SGLD(gaussian, step_size=0.1), num_chains=2, chain_method=chain_method, **kwargs)
+
+
+@pytest.mark.parametrize("chain_method", ["vectorized", "sequential"])
+def test_initial_params_naming_an_unknown_site(chain_method):
+    from pyro_flat import MCMC as FlatMCMC
+
+    mcmc = FlatMCMC(EntropySGLD(gaussian, eta=0.1, step_size=0.1), 5, 2, num_chains=2,
+                    chain_method=chain_method, initial_params={"tehta": torch.zeros(2, 3)},
+                    disable_progbar=True)
+    with pytest.raises(ValueError, match=r"initial_params names \['tehta'\], which are not latent sites"):
+        mcmc.run()

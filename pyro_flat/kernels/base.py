@@ -116,12 +116,6 @@ class TargetKernel(MCMCKernel):
         self._reset_chain_state(warmup_steps)
         self.target = self.build_target(args, kwargs)
         user_params, self._pending_initial_params = self._pending_initial_params, None
-        unknown = set(user_params or {}) - set(self.target.sites)
-        if unknown:
-            raise ValueError(
-                f"initial_params names {sorted(unknown)}, which are not latent sites of the "
-                f"target; its sites are {sorted(self.target.sites)}."
-            )
         params = self.target.initial_params(user_params)
         energy, _ = self.target.potential_and_grad(params)
         bad = ~torch.isfinite(energy.reshape(-1))
@@ -188,6 +182,7 @@ class TargetKernel(MCMCKernel):
             # latent, a subsampled plate for HMC, ...) are the user's to see, not a reason to fall back
             self.num_chains, self._pending_initial_params = None, first
             single = self.build_target(args, kwargs)
+            single.initial_params(first)  # a wrong initial value is the user's error too
             single = getattr(single, "base", single)
             try:
                 return self._compare_batched(single, num_chains, args, kwargs, initial_params)

@@ -206,6 +206,10 @@ def potential_and_grad(
 
 def merge_overrides(params: Params, overrides: Optional[Params]) -> Params:
     """``params`` with the user's values put in, cast to each site's dtype and device."""
+    unknown = set(overrides or {}) - set(params)
+    if unknown:
+        raise ValueError(f"initial_params names {sorted(unknown)}, which are not latent sites of the "
+                         f"target; its sites are {sorted(params)}.")
     for name, value in (overrides or {}).items():
         value = torch.as_tensor(value)
         if value.shape != params[name].shape:
