@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import torch  # noqa: E402
 
 from bench_kernels import hand_loop, make_data  # noqa: E402
-from pyro_flat.study import MNIST79Config, run_mnist79  # noqa: E402
+from pyro_flat.experiments.mnist79 import MNIST79Config, run_mnist79  # noqa: E402
 
 BUDGET_S = 300.0
 

@@ -13,7 +13,7 @@
 - :func:`to_arviz` gives ArviZ diagnostics; :func:`bma_predict` and :mod:`pyro_flat.metrics` give
   Bayesian-model-averaged predictions and their calibration;
 - :mod:`pyro_flat.datasets` (MNIST 7-vs-9, sharp/flat mixtures), :mod:`pyro_flat.models`, and the
-  studies behind the ``pyro-flat`` command (:mod:`pyro_flat.study`).
+  studies behind the ``pyro-flat`` command (:mod:`pyro_flat.experiments`).
 """
 
 from . import datasets, flatness, metrics, models, schedules, theory

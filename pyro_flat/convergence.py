@@ -18,20 +18,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .kernels import SGD, SGLD, EntropySGLD, LocalEntropySGD, LocalEntropySGLD
+from .kernels import KERNELS, SGD, SGLD, EntropySGLD, LocalEntropySGLD, kernel_class
 from .kernels.base import StochasticGradientKernel
 from .mcmc import run_chains
 from .theory import bounds as B
 from .theory.estimators import W2Estimate, W2Estimator
 from .theory.problems import SITE, GaussianProblem, Problem
 
-SAMPLERS: Dict[str, type] = {
-    "sgld": SGLD,
-    "entropy_sgld": EntropySGLD,
-    "local_entropy_sgld": LocalEntropySGLD,
-    "sgd": SGD,
-    "local_entropy_sgd": LocalEntropySGD,
-}
 #: the law each kernel targets (EntropySGLD: its bound is on the joint)
 TARGET_OF = {SGLD: "posterior", EntropySGLD: "joint", LocalEntropySGLD: "flat", SGD: "mode"}
 MIN_CHAINS, FEW_CHAINS = 10, 100
@@ -148,18 +141,14 @@ def run_ensemble(kernel: StochasticGradientKernel, initial_point: torch.Tensor, 
 
 def _kernel(sampler, problem: Problem, batch_size, kernel_kwargs) -> StochasticGradientKernel:
     if isinstance(sampler, str):
-        key = sampler.lower().replace("-", "_")
-        if key not in SAMPLERS:
-            raise ValueError(f"unknown sampler {sampler!r}; choose one of {sorted(SAMPLERS)} or pass "
-                             "a kernel class.")
-        cls = SAMPLERS[key]
+        cls = kernel_class(sampler)
     elif isinstance(sampler, type) and issubclass(sampler, StochasticGradientKernel):
         cls = sampler
     else:
-        raise TypeError(f"sampler must be a name ({sorted(SAMPLERS)}) or a kernel class such as "
+        raise TypeError(f"sampler must be a name ({', '.join(KERNELS)}) or a kernel class such as "
                         f"pyro_flat.EntropySGLD, got {sampler!r}.")
     kwargs = dict(kernel_kwargs)
-    if cls is not SGD:
+    if "temperature" not in getattr(cls, "fixed_settings", ()):
         kwargs.setdefault("temperature", problem.temperature)
     return cls(potential_fn=problem.potential_fn(batch_size), **kwargs)
 

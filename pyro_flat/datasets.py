@@ -68,6 +68,17 @@ _IDX_CODES = {np.dtype(np.uint8): 0x08, np.dtype(np.int8): 0x09, np.dtype(">i2")
               np.dtype(">i4"): 0x0C, np.dtype(">f4"): 0x0D, np.dtype(">f8"): 0x0E}
 
 
+#: MNIST images are 28 x 28 pixels, flattened row by row into 784 features.
+MNIST_SIDE = 28
+
+
+def pixel_index(row: int, col: int) -> int:
+    """The feature index of pixel ``(row, col)`` of a flattened image (``pixel_index(14, 14) == 406``)."""
+    if not (0 <= row < MNIST_SIDE and 0 <= col < MNIST_SIDE):
+        raise ValueError(f"pixel ({row}, {col}) lies outside the {MNIST_SIDE} x {MNIST_SIDE} image")
+    return row * MNIST_SIDE + col
+
+
 class MNISTFileError(ValueError):
     """An MNIST file is missing, truncated, of the wrong kind or not the official one."""
 

@@ -59,8 +59,8 @@ def _index_blocks(size: int, batch: int):
         yield idx, idx >= start
 
 
-def _draws(samples: Dict[str, torch.Tensor], use: str, suffix: str, latent_names, supports):
-    """Yield dicts {site: value} of θ draws, θa draws (mapped onto θ's names), or both."""
+def iter_draws(samples: Dict[str, torch.Tensor], use: str, suffix: str, latent_names, supports):
+    """Yield dicts {site: value} of θ draws, θa draws (in the constrained space, under θ's names) or both."""
     num = next(iter(samples[n] for n in latent_names)).shape[0]
     if use in ("theta", "both"):
         for s in range(num):
@@ -136,7 +136,7 @@ def bma_predict(
         )
     total, count = None, 0
     with torch.no_grad():
-        for values in _draws(samples, use, suffix, latents, supports):
+        for values in iter_draws(samples, use, suffix, latents, supports):
             probs, site = _predict_probs(model, args, kwargs, values, plates, site)
             total = probs if total is None else total.add_(probs)
             count += 1

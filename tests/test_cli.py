@@ -6,8 +6,9 @@ import math
 import arviz as az
 import pytest
 
-from pyro_flat import study
-from pyro_flat.cli import main
+from pyro_flat.experiments import mnist79
+from pyro_flat.experiments.output import MARKER
+from pyro_flat.experiments.cli import main
 from pyro_flat.kernels import EntropySGLD
 
 SMALL = ["--chains", "2", "--warmup", "200", "--num-samples", "300", "--thin", "1", "--no-progress"]
@@ -75,8 +76,9 @@ def test_ctrl_c_keeps_the_draws(tmp_path, monkeypatch):
                 raise KeyboardInterrupt
             return super().sample(params)
 
-    monkeypatch.setitem(study.SAMPLERS, "entropy-sgld",
-                        lambda c, model: Interrupted(model, eta=c.eta, step_size=c.step_size))
+    make = mnist79.make_study_kernel
+    monkeypatch.setattr(mnist79, "make_study_kernel", lambda name, c, model: (
+        Interrupted(model, eta=c.eta, step_size=c.step_size) if name == "entropy-sgld" else make(name, c, model)))
     out = tmp_path / "run"
     assert main(["mnist79", *SMALL, "--out", str(out)]) == 130
     idata = az.from_netcdf(str(out / "samples.nc"))
@@ -87,6 +89,65 @@ def test_ctrl_c_keeps_the_draws(tmp_path, monkeypatch):
 
 
 def test_synthetic2d_figure(tmp_path, capsys):
-    assert main(["synthetic2d", "--num-steps", "300", "--out", str(tmp_path)]) == 0
-    assert (tmp_path / "synthetic2d.png").stat().st_size > 0
+    out = tmp_path / "s2d"
+    assert main(["synthetic2d", "--num-steps", "300", "--out", str(out)]) == 0
+    assert (out / "synthetic2d.png").stat().st_size > 0
     assert "EntropySGLD θa" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--num-samples", "x"], "argument --num-samples: invalid int value: 'x' (see pyro-flat mnist79 --help)"),
+    (["--num-samples", "5", "--thin", "10"], "--num-samples 5 keeps no draw with --thin 10; pass --num-samples >= --thin"),
+    (["--num-samples", "0"], "--num-samples must be an integer >= 1, got 0"),
+    (["--warmup", "-1"], "--warmup must be an integer >= 0, got -1"),
+    (["--chains", "0"], "--chains must be an integer >= 1, got 0"),
+    (["--eta", "nan"], "--eta must be > 0, got nan"),
+])
+def test_every_bad_option_is_one_line_with_exit_2(tmp_path, capsys, args, needle):
+    with pytest.raises(SystemExit) as exit_info:
+        code = main(["mnist79", *args, "--out", str(tmp_path / "o"), "--no-progress"])
+        raise SystemExit(code)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1 and "usage:" not in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_out_of_other_files_is_refused_and_kept(tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("precious")
+    assert main(["mnist79", *SMALL, "--baseline", "none", "--out", str(out)]) == 2
+    assert "--out " + str(out) + " is not empty and is not the output of an earlier `pyro-flat mnist79`; " \
+        "pass --overwrite" in capsys.readouterr().err
+    assert (out / "notes.txt").read_text() == "precious"
+
+
+def test_rerun_replaces_the_whole_folder_and_a_failed_run_keeps_the_old_one(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    assert main(["mnist79", *SMALL, "--baseline", "none", "--out", str(out)]) == 0
+    first = json.loads((out / "report.json").read_text())
+    assert (out / MARKER).read_text().strip() == "mnist79"
+    (out / "stale.png").write_text("from an older version")
+
+    def broken(*args, **kwargs):  # the plots of a second run fail half-way
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(mnist79, "_summary_rows", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        main(["mnist79", *SMALL, "--baseline", "none", "--seed", "1", "--out", str(out)])
+    assert json.loads((out / "report.json").read_text()) == first  # the old run, whole
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".run.")]  # no staging left
+    monkeypatch.undo()
+    assert main(["mnist79", *SMALL, "--baseline", "none", "--seed", "1", "--out", str(out)]) == 0
+    assert json.loads((out / "report.json").read_text())["config"]["seed"] == 1
+    assert not (out / "stale.png").exists()  # one run's files only
+
+
+def test_batch_size_above_the_data_is_said_and_recorded(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["mnist79", *SMALL, "--baseline", "none", "--batch-size", "5000", "--out", str(out)]) == 0
+    assert "--batch-size 5000 is above the 800 training images: using the full batch (800)" in capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    assert report["batch_size_used"] == 800 and report["config"]["batch_size"] == 5000
+    assert "minibatch 800" in (out / "report.md").read_text()

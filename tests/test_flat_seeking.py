@@ -122,9 +122,9 @@ def test_auroc_is_the_pairwise_probability_with_ties_counted_half():
 
 
 def test_bnn_study_options_are_checked():
-    from pyro_flat.bnn import BNNConfig
-    from pyro_flat.cli import main
-    from pyro_flat.study import StudyError
+    from pyro_flat.experiments.bnn import BNNConfig
+    from pyro_flat.experiments.cli import main
+    from pyro_flat.experiments.output import StudyError
 
     assert main(["bnn", "--rho", "0", "--no-progress"]) == 2
     with pytest.raises(StudyError, match="warmup-fraction"):

@@ -35,7 +35,7 @@ def flatness_at_samples(model: Callable, samples: Mapping[str, torch.Tensor], *a
     The Hessian is that of the potential :math:`U(z)` in unconstrained coordinates
     (:meth:`FlatLoss.from_model`), the quantity the samplers move in.
     """
-    from ..predictive import _draws
+    from ..predictive import iter_draws
 
     if use not in ("theta", "aux"):
         raise ValueError(f"use must be 'theta' or 'aux', got use={use!r}.")
@@ -55,7 +55,7 @@ def flatness_at_samples(model: Callable, samples: Mapping[str, torch.Tensor], *a
     picked = {n: samples[n][chosen] for n in latents}
     if use == "aux":
         picked.update({n + suffix: samples[n + suffix][chosen] for n in latents})
-    draws = list(_draws(picked, use, suffix, latents, supports))
+    draws = list(iter_draws(picked, use, suffix, latents, supports))
     loss = FlatLoss.from_model(model, draws[0], *args, likelihood_only=likelihood_only, **kwargs)
     eigs, traces, stderrs = [], [], []
     for draw in draws:

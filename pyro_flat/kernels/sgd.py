@@ -37,6 +37,8 @@ class SGD(SGLD):
     """
 
     allow_zero_temperature = True
+    #: settings the class fixes itself (``make_kernel`` does not pass them)
+    fixed_settings = ("temperature",)
 
     def __init__(self, model: Optional[Callable] = None, *,
                  potential_fn: Optional[Callable[[Params], torch.Tensor]] = None,

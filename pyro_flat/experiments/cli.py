@@ -1,12 +1,15 @@
 """The ``pyro-flat`` command line (also ``python -m pyro_flat``).
 
-- ``pyro-flat mnist79``: the MNIST 7-vs-9 study (:func:`pyro_flat.study.run_mnist79`);
-- ``pyro-flat synthetic2d``: θ and θa trajectories on the 2-D sharp/flat energy;
+- ``pyro-flat mnist79``: the MNIST 7-vs-9 study (:func:`~pyro_flat.experiments.mnist79.run_mnist79`);
+- ``pyro-flat synthetic2d``: θ and θa trajectories on the 2-D sharp/flat energy
+  (:func:`~pyro_flat.experiments.synthetic2d.run_synthetic2d_study`);
 - ``pyro-flat bnn``: flat-seeking samplers on a Bayesian MLP, with flatness, calibration and
-  out-of-distribution metrics (:func:`pyro_flat.bnn.run_bnn_study`).
+  out-of-distribution metrics (:func:`~pyro_flat.experiments.bnn.run_bnn_study`).
 
-User errors (a bad option, missing data, an output path that is a file) print one line and exit
-with code 2; Ctrl-C during sampling still writes the draws made so far and exits with code 130.
+User errors (a bad or malformed option, missing data, an ``--out`` that is a file or a folder of
+other files) print one line naming the option and exit with code 2; Ctrl-C during sampling still
+writes the draws made so far and exits with code 130. Each command writes a fresh folder that
+replaces ``--out`` when it is done (see :mod:`pyro_flat.experiments.output`).
 """
 
 from __future__ import annotations
@@ -15,7 +18,21 @@ import argparse
 import sys
 from typing import List, Optional
 
-from .study import SAMPLERS, MNIST79Config
+from .mnist79 import SAMPLERS, MNIST79Config
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a malformed option reported in one line (not the whole usage), exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _add_out(p, default: str) -> None:
+    p.add_argument("--out", default=default, help=f"output directory (default {default}); it is replaced "
+                   "at the end of the run if it holds an earlier run of this command")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --out even if it holds other files")
 
 
 def _add_mnist79(sub) -> None:
@@ -39,7 +56,7 @@ def _add_mnist79(sub) -> None:
     p.add_argument("--prior-scale", type=float, default=d.prior_scale,
                    help=f"prior sd of the weights (default {d.prior_scale})")
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--out", default=d.out, help=f"output directory (default {d.out})")
+    _add_out(p, d.out)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -49,7 +66,7 @@ def _add_synthetic2d(sub) -> None:
     p.add_argument("--step-size", type=float, default=2e-3)
     p.add_argument("--num-steps", type=int, default=3000)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="pyro-flat-out/synthetic2d", help="output directory")
+    _add_out(p, "pyro-flat-out/synthetic2d")
 
 
 def _add_bnn(sub) -> None:
@@ -70,7 +87,7 @@ def _add_bnn(sub) -> None:
     p.add_argument("--rho", type=float, default=d.rho, help=f"SASGLD radius (default {d.rho})")
     p.add_argument("--sigma", type=float, default=d.sigma, help=f"FlatSGLD perturbation sd (default {d.sigma})")
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--out", default=d.out, help=f"output directory (default {d.out})")
+    _add_out(p, d.out)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -79,14 +96,14 @@ def run_bnn_command(args: argparse.Namespace) -> int:
 
     config = BNNConfig(data_dir=args.data_dir, grad_evals=args.grad_evals, num_chains=args.num_chains,
                        step_size=args.step_size, eta=args.eta, rho=args.rho, sigma=args.sigma,
-                       seed=args.seed, out=args.out,
+                       seed=args.seed, out=args.out, overwrite=args.overwrite,
                        progress=not args.no_progress)
     run_bnn_study(config)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pyro-flat", description="Flatness-seeking Bayesian inference with Pyro")
+    parser = _Parser(prog="pyro-flat", description="Flatness-seeking Bayesian inference with Pyro")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_mnist79(sub)
     _add_synthetic2d(sub)
@@ -95,44 +112,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_mnist79_command(args: argparse.Namespace) -> int:
-    from .study import run_mnist79
+    from .mnist79 import run_mnist79
 
     config = MNIST79Config(
         data_dir=args.data_dir, sampler=args.sampler,
         baseline=None if str(args.baseline).lower() == "none" else args.baseline,
         eta=args.eta, step_size=args.step_size, num_samples=args.num_samples, thin=args.thin, warmup=args.warmup,
         chains=args.chains, batch_size=args.batch_size, prior_scale=args.prior_scale, seed=args.seed,
-        out=args.out, progress=not args.no_progress,
+        out=args.out, overwrite=args.overwrite, progress=not args.no_progress,
     )
     report = run_mnist79(config)
     return 130 if report["interrupted"] else 0
 
 
 def run_synthetic2d_command(args: argparse.Namespace) -> int:
-    import matplotlib
+    from .synthetic2d import run_synthetic2d_study
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    import torch
-
-    from .datasets import sharp_flat_2d
-    from .plots import plot_trajectories_2d
-    from .study import output_dir, require_positive, run_synthetic2d
-
-    require_positive("--eta", args.eta)
-    require_positive("--step-size", args.step_size)
-    out = output_dir(args.out)
-    mixture = sharp_flat_2d()
-    paths = run_synthetic2d(eta=args.eta, step_size=args.step_size, num_steps=args.num_steps, seed=args.seed)
-    for label, path in paths.items():
-        frac = float(mixture.in_flat_mode(torch.as_tensor(path)).double().mean())
-        print(f"{label}: {100 * frac:.0f}% of the steps in the flat mode")
-    fig = plot_trajectories_2d(mixture, paths, eta=args.eta,
-                               title=f"sharp vs flat mode: SGLD and Entropy-MCMC (η = {args.eta:g})")
-    fig.savefig(out / "synthetic2d.png", dpi=110)
-    plt.close(fig)
-    print(f"wrote {out / 'synthetic2d.png'}")
+    run_synthetic2d_study(eta=args.eta, step_size=args.step_size, num_steps=args.num_steps, seed=args.seed,
+                          out=args.out, overwrite=args.overwrite)
     return 0
 
 

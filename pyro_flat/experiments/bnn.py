@@ -28,36 +28,39 @@ import torch
 
 import pyro
 
-from . import flatness, metrics
-from .datasets import load_mnist_ood, sharp_flat_2d
-from .kernels import SASGLD, SGLD, EntropySGLD, FlatSGLD
-from .mcmc import MCMC
-from .models import BayesianMLP
-from .predictive import bma_predict
-from .study import REDUCED, StudyError, output_dir, require_positive
+from .. import flatness, metrics
+from ..datasets import load_mnist_ood, sharp_flat_2d
+from ..kernels import kernel_class, make_kernel
+from ..mcmc import MCMC
+from ..models import BayesianMLP
+from ..predictive import bma_predict
+from .output import StudyError, require_positive, staged_output
 
-#: The compared samplers: ``(config, model or potential_fn, toy?) -> kernel``.
-BNN_SAMPLERS: Dict[str, Callable] = {
-    "SGLD": lambda c, m, toy: SGLD(**_target(m), step_size=c.step(toy), temperature=c.temperature),
-    "EntropySGLD": lambda c, m, toy: EntropySGLD(**_target(m), eta=c.toy_eta if toy else c.eta,
-                                                 step_size=c.step(toy), temperature=c.temperature),
-    "SASGLD": lambda c, m, toy: SASGLD(**_target(m), rho=c.toy_rho if toy else c.rho,
-                                       step_size=c.step(toy), temperature=c.temperature),
-    "FlatSGLD": lambda c, m, toy: FlatSGLD(**_target(m), sigma=c.toy_sigma if toy else c.sigma,
-                                           step_size=c.step(toy), temperature=c.temperature),
-}
+#: The compared samplers, as names of :data:`pyro_flat.kernels.KERNELS`; reported by class name.
+BNN_SAMPLERS = ("sgld", "entropy-sgld", "sasgld", "flat-sgld")
 
 
-def _target(model_or_potential) -> dict:
-    if isinstance(model_or_potential, BayesianMLP):
-        return {"model": model_or_potential}
-    return {"potential_fn": model_or_potential}
+def make_bnn_kernel(name: str, config: "BNNConfig", model_or_potential, toy: bool = False):
+    """The sampler ``name`` with the study's settings, on the MLP or (``toy``) the 2-D energy."""
+    target = ({"model": model_or_potential} if isinstance(model_or_potential, BayesianMLP)
+              else {"potential_fn": model_or_potential})
+    if toy:
+        settings = dict(eta=config.toy_eta, rho=config.toy_rho, sigma=config.toy_sigma)
+    else:
+        settings = dict(eta=config.eta, rho=config.rho, sigma=config.sigma)
+    return make_kernel(name, **target, step_size=config.step(toy), temperature=config.temperature,
+                       **settings)
+
+
+def sampler_label(name: str) -> str:
+    """The class name of a registered sampler (``"entropy-sgld"`` -> ``"EntropySGLD"``)."""
+    return kernel_class(name).__name__
 
 
 @dataclass
 class BNNConfig:
-    """Settings of the BNN flatness study (the defaults are the CLI's; ``PYRO_FLAT_REDUCED=1``
-    shrinks the budgets for tests).
+    """Settings of the BNN flatness study (the defaults are the CLI's; :meth:`reduced` shrinks
+    the budgets for tests and the tutorials' reduced mode).
 
     Every chain of every sampler gets ``grad_evals`` gradient evaluations (SASGLD needs two per
     iteration, so it makes half as many iterations); the first ``warmup_fraction`` is burn-in and
@@ -70,28 +73,39 @@ class BNNConfig:
     hidden: Tuple[int, ...] = (100,)
     prior_scale: float = 0.1
     batch_size: int = 100
-    num_chains: int = 2 if REDUCED else 4
+    num_chains: int = 4
     step_size: float = 5e-5
     temperature: float = 1.0
     eta: float = 1e-3
     rho: float = 0.5
     sigma: float = 0.01
-    grad_evals: int = 600 if REDUCED else 6000
+    grad_evals: int = 6000
     warmup_fraction: float = 0.5
-    num_draws: int = 10 if REDUCED else 20
-    flatness_draws: int = 2 if REDUCED else 4
-    trace_probes: int = 8 if REDUCED else 30
-    slq_probes: int = 1 if REDUCED else 3
-    slq_steps: int = 20 if REDUCED else 60
-    toy_chains: int = 100 if REDUCED else 400
-    toy_grad_evals: int = 2000 if REDUCED else 6000
+    num_draws: int = 20
+    flatness_draws: int = 4
+    trace_probes: int = 30
+    slq_probes: int = 3
+    slq_steps: int = 60
+    toy_chains: int = 400
+    toy_grad_evals: int = 6000
     toy_step_size: float = 0.004
     toy_eta: float = 1.0
     toy_rho: float = 0.1
     toy_sigma: float = 0.3
     seed: int = 0
+    curve_points: int = 17
+    curve_directions: int = 8
     out: str = "pyro-flat-out/bnn"
+    overwrite: bool = False
     progress: bool = True
+
+    @classmethod
+    def reduced(cls, **overrides) -> "BNNConfig":
+        """Budgets small enough for tests: 2 chains x 600 gradient evaluations, fewer probes."""
+        small = dict(num_chains=2, grad_evals=600, num_draws=10, flatness_draws=2, trace_probes=8,
+                     slq_probes=1, slq_steps=20, toy_chains=100, toy_grad_evals=2000, curve_points=9,
+                     curve_directions=3)
+        return cls(**{**small, **overrides})
 
     def step(self, toy: bool) -> float:
         return self.toy_step_size if toy else self.step_size
@@ -117,10 +131,10 @@ class BNNConfig:
             raise StudyError("--trace-probes must be >= 2 (the trace's standard error needs two)")
 
 
-def _sample(name: str, config: BNNConfig, model: BayesianMLP, data, log) -> Tuple[dict, float, int]:
+def _sample(key: str, name: str, config: BNNConfig, model: BayesianMLP, data, log) -> Tuple[dict, float, int]:
     """``num_chains`` vectorized chains; draws ``{site: (chain, draw, ...)}``, the seconds taken and
     the gradient evaluations per chain."""
-    kernel = BNN_SAMPLERS[name](config, model, False)
+    kernel = make_bnn_kernel(key, config, model)
     iterations = config.iterations(kernel.grads_per_iteration)
     warmup = int(config.warmup_fraction * iterations)
     thinning = config.thinning(kernel.grads_per_iteration)
@@ -139,7 +153,13 @@ def run_bnn_study(config: BNNConfig, *, log: Callable[[str], None] = print) -> d
     """Run the four samplers on the MNIST BNN and the 2-D toy problem; write ``report.md``,
     ``report.json``, ``flatness.png`` and ``toy.png`` to ``config.out``. Returns the report."""
     config.validate()
-    out = output_dir(config.out)
+    with staged_output(config.out, "bnn", config.overwrite) as staging:
+        report = _run_bnn_study(config, staging, log)
+    log(f"wrote {config.out}: report.md, report.json, flatness.png and toy.png")
+    return report
+
+
+def _run_bnn_study(config: BNNConfig, out, log: Callable[[str], None]) -> dict:
     data = load_mnist_ood(config.data_dir, in_digits=config.in_digits)
     n_train = len(data.X_train)
     log(f"BNN on digits {data.in_digits}: {n_train} training, {len(data.X_test)} test and "
@@ -148,8 +168,9 @@ def run_bnn_study(config: BNNConfig, *, log: Callable[[str], None] = print) -> d
                         prior_scale=config.prior_scale)
     args, kwargs = (data.X_train, data.y_train), {"batch_size": config.batch_size}
     rows, curves, densities = [], {}, {}
-    for name in BNN_SAMPLERS:
-        by_chain, seconds, grad_evals = _sample(name, config, model, data, log)
+    for key in BNN_SAMPLERS:
+        name = sampler_label(key)
+        by_chain, seconds, grad_evals = _sample(key, name, config, model, data, log)
         samples = {k: v.flatten(0, 1) for k, v in by_chain.items()}  # chain-major
         uses = ("theta", "aux", "both") if name == "EntropySGLD" else ("theta",)
         for use in uses:
@@ -182,14 +203,13 @@ def run_bnn_study(config: BNNConfig, *, log: Callable[[str], None] = print) -> d
         plt.close(fig)
     (out / "report.json").write_text(json.dumps(report, indent=2, default=float))
     (out / "report.md").write_text(_report_markdown(report))
-    log(f"wrote {out / 'report.md'}, report.json, flatness.png and toy.png")
     return report
 
 
 def _curves(model, by_chain, use, config, args, kwargs):
     """Interpolation between the last draws of the first two chains (with one chain: its first and
     last draws), perturbations of and SLQ density at the last draw of chain 0."""
-    from .predictive import _draws
+    from ..predictive import iter_draws
 
     if config.num_chains > 1:
         ends = {k: torch.stack([v[1, -1], v[0, -1]]) for k, v in by_chain.items()}
@@ -199,12 +219,12 @@ def _curves(model, by_chain, use, config, args, kwargs):
         between = "t (first draw to last draw)"
     latents = [n for n in ends if not n.endswith("_aux")]
     supports = {n: torch.distributions.constraints.real for n in latents}  # the MLP's weights are real
-    first, last = list(_draws(ends, use, "_aux", latents, supports))
+    first, last = list(iter_draws(ends, use, "_aux", latents, supports))
     loss = flatness.FlatLoss.from_model(model, last, *args, likelihood_only=True, **kwargs)
     start = loss.flatten(first)
-    line = flatness.interpolation_curve(loss, start, loss.params, num_points=9 if REDUCED else 17)
+    line = flatness.interpolation_curve(loss, start, loss.params, num_points=config.curve_points)
     radii = np.linspace(0.0, 3.0, 7)
-    pert = flatness.perturbation_curve(loss, radii=radii, num_directions=3 if REDUCED else 8, seed=config.seed)
+    pert = flatness.perturbation_curve(loss, radii=radii, num_directions=config.curve_directions, seed=config.seed)
     rho = flatness.eigenvalue_density(loss, num_probes=config.slq_probes, num_steps=config.slq_steps,
                                       seed=config.seed)
     return {"interpolation": line, "perturbation": pert, "between": between}, rho
@@ -242,14 +262,15 @@ def run_toy_study(config: BNNConfig, *, log: Callable[[str], None] = print) -> d
     **nearer the flat mode** in plain distance (the draws that crossed), and the mean top Hessian
     eigenvalue of the energy at the final states (the sharp mode's is 44, the flat one's 1.6).
     """
-    from .convergence import run_ensemble
+    from ..convergence import run_ensemble
 
     mixture = sharp_flat_2d()
     potential = lambda p: -mixture.log_prob(p["theta"])  # noqa: E731
     energy = lambda x: -mixture.log_prob(x)  # noqa: E731
     rows, finals = [], {}
-    for name in BNN_SAMPLERS:
-        kernel = BNN_SAMPLERS[name](config, potential, True)
+    for key in BNN_SAMPLERS:
+        name = sampler_label(key)
+        kernel = make_bnn_kernel(key, config, potential, toy=True)
         iterations = config.iterations(kernel.grads_per_iteration, toy=True)
         marks = list(range(iterations // 2, iterations + 1, max(1, iterations // 100)))
         pyro.set_rng_seed(config.seed)

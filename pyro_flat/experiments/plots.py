@@ -10,7 +10,7 @@ from typing import Dict, Mapping, Optional, Sequence
 import numpy as np
 import torch
 
-from .datasets import SharpFlatMixture, flat_density_curves
+from ..datasets import SharpFlatMixture, flat_density_curves
 
 
 def _plt():
@@ -23,7 +23,7 @@ def plot_bma_curves(curves: Mapping[str, Mapping[str, np.ndarray]], *, title: st
     """Test accuracy and NLL of the running Bayesian model average against the iteration.
 
     ``curves[label] = {"iteration": ..., "accuracy": ..., "nll": ...}`` (see
-    :func:`pyro_flat.study.running_bma`).
+    :func:`pyro_flat.experiments.mnist79.running_bma`).
     """
     plt = _plt()
     fig, (ax_acc, ax_nll) = plt.subplots(1, 2, figsize=(11, 4))

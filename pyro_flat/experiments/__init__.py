@@ -1,0 +1,11 @@
+"""Experiments built on the library: the studies behind the ``pyro-flat`` command.
+
+Nothing in the library imports this package. Each study is a config dataclass (with a
+``reduced()`` constructor for tests) and a function that writes one consistent output folder:
+
+- :mod:`~pyro_flat.experiments.mnist79`: Bayesian logistic regression on MNIST 7 vs 9;
+- :mod:`~pyro_flat.experiments.synthetic2d`: θ and θa trajectories on a 2-D sharp/flat energy;
+- :mod:`~pyro_flat.experiments.bnn`: flat-seeking samplers on a Bayesian MLP;
+- :mod:`~pyro_flat.experiments.plots`: their figures; :mod:`~pyro_flat.experiments.output`: option
+  checks and the output folder; :mod:`~pyro_flat.experiments.cli`: the command line.
+"""
