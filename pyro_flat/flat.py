@@ -27,37 +27,16 @@ from typing import Callable, Dict, Iterable, Optional
 
 import torch
 from pyro.distributions import Normal
-from pyro.distributions.transforms import biject_to
 from pyro.poutine.messenger import Messenger
 
 import pyro
 
+from .targets.coupling import coupling
+from .targets.sites import is_subsample_site, support_transform
 from .validation import check_eta
 
 AUX_INFER_KEY = "flat_aux_of"
 """Key of ``site["infer"]`` that marks an auxiliary site and names the site it guides."""
-
-
-def _is_subsample(msg) -> bool:
-    return type(msg["fn"]).__name__ == "_Subsample"
-
-
-def support_transform(site_name: str, support) -> torch.distributions.Transform:
-    """``biject_to(support)``: the map from the unconstrained space onto a site's support.
-
-    Unwraps supports that torch does not register (a ``MixtureSameFamily`` shares its components'
-    support) and says which site is at fault when no bijection exists.
-    """
-    while type(support).__name__.lstrip("_") == "MixtureSameFamilyConstraint":
-        support = support.base_constraint
-    try:
-        return biject_to(support)
-    except NotImplementedError as err:
-        raise ValueError(
-            f"site {site_name!r} has support {support}, which has no bijection to the real space "
-            "registered with torch.distributions.biject_to; reparameterise it (e.g. sample an "
-            "unconstrained value and transform it) or register one."
-        ) from err
 
 
 class FlatPosteriorMessenger(Messenger):
@@ -111,7 +90,7 @@ class FlatPosteriorMessenger(Messenger):
         if (
             msg["type"] != "sample"
             or msg["name"] not in self._latent
-            or _is_subsample(msg)
+            or is_subsample_site(msg)
             or msg["infer"].get(AUX_INFER_KEY) is not None
             or msg["infer"].get("_deterministic")
         ):
@@ -217,17 +196,14 @@ def flat_potential(
     names = tuple(sites)
     if not names:
         raise ValueError("flat_potential needs at least one site name to couple (sites=[...]).")
-    inv_two_eta = 0.5 / eta
 
     def coupled_potential(params: Dict[str, torch.Tensor]) -> torch.Tensor:
         base = {k: v for k, v in params.items() if k not in aux_names}
         energy = torch.as_tensor(potential_fn(base))
         # A batched potential maps (C, ...) tensors to (C,) energies: the coupling is summed over
         # each site's own dimensions only, one term per chain (energy.shape leads every tensor).
-        for name in names:
-            sq = (params[name] - params[name + suffix]).square()
-            energy = energy + inv_two_eta * sq.reshape(energy.shape + (-1,)).sum(-1)
-        return energy
+        diffs = [params[name] - params[name + suffix] for name in names]
+        return energy + coupling(diffs, eta, batch_dims=energy.dim()).energy
 
     aux_names = frozenset(n + suffix for n in names)
     coupled_potential.flat_eta = eta

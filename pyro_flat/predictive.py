@@ -16,7 +16,7 @@ import torch
 from pyro import poutine
 from pyro.poutine.messenger import Messenger
 
-from .flat import _is_subsample, support_transform
+from .targets import is_subsample_site, support_transform
 
 _USES = ("both", "theta", "aux")
 
@@ -32,7 +32,7 @@ class _Predict(Messenger):
 
     def _pyro_sample(self, msg) -> None:
         name = msg["name"]
-        if _is_subsample(msg):
+        if is_subsample_site(msg):
             if name in self.indices:
                 msg["value"] = self.indices[name]
                 msg["done"] = True
@@ -112,7 +112,7 @@ def bma_predict(
         tr = poutine.trace(model).get_trace(*args, **kwargs)
     latents = [
         n for n, s in tr.nodes.items()
-        if s["type"] == "sample" and not s["is_observed"] and not _is_subsample(s) and n in samples
+        if s["type"] == "sample" and not s["is_observed"] and not is_subsample_site(s) and n in samples
     ]
     if not latents:
         raise ValueError(
@@ -127,7 +127,7 @@ def bma_predict(
     plates = {
         n: (st["fn"].size, st["value"].numel())
         for n, st in tr.nodes.items()
-        if st["type"] == "sample" and _is_subsample(st) and st["value"].numel() < st["fn"].size
+        if st["type"] == "sample" and is_subsample_site(st) and st["value"].numel() < st["fn"].size
     }
     if len(plates) > 1:
         raise ValueError(

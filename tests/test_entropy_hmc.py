@@ -1,7 +1,7 @@
 """EntropyHMC against closed forms and against Pyro's NUTS; its bad-input errors and divergences.
 
 Gaussian target f(θ) = ½(θ-μ)ᵀA(θ-μ) with an ill-conditioned A (condition number 100):
-θ ~ N(μ, A⁻¹), θa ~ N(μ, A⁻¹ + ηI), Cov(θ, θa) = A⁻¹ (DESIGN.md section 1). HMC is exact, so the
+θ ~ N(μ, A⁻¹), θa ~ N(μ, A⁻¹ + ηI), Cov(θ, θa) = A⁻¹ (docs/theory.md, section 1). HMC is exact, so the
 only tolerance is the Monte-Carlo error (ESS-based, tests/moments.py).
 """
 

@@ -1,4 +1,4 @@
-"""SGLD and EntropySGLD on a Gaussian target against the closed form (DESIGN.md section 1).
+"""SGLD and EntropySGLD on a Gaussian target against the closed form (docs/theory.md, section 1).
 
 f(θ) = ½(θ-μ)ᵀA(θ-μ)  ⇒  θ ~ N(μ, A⁻¹),  θa ~ N(μ, A⁻¹ + ηI),  Cov(θ, θa) = A⁻¹.
 

@@ -10,7 +10,7 @@ import pyro.distributions as dist
 from pyro.infer import MCMC
 from pyro.infer.mcmc.util import initialize_model
 from pyro_flat import SGLD, flat_posterior, to_arviz
-from pyro_flat.kernels.potential import CoupledPotential, ModelPotential
+from pyro_flat.targets import CoupledPotential, ModelPotential
 
 
 def model(X, y):

@@ -1,5 +1,5 @@
 """pyro_flat.theory: constants against brute force, bounds against exact Gaussian trajectories,
-W2 estimators against closed forms (DESIGN.md section 2)."""
+W2 estimators against closed forms (docs/theory.md, section 3)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import pyro
 import pyro.distributions as dist
 from pyro.infer import NUTS
 from pyro_flat import MCMC, SGLD, DivergenceError, EntropySGLD, flat_potential, to_arviz
-from pyro_flat.kernels.potential import ModelPotential
+from pyro_flat.targets import ModelPotential
 from pyro_flat.models import logistic_regression
 
 from moments import assert_moments

@@ -29,6 +29,8 @@ from typing import Callable, Dict, Mapping, Optional, Union
 import torch
 from torch.func import functional_call, grad, jvp, vmap
 
+from ..targets import ModelPotential, SiteLayout
+
 __all__ = ["FlatLoss", "HessianOperator", "as_flat_loss"]
 
 LossFn = Callable[[torch.Tensor], torch.Tensor]
@@ -139,14 +141,13 @@ class FlatLoss:
             ``mcmc.get_samples()``); sites the model does not have (e.g. ``*_aux`` twins) are
             ignored.
         :param args, kwargs: the model's data, as passed to ``mcmc.run``. A subsampled plate is
-            evaluated on all its data (:meth:`~pyro_flat.kernels.potential.ModelPotential.full_data`).
+            evaluated on all its data (:meth:`~pyro_flat.targets.ModelPotential.full_data`).
         :param likelihood_only: the negative log-likelihood :math:`-\log p(D \mid t(z))` alone (the
             training loss summed over the data), without the prior: a Gaussian prior adds
             :math:`I/\sigma_p^2` to the Hessian, which dominates the trace of a large network.
 
         Other draws of the same model: ``loss.at(loss.flatten(other_sample))``.
         """
-        from ..kernels.potential import ModelPotential
 
         target = ModelPotential(model, args, kwargs)
         missing = [n for n in target.sites if n not in sample]
@@ -155,19 +156,12 @@ class FlatLoss:
                 f"sample has no value for the model's latent site(s) {missing}; pass one draw "
                 f"with every latent site (its keys are {sorted(sample)})."
             )
-        names = list(target.sites)
-        blocks, start = {}, 0
-        for n in names:
-            size = target.sites[n].shape.numel()
-            blocks[n] = slice(start, start + size)
-            start += size
-        shapes = {n: target.sites[n].shape for n in names}
+        layout = SiteLayout({n: site.shape for n, site in target.sites.items()})
 
         def fn(x: torch.Tensor) -> torch.Tensor:
-            return target.full_data({n: x[blocks[n]].view(shapes[n]) for n in names},
-                                    likelihood_only=likelihood_only)
+            return target.full_data(layout.unpack(x), likelihood_only=likelihood_only)
 
-        return cls(fn, _flatten_sites(target, sample), blocks, target)
+        return cls(fn, _flatten_sites(target, sample), layout.slices, target)
 
     def flatten(self, sample: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """A draw ``{site: constrained value}`` of the model as this loss's flat vector
@@ -178,7 +172,7 @@ class FlatLoss:
 
 
 def _flatten_sites(target, sample: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    parts = []
+    parts = {}
     for name, site in target.sites.items():
         value = torch.as_tensor(sample[name])
         if value.shape != site.shape:
@@ -187,8 +181,8 @@ def _flatten_sites(target, sample: Mapping[str, torch.Tensor]) -> torch.Tensor:
                 f"{tuple(value.shape)} in sample; pass one draw (e.g. {{k: v[i] for k, v in "
                 "samples.items()}}), not all of them."
             )
-        parts.append(site.transform.inv(value).detach().reshape(-1))
-    return torch.cat(parts)
+        parts[name] = site.transform.inv(value).detach()
+    return SiteLayout({n: site.shape for n, site in target.sites.items()}).pack(parts)
 
 
 class _Bound(torch.nn.Module):

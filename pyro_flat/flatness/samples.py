@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from pyro import poutine
 
-from ..flat import _is_subsample
+from ..targets import is_subsample_site
 from .loss import FlatLoss
 from .spectrum import top_eigenvalues
 from .trace import hessian_trace
@@ -43,7 +43,7 @@ def flatness_at_samples(model: Callable, samples: Mapping[str, torch.Tensor], *a
     with torch.no_grad():
         tr = poutine.trace(model).get_trace(*args, **kwargs)
     latents = [n for n, s in tr.nodes.items()
-               if s["type"] == "sample" and not s["is_observed"] and not _is_subsample(s)]
+               if s["type"] == "sample" and not s["is_observed"] and not is_subsample_site(s)]
     missing = [n for n in latents if n not in samples or (use == "aux" and n + suffix not in samples)]
     if missing:
         want = [n + suffix for n in missing] if use == "aux" else missing

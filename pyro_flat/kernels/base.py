@@ -24,7 +24,7 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from ..schedules import Schedule, as_schedule
 from ..validation import check_positive, check_positive_int
 from .errors import DivergenceError
-from .potential import CallablePotential, CoupledPotential, ModelPotential, Params
+from ..targets import CallablePotential, CoupledPotential, ModelPotential, Params
 
 
 class TargetKernel(MCMCKernel):

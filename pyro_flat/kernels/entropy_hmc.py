@@ -8,38 +8,32 @@ from typing import Callable, Dict, Iterable, List, Optional
 import torch
 from pyro.infer.autoguide.initialization import init_to_sample
 
-from ..validation import check_eta
+from ..targets import CoupledPotential, Params, SiteLayout, coupling
+from ..validation import check_eta, check_positive
 from .adaptation import StepSizeAdapter, WelfordCovariance, adaptation_windows
-from ..validation import check_positive
 from .base import TargetKernel, coupled_target
 from .integrators import leapfrog
-from .nuts import nuts_transition
 from .mass_matrix import CoupledFactor, conditional_covariance, factor_from_covariance
-from .potential import CoupledPotential, Params
+from .nuts import nuts_transition
 
 AUX_UPDATES = ("gibbs", "joint")
 MAX_NUM_STEPS = 1000
 
 
 class _Layout:
-    """Named site tensors <-> one flat ``(chains, D)`` vector (coupled sites first)."""
+    """A :class:`~pyro_flat.targets.SiteLayout` whose flat vectors are always ``(chains, D)``
+    (one chain gets a leading dim of 1)."""
 
     def __init__(self, sites: Dict, names: List[str], batched: bool):
-        self.names, self.batched = names, batched
-        self.shapes = [tuple(sites[n].shape) for n in names]
-        self.sizes = [math.prod(s) for s in self.shapes]
-        self.dim = sum(self.sizes)
+        self.layout, self.batched = SiteLayout({n: sites[n].shape for n in names}, names), batched
+        self.dim = self.layout.dim
 
     def pack(self, params: Params) -> torch.Tensor:
-        parts = [params[n] if self.batched else params[n].unsqueeze(0) for n in self.names]
-        return torch.cat([p.reshape(p.shape[0], -1) for p in parts], -1)
+        flat = self.layout.pack(params, batch_dims=1 if self.batched else 0)
+        return flat if self.batched else flat.unsqueeze(0)
 
     def unpack(self, flat: torch.Tensor, names: Optional[List[str]] = None) -> Params:
-        out = {}
-        for name, shape, part in zip(names or self.names, self.shapes, flat.split(self.sizes, -1)):
-            value = part.reshape(part.shape[:1] + shape)
-            out[name] = value if self.batched else value[0]
-        return out
+        return self.layout.unpack(flat if self.batched else flat[0], names)
 
 
 class EntropyHMC(TargetKernel):
@@ -233,12 +227,12 @@ class EntropyHMC(TargetKernel):
 
     def _joint_energy(self, x, a, f, grad_f):
         """:math:`U/T` and its gradient in :math:`x` and :math:`a`, from :math:`f` at :math:`x`."""
-        diff = x[:, : self._num_coupled] - a
-        coupling = diff.square().sum(-1) / (2 * self.eta)
+        terms = coupling([x[:, : self._num_coupled] - a], self.eta, batch_dims=1)
+        (grad_coupling,) = terms.grad_theta
         grad_x = grad_f.clone()
-        grad_x[:, : self._num_coupled] += diff / self.eta
+        grad_x[:, : self._num_coupled] += grad_coupling
         T = self.temperature
-        return (f + coupling) / T, grad_x / T, -diff / (self.eta * T)
+        return (f + terms.energy) / T, grad_x / T, -grad_coupling / T
 
     def _potential(self, a: Optional[torch.Tensor]):
         """``q -> (U/T, ∇U/T)`` over the moving block: ``(x, a)`` (joint) or ``x`` with ``a`` fixed."""

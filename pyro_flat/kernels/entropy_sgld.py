@@ -8,7 +8,7 @@ import torch
 
 from ..validation import check_eta
 from .base import coupled_target
-from .potential import CoupledPotential, Params
+from ..targets import CoupledPotential, Params
 from .sgld import SGLD
 
 
@@ -21,7 +21,7 @@ class EntropySGLD(SGLD):
 
     the potential of the model turned into :func:`~pyro_flat.flat_posterior` (or of a
     ``potential_fn`` turned into :func:`~pyro_flat.flat_potential`); the coupling and its gradient
-    are added in closed form (:class:`~pyro_flat.kernels.potential.CoupledPotential`), so the
+    are added in closed form (:class:`~pyro_flat.targets.CoupledPotential`), so the
     twin costs a few vector operations. Each iteration updates both blocks at once:
 
     .. math::

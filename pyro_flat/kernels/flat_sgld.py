@@ -7,7 +7,7 @@ from typing import Callable, Optional
 import torch
 
 from ..validation import check_positive
-from .potential import Params
+from ..targets import Params
 from .sgld import SGLD
 
 

@@ -15,7 +15,7 @@ from ..validation import check_eta
 from ..validation import check_positive
 from .base import StochasticGradientKernel
 from .integrators import langevin_step
-from .potential import Params
+from ..targets import Params
 
 
 class LocalEntropySGLD(StochasticGradientKernel):

@@ -6,7 +6,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .potential import Params
+from ..targets import Params
 from .sgld import SGLD
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .base import StochasticGradientKernel
 from .integrators import langevin_step
-from .potential import Params
+from ..targets import Params
 
 
 class SGLD(StochasticGradientKernel):

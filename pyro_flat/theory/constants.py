@@ -14,7 +14,7 @@ from typing import Tuple, Union
 import numpy as np
 import torch
 
-from ..kernels.base import check_positive as _check_positive
+from ..validation import check_positive as _check_positive
 
 ArrayLike = Union[np.ndarray, torch.Tensor, float]
 
@@ -50,7 +50,7 @@ def logistic_regression_constants(
 
     so :math:`m = \lambda_{\min}(\Lambda)` (the infimum: :math:`D \to 0` far from the data) and
     :math:`M = \lambda_{\max}(X^\top X / 4 + \Lambda)` (attained at :math:`w = 0`); with
-    :math:`\Lambda = \lambda I` this is DESIGN.md's :math:`m = \lambda`,
+    :math:`\Lambda = \lambda I` this is docs/theory.md's (section 3) :math:`m = \lambda`,
     :math:`M = \lambda + \lambda_{\max}(X^\top X)/4`. Both are divided by ``temperature``.
 
     :param X: ``(n, d)`` design; include a column of ones for an intercept.
@@ -176,7 +176,7 @@ def logistic_gradient_noise(
 
     With ``y`` and ``theta`` this is that value at ``theta`` (a ``(d,)`` vector); without them a
     bound valid at every :math:`w`, from :math:`\lVert g_i\rVert \le \lVert x_i\rVert`:
-    :math:`S^2 \le N \max_i \lVert x_i\rVert^2/(N-1)` (DESIGN.md's :math:`(n^2/B)\max_i\lVert x_i\rVert^2`
+    :math:`S^2 \le N \max_i \lVert x_i\rVert^2/(N-1)` (docs/theory.md, section 3: :math:`(n^2/B)\max_i\lVert x_i\rVert^2`
     with the without-replacement factor).
     """
     X = _numpy(X)

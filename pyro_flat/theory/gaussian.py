@@ -59,7 +59,7 @@ def gaussian_targets(precision, mean, eta: Optional[float] = None,
     r"""``{"posterior", "flat", "joint"}`` → ``(mean, cov)`` for :math:`f = \tfrac12(\theta-\mu)^\top A(\theta-\mu)` at temperature :math:`T`.
 
     :math:`\theta \sim \mathcal N(\mu, TA^{-1})`, :math:`\theta_a \sim \mathcal N(\mu, T(A^{-1} + \eta I))`,
-    :math:`\mathrm{Cov}(\theta, \theta_a) = TA^{-1}` (DESIGN.md section 1); the joint stacks
+    :math:`\mathrm{Cov}(\theta, \theta_a) = TA^{-1}` (docs/theory.md, section 1); the joint stacks
     :math:`(\theta, \theta_a)`. Without ``eta`` only the posterior.
     """
     A, mu = _numpy(precision), _numpy(mean).reshape(-1)

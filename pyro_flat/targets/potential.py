@@ -13,7 +13,6 @@ plate scales the likelihood by :math:`N/B`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, Optional, Tuple
 
 import torch
@@ -22,29 +21,9 @@ from pyro.distributions.util import scale_and_mask
 from pyro.infer.autoguide.initialization import InitMessenger, init_to_sample
 from pyro.poutine.messenger import Messenger
 
-from ..flat import _is_subsample, support_transform
-
-Params = Dict[str, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class SiteInfo:
-    """A latent site as a kernel sees it: unconstrained shape and the map back to its support."""
-
-    name: str
-    shape: torch.Size
-    transform: torch.distributions.Transform  # unconstrained -> constrained
-    batch_rank: int = 0  # len(fn.batch_shape): how many leading dims of `shape` are plate/batch dims
-    is_identity: bool = field(init=False)
-
-    def __post_init__(self):
-        object.__setattr__(self, "is_identity", _is_identity(self.transform))
-
-
-def _is_identity(transform: torch.distributions.Transform) -> bool:
-    if isinstance(transform, torch.distributions.transforms.IndependentTransform):
-        return _is_identity(transform.base_transform)
-    return isinstance(transform, torch.distributions.transforms.ComposeTransform) and not transform.parts
+from .coupling import coupling
+from .layout import Params
+from .sites import SiteInfo, is_subsample_site, support_transform
 
 
 class EpochBatcher:
@@ -122,7 +101,7 @@ class _LogJoint(Messenger):
 
     def _pyro_sample(self, msg) -> None:
         name, fn = msg["name"], msg["fn"]
-        if _is_subsample(msg):
+        if is_subsample_site(msg):
             if name in self.indices:
                 msg["value"] = self.indices[name]
                 msg["done"] = True
@@ -165,7 +144,7 @@ class _LogJoint(Messenger):
             self.terms.append(self._reduce(name, scale_and_mask(fn.log_prob(value), scale, mask)))
 
 
-def _check_finite_inputs(args: tuple, kwargs: dict) -> None:
+def check_finite_inputs(args: tuple, kwargs: dict) -> None:
     named = [(f"argument {i}", a) for i, a in enumerate(args)] + [
         (f"argument {k!r}", v) for k, v in kwargs.items()
     ]
@@ -266,7 +245,7 @@ class ModelPotential(_Autograd):
         self.model_args = tuple(model_args)
         self.model_kwargs = dict(model_kwargs or {})
         self.init_strategy = init_strategy
-        _check_finite_inputs(self.model_args, self.model_kwargs)
+        check_finite_inputs(self.model_args, self.model_kwargs)
         trace = self._init_trace()
         self.sites: Dict[str, SiteInfo] = {}
         self.batchers: Dict[str, EpochBatcher] = {}
@@ -276,7 +255,7 @@ class ModelPotential(_Autograd):
         for name, site in trace.nodes.items():
             if site["type"] != "sample":
                 continue
-            if _is_subsample(site):
+            if is_subsample_site(site):
                 fn = site["fn"]
                 batch = site["value"].numel()
                 if batch < fn.size:
@@ -501,16 +480,10 @@ class CoupledPotential:
         base_params = {k: v for k, v in params.items() if k not in self.pairs}
         energy, grads = self.base.potential_and_grad(base_params)
         names, auxes = self._names, self._auxes
-        # ∇_θ of the coupling, (θ - θa)/η, for every pair in one dispatch per operation
-        diff = torch._foreach_sub([params[n] for n in names], [params[a] for a in auxes])
-        torch._foreach_div_(diff, self.eta)
-        grads.update(zip(names, torch._foreach_add([grads[n] for n in names], diff)))
-        grads.update(zip(auxes, torch._foreach_neg(diff)))
-        if self.num_chains is None:
-            norms = torch._foreach_norm(diff)
-            sq = (torch.stack(norms).square().sum()) if len(norms) > 1 else norms[0].square()
-        else:  # one squared norm per chain
-            sq = sum(d.reshape(d.shape[0], -1).square().sum(-1) for d in diff)
-        self.last_stats = {"coupling_distance": sq.sqrt() * self.eta}  # ||θ - θa||
-        return energy + sq * (0.5 * self.eta), grads
+        diffs = torch._foreach_sub([params[n] for n in names], [params[a] for a in auxes])
+        terms = coupling(diffs, self.eta, batch_dims=0 if self.num_chains is None else 1)
+        grads.update(zip(names, torch._foreach_add([grads[n] for n in names], terms.grad_theta)))
+        grads.update(zip(auxes, torch._foreach_neg(terms.grad_theta)))
+        self.last_stats = {"coupling_distance": terms.distance}  # ||θ - θa||
+        return energy + terms.energy, grads
 

@@ -1,0 +1,44 @@
+"""Named site tensors <-> one flat vector, the layout every flat-vector algorithm shares.
+
+:class:`SiteLayout` packs ``{site: tensor}`` into the last dimension of one tensor (leading batch
+dimensions, e.g. vectorized chains, are kept) and unpacks it back into views. EntropyHMC's
+trajectories and the flatness module's Hessians both work on this vector.
+
+>>> import torch
+>>> layout = SiteLayout({"w": torch.Size([2, 3]), "b": torch.Size([])})
+>>> x = layout.pack({"w": torch.ones(4, 2, 3), "b": torch.zeros(4)}, batch_dims=1)
+>>> x.shape, layout.slices["b"], layout.unpack(x)["w"].shape
+(torch.Size([4, 7]), slice(6, 7, None), torch.Size([4, 2, 3]))
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Mapping, Optional
+
+import torch
+
+Params = Dict[str, torch.Tensor]
+
+
+class SiteLayout:
+    """Sites in a fixed order, each a block of :attr:`dim` entries: ``slices[name]``."""
+
+    def __init__(self, shapes: Mapping[str, torch.Size], names: Optional[List[str]] = None):
+        self.names = list(shapes) if names is None else list(names)
+        self.shapes = {n: torch.Size(shapes[n]) for n in self.names}
+        self.sizes = [math.prod(self.shapes[n]) for n in self.names]
+        self.dim = sum(self.sizes)
+        starts = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
+        self.slices = {n: slice(a, a + s) for n, a, s in zip(self.names, starts, self.sizes)}
+
+    def pack(self, params: Mapping[str, torch.Tensor], batch_dims: int = 0) -> torch.Tensor:
+        """One tensor ``(*batch, dim)`` from the sites' values ``(*batch, *shape)``."""
+        return torch.cat([params[n].reshape(params[n].shape[:batch_dims] + (-1,)) for n in self.names], -1)
+
+    def unpack(self, flat: torch.Tensor, names: Optional[List[str]] = None) -> Params:
+        """``{site: (*batch, *shape)}`` views of ``flat`` ``(*batch, dim)``; ``names`` renames the
+        sites in order (e.g. θ's blocks read as θa's)."""
+        batch = flat.shape[:-1]
+        return {name: part.reshape(batch + self.shapes[n])
+                for name, n, part in zip(names or self.names, self.names, flat.split(self.sizes, -1))}

@@ -1,0 +1,58 @@
+"""A model's latent sites as the samplers see them: unconstrained shapes and support maps.
+
+>>> import torch, pyro.distributions as dist
+>>> support_transform("s", dist.Gamma(2.0, 2.0).support)(torch.tensor(0.0))
+tensor(1.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from pyro.distributions.transforms import biject_to
+
+
+@dataclass(frozen=True)
+class SiteInfo:
+    """A latent site as a kernel sees it: unconstrained shape and the map back to its support."""
+
+    name: str
+    shape: torch.Size
+    transform: torch.distributions.Transform  # unconstrained -> constrained
+    batch_rank: int = 0  # len(fn.batch_shape): how many leading dims of `shape` are plate/batch dims
+    is_identity: bool = field(init=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "is_identity", _is_identity(self.transform))
+
+
+def _is_identity(transform: torch.distributions.Transform) -> bool:
+    if isinstance(transform, torch.distributions.transforms.IndependentTransform):
+        return _is_identity(transform.base_transform)
+    return isinstance(transform, torch.distributions.transforms.ComposeTransform) and not transform.parts
+
+
+def is_subsample_site(msg) -> bool:
+    """Whether a trace site or message is the index site of a subsampled ``pyro.plate``."""
+    return type(msg["fn"]).__name__ == "_Subsample"
+
+
+def support_transform(site_name: str, support) -> torch.distributions.Transform:
+    """``biject_to(support)``: the map from the unconstrained space onto a site's support.
+
+    Unwraps supports that torch does not register (a ``MixtureSameFamily`` shares its components'
+    support) and says which site is at fault when no bijection exists.
+    """
+    while type(support).__name__.lstrip("_") == "MixtureSameFamilyConstraint":
+        support = support.base_constraint
+    try:
+        return biject_to(support)
+    except NotImplementedError as err:
+        raise ValueError(
+            f"site {site_name!r} has support {support}, which has no bijection to the real space "
+            "registered with torch.distributions.biject_to; reparameterise it (e.g. sample an "
+            "unconstrained value and transform it) or register one."
+        ) from err
+
+
