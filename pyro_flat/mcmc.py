@@ -148,8 +148,6 @@ class MCMC(pyro.infer.MCMC):
 
     def run(self, *args, **kwargs) -> None:
         num_chains, method, initial_params, *_ = self._requested
-        if hasattr(self.kernel, "configure"):
-            self.kernel.configure(steps_per_draw=self.thinning)  # forget any earlier run
         if self._try_vectorized:  # vectorization requested: can it be done with these data?
             reason = self.kernel.vectorization_error(num_chains, args, kwargs, initial_params)
             if reason is None:
@@ -169,6 +167,8 @@ class MCMC(pyro.infer.MCMC):
             )
             self.chain_method = "sequential"
             self._init_pyro(num_chains, initial_params)
+        if hasattr(self.kernel, "configure"):  # one chain per setup; forget any earlier run
+            self.kernel.configure(steps_per_draw=self.thinning)
         return super().run(*args, **kwargs)
 
     def _run_vectorized(self, num_chains: int, initial_params, args, kwargs) -> None:
