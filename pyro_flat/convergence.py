@@ -23,6 +23,7 @@ from .kernels.base import StochasticGradientKernel
 from .mcmc import run_chains
 from .theory import bounds as B
 from .theory.estimators import W2Estimate, W2Estimator
+from .references import exact_chain, reference_law
 from .theory.problems import SITE, GaussianProblem, Problem
 
 #: the law each kernel targets (EntropySGLD: its bound is on the joint)
@@ -244,23 +245,11 @@ def check_convergence(
         >>> result.passed, result.target
         (True, 'joint')
     """
-    if not isinstance(problem, Problem):
-        raise TypeError(
-            f"problem must be a pyro_flat.theory.problems.Problem (GaussianProblem, "
-            f"LogisticRegressionProblem), got {type(problem).__name__}: the bound needs the "
-            "problem's strong-convexity constants, which a bare Pyro model does not state.")
-    if isinstance(num_chains, bool) or not isinstance(num_chains, int) or num_chains < MIN_CHAINS:
-        raise ValueError(f"num_chains={num_chains!r} is too few for a W2 estimate: the ensemble of "
-                         f"chains is the sample of the chain's law. Use num_chains >= {FEW_CHAINS} "
-                         f"(at least {MIN_CHAINS}).")
-    if isinstance(num_iterations, bool) or not isinstance(num_iterations, int) or num_iterations < 1:
-        raise ValueError(f"num_iterations must be an integer >= 1, got {num_iterations!r}.")
-    problem.constants()  # raises for a non-strongly-convex problem before any work
+    _check_arguments(problem, num_chains, num_iterations)
     if seed is not None:
         torch.manual_seed(seed)
     kernel = _kernel(sampler, problem, batch_size, kernel_kwargs)
     target = _target_of(kernel)
-    eta = getattr(kernel, "eta", None)
     notes: List[str] = []
     if num_chains < FEW_CHAINS:
         notes.append(f"only {num_chains} chains: the W2 estimate has a large floor and wide error bars; "
@@ -269,12 +258,8 @@ def check_convergence(
     if estimator == "auto":
         estimator = "gaussian" if dim <= num_chains // 4 else "marginal"
     if reference is None:
-        reference = problem.reference(target, eta)
-    if isinstance(reference, tuple):
-        ref_mean, ref_trace = np.asarray(reference[0], dtype=float), float(np.trace(reference[1]))
-    else:
-        ref = np.asarray(reference, dtype=float)
-        ref_mean, ref_trace = ref.mean(0), float(ref.var(0).sum())
+        reference = reference_law(problem, target, getattr(kernel, "eta", None))
+    ref_mean, ref_trace = _mean_and_trace(reference)
 
     x0 = torch.as_tensor(problem.initial_point() if initial_point is None else initial_point,
                          dtype=torch.get_default_dtype()).reshape(problem.dim)
@@ -285,37 +270,9 @@ def check_convergence(
     t0 = time.perf_counter()
     states = run_ensemble(kernel, x0, num_chains, checkpoints, progress_bar=progress_bar)
     t_run = time.perf_counter() - t0
-
-    def view(params) -> np.ndarray:
-        theta = params[SITE].double().numpy()
-        if target == "joint":
-            return np.concatenate([theta, params[SITE + "_aux"].double().numpy()], 1)
-        return theta
-
-    w2, se, floor, radius = [], [], 0.0, 0.0
-    rng_seed = 0 if seed is None else seed
-    if target != "mode":
-        w2_of = W2Estimator(reference, method=estimator, num_bootstrap=num_bootstrap, seed=rng_seed)
-    for i, k in enumerate(checkpoints):
-        x = view(states[k])
-        radius = max(radius, math.sqrt(float(((x - ref_mean) ** 2).sum(1).mean())))
-        if target == "mode":  # distance to a point: exact for the ensemble
-            dist = np.sqrt(((x - ref_mean) ** 2).sum(1).mean())
-            boot = np.random.default_rng(rng_seed + i)
-            draws = [np.sqrt(((x[j] - ref_mean) ** 2).sum(1).mean())
-                     for j in boot.integers(0, len(x), (num_bootstrap, len(x)))]
-            # float rounding of the chains' own arithmetic: below this the distance is noise
-            rounding = 8 * torch.finfo(torch.get_default_dtype()).eps * math.sqrt(
-                float((ref_mean**2).sum()) + len(ref_mean))
-            est = W2Estimate(float(dist), float(np.std(draws, ddof=1)), "rms distance", len(x),
-                             floor=rounding)
-            floor = rounding
-        else:
-            est = w2_of(x)
-            floor = est.floor
-        w2.append(est.value)
-        se.append(est.stderr)
-    w2, se = np.array(w2), np.array(se)
+    ensembles = [_ensemble_view(states[k], target) for k in checkpoints]
+    w2, se, floor, radius = _estimate_w2(ensembles, target, reference, ref_mean, estimator,
+                                         num_bootstrap, 0 if seed is None else seed)
     t_est = time.perf_counter() - t0 - t_run
 
     bound, terms, constants = None, {}, {}
@@ -337,7 +294,9 @@ def check_convergence(
 
     exact = None
     if isinstance(problem, GaussianProblem) and batch_size is None and type(kernel) in TARGET_OF:
-        exact = problem.exact_w2(kernel, target, checkpoints, x0)  # only for pyro-flat's own updates
+        # only for pyro-flat's own updates, whose exact law is known
+        exact = problem.exact_w2(exact_chain(problem, kernel), target, checkpoints, x0,
+                                 getattr(kernel, "eta", None))
 
     result = ConvergenceResult(
         sampler=type(kernel).__name__, target=target, estimator=estimator if target != "mode" else "rms distance",
@@ -351,3 +310,60 @@ def check_convergence(
     if raise_on_violation and result.passed is False:
         raise ConvergenceError(str(result), result)
     return result
+
+
+def _check_arguments(problem, num_chains, num_iterations) -> None:
+    if not isinstance(problem, Problem):
+        raise TypeError(
+            f"problem must be a pyro_flat.theory.problems.Problem (GaussianProblem, "
+            f"LogisticRegressionProblem), got {type(problem).__name__}: the bound needs the "
+            "problem's strong-convexity constants, which a bare Pyro model does not state.")
+    if isinstance(num_chains, bool) or not isinstance(num_chains, int) or num_chains < MIN_CHAINS:
+        raise ValueError(f"num_chains={num_chains!r} is too few for a W2 estimate: the ensemble of "
+                         f"chains is the sample of the chain's law. Use num_chains >= {FEW_CHAINS} "
+                         f"(at least {MIN_CHAINS}).")
+    if isinstance(num_iterations, bool) or not isinstance(num_iterations, int) or num_iterations < 1:
+        raise ValueError(f"num_iterations must be an integer >= 1, got {num_iterations!r}.")
+    problem.constants()  # raises for a non-strongly-convex problem before any work
+
+
+def _mean_and_trace(reference):
+    """The reference law's mean and the trace of its covariance, from ``(mean, cov)`` or draws."""
+    if isinstance(reference, tuple):
+        return np.asarray(reference[0], dtype=float), float(np.trace(reference[1]))
+    ref = np.asarray(reference, dtype=float)
+    return ref.mean(0), float(ref.var(0).sum())
+
+
+def _ensemble_view(params, target: str) -> np.ndarray:
+    """``(chains, d)`` θ, or ``(chains, 2d)`` (θ, θa) for the joint."""
+    theta = params[SITE].double().numpy()
+    if target == "joint":
+        return np.concatenate([theta, params[SITE + "_aux"].double().numpy()], 1)
+    return theta
+
+
+def _estimate_w2(ensembles, target, reference, ref_mean, estimator, num_bootstrap, seed):
+    """``W2`` with its bootstrap stderr at each checkpoint, the estimator's floor, and the largest
+    root-mean-square distance of the ensemble to the reference mean (the local-entropy radius)."""
+    w2, se, floor, radius = [], [], 0.0, 0.0
+    if target != "mode":
+        w2_of = W2Estimator(reference, method=estimator, num_bootstrap=num_bootstrap, seed=seed)
+    for i, x in enumerate(ensembles):
+        radius = max(radius, math.sqrt(float(((x - ref_mean) ** 2).sum(1).mean())))
+        est = _distance_to_point(x, ref_mean, num_bootstrap, seed + i) if target == "mode" else w2_of(x)
+        floor = est.floor
+        w2.append(est.value)
+        se.append(est.stderr)
+    return np.array(w2), np.array(se), floor, radius
+
+
+def _distance_to_point(x, point, num_bootstrap: int, seed: int) -> W2Estimate:
+    """:math:`W_2` to a point mass: the ensemble's root-mean-square distance (exact for the
+    ensemble), its bootstrap stderr, and as floor the float rounding of the chains' arithmetic."""
+    dist = np.sqrt(((x - point) ** 2).sum(1).mean())
+    boot = np.random.default_rng(seed)
+    draws = [np.sqrt(((x[j] - point) ** 2).sum(1).mean())
+             for j in boot.integers(0, len(x), (num_bootstrap, len(x)))]
+    rounding = 8 * torch.finfo(torch.get_default_dtype()).eps * math.sqrt(float((point**2).sum()) + len(point))
+    return W2Estimate(float(dist), float(np.std(draws, ddof=1)), "rms distance", len(x), floor=rounding)

@@ -13,13 +13,9 @@ from typing import Dict, Mapping, Optional, Union
 import numpy as np
 import torch
 
+from .validation import to_numpy
+
 ArrayDict = Dict[str, np.ndarray]
-
-
-def _numpy(x) -> np.ndarray:
-    if torch.is_tensor(x):
-        return x.detach().cpu().numpy()
-    return np.asarray(x)
 
 
 def mcmc_sample_stats(mcmc) -> Dict[str, torch.Tensor]:
@@ -37,8 +33,8 @@ def mcmc_sample_stats(mcmc) -> Dict[str, torch.Tensor]:
 def _from_mcmc(mcmc) -> tuple[ArrayDict, ArrayDict]:
     if not hasattr(mcmc, "_samples"):
         raise ValueError("to_arviz(mcmc): run the sampler first (mcmc.run(...)).")
-    posterior = {k: _numpy(v) for k, v in mcmc.get_samples(group_by_chain=True).items()}
-    return posterior, {k: _numpy(v) for k, v in mcmc_sample_stats(mcmc).items()}
+    posterior = {k: to_numpy(v, None) for k, v in mcmc.get_samples(group_by_chain=True).items()}
+    return posterior, {k: to_numpy(v, None) for k, v in mcmc_sample_stats(mcmc).items()}
 
 
 def to_arviz(
@@ -64,7 +60,7 @@ def to_arviz(
         (2, 100, 3)
     """
     if isinstance(mcmc_or_samples, Mapping):
-        posterior = {k: _numpy(v) for k, v in mcmc_or_samples.items()}
+        posterior = {k: to_numpy(v, None) for k, v in mcmc_or_samples.items()}
         if not group_by_chain:
             posterior = {k: v[None] for k, v in posterior.items()}
         stats: ArrayDict = {}
@@ -76,7 +72,7 @@ def to_arviz(
     if len(set(shapes.values())) != 1 or any(len(v.shape) < 2 for v in posterior.values()):
         raise ValueError(f"to_arviz: every site needs the same (chain, draw) leading shape, got {shapes}")
     if sample_stats:
-        stats.update({k: _numpy(v) for k, v in sample_stats.items()})
+        stats.update({k: to_numpy(v, None) for k, v in sample_stats.items()})
     if "diverging" in stats:  # ArviZ indexes draws with it
         stats["diverging"] = stats["diverging"].astype(bool)
     if "potential_energy" in stats and "lp" not in stats:

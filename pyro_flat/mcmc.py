@@ -39,6 +39,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import logging
 import warnings
 from typing import Dict, Iterator, Optional, Tuple
@@ -48,14 +49,26 @@ import torch
 import pyro
 import pyro.infer
 from pyro import poutine
-from pyro.infer.mcmc.api import _add_logging_hook
-from pyro.infer.mcmc.logger import ProgressBar, initialize_logger
+from pyro.infer.mcmc.logger import DIAGNOSTIC_MSG, ProgressBar, initialize_logger
 from pyro.util import optional
 
 from .validation import check_nonnegative_int, check_positive_int
 
 CHAIN_METHODS = ("auto", "vectorized", "sequential", "parallel")
 Params = Dict[str, torch.Tensor]
+
+
+def _logging_hook(logger, progress_bar, user_hook=None):
+    """After every iteration: the kernel's ``logging()`` to Pyro's MCMC logger (which feeds the
+    progress bar's postfix), the phase as the bar's title, then the user's ``hook_fn``."""
+
+    def hook(kernel, params, stage, i):
+        logger.info(json.dumps(kernel.logging()), extra={"msg_type": DIAGNOSTIC_MSG})
+        progress_bar.set_description(stage, refresh=False)
+        if user_hook is not None:
+            user_hook(kernel, params, stage, i)
+
+    return hook
 
 
 def run_chains(kernel, warmup_steps: int, num_samples: int, args: tuple = (),
@@ -182,7 +195,7 @@ class MCMC(pyro.infer.MCMC):
         args = tuple(a.detach() if torch.is_tensor(a) else a for a in args)
         progress_bar = ProgressBar(warmup, num_samples, disable=self.sampler.disable_progbar)
         logger = initialize_logger(logging.getLogger("pyro.infer.mcmc"), "", progress_bar)
-        hook = _add_logging_hook(logger, progress_bar, self.sampler.hook)
+        hook = _logging_hook(logger, progress_bar, self.sampler.hook)
         try:
             with poutine.block(), optional(pyro.validation_enabled(not self.disable_validation),
                                            self.disable_validation is not None):

@@ -18,6 +18,9 @@ Example::
 from __future__ import annotations
 
 import math
+
+import numpy as np
+import torch
 import numbers
 
 
@@ -58,3 +61,11 @@ def check_positive_int(name: str, value, *, minimum: int = 1, hint: str = "") ->
 def check_nonnegative_int(name: str, value, *, hint: str = "") -> int:
     """``int(value)`` if it is an integer ``>= 0``, else a ``ValueError`` naming ``name``."""
     return _check_int(name, value, 0, "a non-negative integer", hint)
+
+
+def to_numpy(x, dtype=np.float64) -> np.ndarray:
+    """``x`` (a tensor on any device, an array, a number or a list) as a numpy array of ``dtype``
+    (``None``: keep the tensor's own dtype)."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x, dtype=dtype)

@@ -14,6 +14,7 @@ import pyro
 import pyro.distributions as dist
 from pyro_flat import MCMC, SGD, SGLD, EntropySGLD, LocalEntropySGD, LocalEntropySGLD
 from pyro_flat.convergence import run_ensemble
+from pyro_flat.references import exact_chain
 from pyro_flat.diagnostics import mcmc_sample_stats
 from pyro_flat.theory.problems import GaussianProblem
 
@@ -56,7 +57,7 @@ def test_kernel_law_matches_its_exact_gaussian_recursion(name):
     K = 6
     states = run_ensemble(kernel, x0, CHAINS, [K], progress_bar=False)[K]
     x = states["theta"].double().numpy()
-    chain = problem.exact_chain(kernel)
+    chain = exact_chain(problem, kernel)
     p = chain.B.shape[0]
     mean, cov = (np.concatenate([x0.numpy()] * (p // 2)) if p > 2 else x0.numpy()).astype(float), np.zeros((p, p))
     for _ in range(K):
@@ -78,7 +79,7 @@ def test_a_wrong_mean_weight_is_seen():
     x0 = torch.tensor([3.0, 2.0])
     x = run_ensemble(kernel, x0, CHAINS, [6], progress_bar=False)[6]["theta"].double().numpy()
     kernel.mean_weight = 0.6
-    chain = problem.exact_chain(kernel)
+    chain = exact_chain(problem, kernel)
     mean, cov = x0.numpy().astype(float), np.zeros((2, 2))
     for _ in range(6):
         mean, cov = chain.step(mean, cov)

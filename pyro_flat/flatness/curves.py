@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .loss import FlatLoss, LossFn, as_flat_loss
-from .spectrum import _generator
+from .probes import seeded_generator
 from .trace import hessian_trace
 
 __all__ = ["Curve", "interpolation_curve", "perturbation_curve"]
@@ -107,7 +107,7 @@ def perturbation_curve(loss_fn: Union[FlatLoss, LossFn], params: Optional[torch.
     loss = as_flat_loss(loss_fn, params)
     if num_directions < 1:
         raise ValueError(f"num_directions must be >= 1, got {num_directions}.")
-    u = torch.randn(num_directions, loss.dim, generator=_generator(seed), dtype=torch.float64)
+    u = torch.randn(num_directions, loss.dim, generator=seeded_generator(seed), dtype=torch.float64)
     u = (u / u.norm(dim=1, keepdim=True)).to(loss.params)
     radii = np.asarray(radii, dtype=np.float64)
     values = np.zeros((len(radii), num_directions))

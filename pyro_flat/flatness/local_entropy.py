@@ -34,7 +34,8 @@ from torch.func import vmap
 
 from ..validation import check_eta
 from .loss import FlatLoss, HessianOperator, LossFn, as_flat_loss
-from .spectrum import AUTO_EXACT_DIM, _generator, eigenvalue_density, hessian_eigenvalues
+from .probes import seeded_generator
+from .spectrum import AUTO_EXACT_DIM, eigenvalue_density, hessian_eigenvalues
 
 __all__ = ["local_entropy", "LocalEntropyEstimate"]
 
@@ -79,7 +80,7 @@ def local_entropy(loss_fn: Union[FlatLoss, LossFn], params: Optional[torch.Tenso
     if method == "monte_carlo":
         if num_samples < 2:
             raise ValueError(f"num_samples must be >= 2, got {num_samples}.")
-        eps = torch.randn(num_samples, d, generator=_generator(seed), dtype=torch.float64)
+        eps = torch.randn(num_samples, d, generator=seeded_generator(seed), dtype=torch.float64)
         points = theta + (math.sqrt(eta) * eps).to(theta)
         v = -_losses(loss, points, chunk_size).to(torch.float64)
         top = v.max()

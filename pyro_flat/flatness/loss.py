@@ -95,6 +95,23 @@ class FlatLoss:
         return FlatLoss(restricted, base[where])
 
     # ------------------------------------------------------------------ constructors
+    def per_block(self, measure: Callable, **kwargs) -> Dict[str, object]:
+        """``{name: measure(self.restrict(name), **kwargs)}`` for every named block (a Pyro site or
+        a module parameter); ``k`` is capped at a small block's dimension."""
+        if not self.blocks:
+            raise ValueError(
+                "per_site=True needs named blocks: pass a FlatLoss from FlatLoss.from_model / "
+                "FlatLoss.from_module, or FlatLoss(fn, params, blocks={name: slice})."
+            )
+        out = {}
+        for name in self.blocks:
+            block = self.restrict(name)
+            if "k" in kwargs and kwargs["k"] > block.dim:  # a small site has fewer eigenvalues
+                out[name] = measure(block, **{**kwargs, "k": block.dim})
+            else:
+                out[name] = measure(block, **kwargs)
+        return out
+
     @classmethod
     def from_module(cls, module: torch.nn.Module, loss: Callable[[torch.nn.Module], torch.Tensor]
                     ) -> "FlatLoss":

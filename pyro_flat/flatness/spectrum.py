@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from .loss import FlatLoss, HessianOperator, LossFn, as_flat_loss
+from .probes import rademacher, seeded_generator
 
 __all__ = [
     "top_eigenvalues",
@@ -36,14 +37,6 @@ __all__ = [
 AUTO_EXACT_DIM = 200
 #: the largest dimension for which the dense Hessian is ever formed
 MAX_EXACT_DIM = 4096
-
-
-def _generator(seed: Optional[int]) -> Optional[torch.Generator]:
-    return None if seed is None else torch.Generator().manual_seed(int(seed))
-
-
-def _rademacher(num: int, dim: int, gen: Optional[torch.Generator]) -> torch.Tensor:
-    return torch.randint(0, 2, (num, dim), generator=gen, dtype=torch.float64) * 2.0 - 1.0
 
 
 def lanczos(op: HessianOperator, start: torch.Tensor, max_steps: int,
@@ -95,22 +88,6 @@ def _check_k(k: int, dim: int) -> int:
     return int(k)
 
 
-def _per_site(measure: Callable, loss: FlatLoss, **kwargs) -> Dict[str, object]:
-    if not loss.blocks:
-        raise ValueError(
-            "per_site=True needs named blocks: pass a FlatLoss from FlatLoss.from_model / "
-            "FlatLoss.from_module, or FlatLoss(fn, params, blocks={name: slice})."
-        )
-    out = {}
-    for name in loss.blocks:
-        block = loss.restrict(name)
-        if "k" in kwargs and kwargs["k"] > block.dim:  # a small site has fewer eigenvalues
-            out[name] = measure(block, **{**kwargs, "k": block.dim})
-        else:
-            out[name] = measure(block, **kwargs)
-    return out
-
-
 def hessian_eigenvalues(loss_fn: Union[FlatLoss, LossFn], params: Optional[torch.Tensor] = None, *,
                         per_site: bool = False) -> Union[np.ndarray, Dict[str, np.ndarray]]:
     """All Hessian eigenvalues, in decreasing order, from the dense Hessian (``d`` HVPs).
@@ -125,7 +102,7 @@ def hessian_eigenvalues(loss_fn: Union[FlatLoss, LossFn], params: Optional[torch
     """
     loss = as_flat_loss(loss_fn, params)
     if per_site:
-        return _per_site(hessian_eigenvalues, loss)
+        return loss.per_block(hessian_eigenvalues)
     if loss.dim > MAX_EXACT_DIM:
         raise ValueError(
             f"params has dimension {loss.dim} > {MAX_EXACT_DIM}: the dense Hessian would hold "
@@ -163,7 +140,7 @@ def top_eigenvalues(loss_fn: Union[FlatLoss, LossFn], params: Optional[torch.Ten
     """
     loss = as_flat_loss(loss_fn, params)
     if per_site:
-        return _per_site(top_eigenvalues, loss, k=k, method=method, tol=tol,
+        return loss.per_block(top_eigenvalues, k=k, method=method, tol=tol,
                          max_steps=max_steps, seed=seed)
     k = _check_k(k, loss.dim)
     if method not in ("auto", "exact", "lanczos"):
@@ -179,7 +156,7 @@ def top_eigenvalues(loss_fn: Union[FlatLoss, LossFn], params: Optional[torch.Ten
         return [float(v) for v in hessian_eigenvalues(loss)[:k]]
     op = HessianOperator(loss)
     max_steps = min(loss.dim, max(10 * k, 100)) if max_steps is None else min(int(max_steps), loss.dim)
-    start = torch.randn(loss.dim, generator=_generator(seed), dtype=torch.float64).to(loss.params.device)
+    start = torch.randn(loss.dim, generator=seeded_generator(seed), dtype=torch.float64).to(loss.params.device)
 
     def converged(alphas, betas, beta_next) -> bool:
         if len(alphas) < k + 1:
@@ -211,7 +188,7 @@ def power_iteration(loss_fn: Union[FlatLoss, LossFn], params: Optional[torch.Ten
     """
     loss = as_flat_loss(loss_fn, params)
     k = _check_k(k, loss.dim)
-    op, gen = HessianOperator(loss), _generator(seed)
+    op, gen = HessianOperator(loss), seeded_generator(seed)
     found: List[torch.Tensor] = []
     values: List[float] = []
     for _ in range(k):
@@ -310,11 +287,11 @@ def eigenvalue_density(loss_fn: Union[FlatLoss, LossFn], params: Optional[torch.
     """
     loss = as_flat_loss(loss_fn, params)
     if per_site:
-        return _per_site(eigenvalue_density, loss, num_probes=num_probes, num_steps=num_steps, seed=seed)
+        return loss.per_block(eigenvalue_density, num_probes=num_probes, num_steps=num_steps, seed=seed)
     if num_probes < 1 or num_steps < 1:
         raise ValueError(f"num_probes and num_steps must be >= 1, got {num_probes}, {num_steps}.")
     op = HessianOperator(loss)
-    probes = _rademacher(num_probes, loss.dim, _generator(seed)).to(loss.params.device)
+    probes = rademacher(num_probes, loss.dim, seeded_generator(seed)).to(loss.params.device)
     m = min(int(num_steps), loss.dim)
     nodes = np.zeros((num_probes, m))
     weights = np.zeros((num_probes, m))

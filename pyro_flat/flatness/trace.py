@@ -17,7 +17,7 @@ from typing import Dict, NamedTuple, Optional, Union
 import torch
 
 from .loss import FlatLoss, HessianOperator, LossFn, as_flat_loss
-from .spectrum import _generator, _per_site, _rademacher
+from .probes import rademacher, seeded_generator
 
 __all__ = ["hessian_trace", "TraceEstimate"]
 
@@ -52,11 +52,11 @@ def hessian_trace(loss_fn: Union[FlatLoss, LossFn], params: Optional[torch.Tenso
     """
     loss = as_flat_loss(loss_fn, params)
     if per_site:
-        return _per_site(hessian_trace, loss, num_probes=num_probes, seed=seed, chunk_size=chunk_size)
+        return loss.per_block(hessian_trace, num_probes=num_probes, seed=seed, chunk_size=chunk_size)
     if isinstance(num_probes, bool) or not isinstance(num_probes, int) or num_probes < 2:
         raise ValueError(f"num_probes must be an integer >= 2 (for a standard error), got {num_probes!r}.")
     op = HessianOperator(loss, chunk_size=chunk_size)
-    probes = _rademacher(num_probes, loss.dim, _generator(seed)).to(loss.params.device)
+    probes = rademacher(num_probes, loss.dim, seeded_generator(seed)).to(loss.params.device)
     quad = (op.matmat(probes).to(torch.float64) * probes).sum(-1)
     stderr = float(quad.std(unbiased=True)) / math.sqrt(num_probes)
     return TraceEstimate(float(quad.mean()), stderr, num_probes)

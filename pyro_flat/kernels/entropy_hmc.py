@@ -3,7 +3,7 @@ r"""Entropy-HMC: Metropolis-corrected Hamiltonian Monte Carlo on the flat poster
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, Iterable, List, Optional
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional
 
 import torch
 from pyro.infer.autoguide.initialization import init_to_sample
@@ -18,6 +18,21 @@ from .nuts import nuts_transition
 
 AUX_UPDATES = ("gibbs", "joint")
 MAX_NUM_STEPS = 1000
+
+
+class _Move(NamedTuple):
+    """One trajectory's outcome per chain: the proposal ``q`` with ``f`` and its gradient, the
+    Hamiltonian after the Metropolis test, and the test's statistics."""
+
+    q: torch.Tensor
+    f: torch.Tensor
+    grad_f: torch.Tensor
+    hamiltonian: torch.Tensor
+    accept_prob: torch.Tensor
+    accept: torch.Tensor
+    diverging: torch.Tensor
+    num_steps: int
+    tree_depth: Optional[int]
 
 
 class _Layout:
@@ -251,11 +266,7 @@ class EntropyHMC(TargetKernel):
     # ----------------------------------------------------------------- one iteration
     def sample(self, params: Params) -> Params:
         k = self._iteration
-        if self._cache is not None and self._cache[0] is params:
-            _, x, a, f, grad_f = self._cache
-        else:
-            x, a = self._theta.pack(params), self._aux.pack(params)
-            f, grad_f = self._f(x)
+        x, a, f, grad_f = self._state(params)
         if self.aux_update == "gibbs":
             a = x[:, : self._num_coupled] + math.sqrt(self.temperature * self.eta) * torch.randn_like(a)
             q, fixed_aux = x, a
@@ -271,64 +282,82 @@ class EntropyHMC(TargetKernel):
             self._needs_step_search = False
 
         step = self._step * (1.0 + 0.2 * (torch.rand_like(self._step) - 0.5))  # ±10 % jitter
+        move = self._trajectory(q, energy, grad, (f, grad_f), step, potential)
+        keep = move.accept.unsqueeze(-1)
+        dim = self._theta.dim
+        x = torch.where(keep, move.q[:, :dim], x)
+        if self.aux_update == "joint":
+            a = torch.where(keep, move.q[:, dim:], a)
+        f = torch.where(move.accept, move.f, f)
+        grad_f = torch.where(keep, move.grad_f, grad_f)
+
+        if k < self._warmup_steps:
+            self._adapt(k, x, move.accept_prob)
+        self._iteration += 1
+        new_params = {**self._theta.unpack(x), **self._aux.unpack(a)}
+        self._cache = (new_params, x, a, f, grad_f)
+        self._record(k, new_params, self._statistics(x, a, f, step, move), move.diverging, move.accept_prob)
+        return new_params
+
+    def _state(self, params: Params):
+        """``(x, a, f, grad_f)`` at ``params``: cached from the last transition when it is the same."""
+        if self._cache is not None and self._cache[0] is params:
+            return self._cache[1:]
+        x, a = self._theta.pack(params), self._aux.pack(params)
+        return (x, a, *self._f(x))
+
+    def _trajectory(self, q, energy, grad, f_and_grad, step, potential) -> "_Move":
+        """One HMC (fixed length, Metropolis test) or NUTS transition of every chain from ``q``."""
         momentum = self._metric.solve_lt(torch.randn_like(q))
         h0 = energy + self._kinetic(momentum)
         if self.use_nuts:
             q1, _, _, (f1, grad_f1), accept_prob, num_steps, diverging, depth = nuts_transition(
-                q, momentum, energy, grad, (f, grad_f), step, self._velocity, self._kinetic,
+                q, momentum, energy, grad, f_and_grad, step, self._velocity, self._kinetic,
                 lambda z: (*potential(z), self._last_f), self.max_tree_depth, self.max_energy_error)
-            accept_prob = torch.full_like(f, accept_prob)
-            diverging = torch.full_like(f, diverging, dtype=torch.bool)
-            accept = torch.ones_like(diverging)
-            h1 = h0
-        else:
-            num_steps = self.num_steps or min(
-                MAX_NUM_STEPS, max(1, math.ceil(self.trajectory_length / float(self._step.min())))
-            )
-            q1, r1, energy1, _ = leapfrog(q, momentum, grad, step, num_steps, self._velocity, potential)
-            f1, grad_f1 = self._last_f
-            h1 = energy1 + self._kinetic(r1)
-            delta = h1 - h0
-            diverging = ~torch.isfinite(delta) | (delta > self.max_energy_error)
-            accept_prob = torch.where(diverging, torch.zeros_like(delta),
-                                      torch.exp(torch.clamp(-delta, max=0.0)))
-            accept = (torch.rand_like(delta) < accept_prob) & ~diverging
-        keep = accept.unsqueeze(-1)
-        dim = self._theta.dim
-        x = torch.where(keep, q1[:, :dim], x)
-        if self.aux_update == "joint":
-            a = torch.where(keep, q1[:, dim:], a)
-        f = torch.where(accept, f1, f)
-        grad_f = torch.where(keep, grad_f1, grad_f)
-        hamiltonian = torch.where(accept, h1, h0)
+            accept_prob = torch.full_like(h0, accept_prob)
+            diverging = torch.full_like(h0, diverging, dtype=torch.bool)
+            return _Move(q1, f1, grad_f1, h0, accept_prob, torch.ones_like(diverging), diverging,
+                         num_steps, depth)
+        num_steps = self.num_steps or min(
+            MAX_NUM_STEPS, max(1, math.ceil(self.trajectory_length / float(self._step.min())))
+        )
+        q1, r1, energy1, _ = leapfrog(q, momentum, grad, step, num_steps, self._velocity, potential)
+        f1, grad_f1 = self._last_f
+        h1 = energy1 + self._kinetic(r1)
+        delta = h1 - h0
+        diverging = ~torch.isfinite(delta) | (delta > self.max_energy_error)
+        accept_prob = torch.where(diverging, torch.zeros_like(delta), torch.exp(torch.clamp(-delta, max=0.0)))
+        accept = (torch.rand_like(delta) < accept_prob) & ~diverging
+        return _Move(q1, f1, grad_f1, torch.where(accept, h1, h0), accept_prob, accept, diverging,
+                     num_steps, None)
 
-        if k < self._warmup_steps:
-            self._adapt(k, x, accept_prob)
-        self._iteration += 1
-        new_params = {**self._theta.unpack(x), **self._aux.unpack(a)}
-        self._cache = (new_params, x, a, f, grad_f)
+    def _statistics(self, x, a, f, step, move: "_Move") -> Dict[str, torch.Tensor]:
         coupling_distance = (x[:, : self._num_coupled] - a).norm(dim=-1)
         stats = {
             "potential_energy": f + coupling_distance.square() / (2 * self.eta),
-            "energy": hamiltonian,
-            "acceptance_rate": accept_prob,
+            "energy": move.hamiltonian,
+            "acceptance_rate": move.accept_prob,
             "step_size": step[:, 0],
-            "n_steps": torch.full_like(f, num_steps),
-            "diverging": diverging.to(f.dtype),
+            "n_steps": torch.full_like(f, move.num_steps),
+            "diverging": move.diverging.to(f.dtype),
             "coupling_distance": coupling_distance,
         }
-        if self.use_nuts:
-            stats["tree_depth"] = torch.full_like(f, depth)
+        if move.tree_depth is not None:
+            stats["tree_depth"] = torch.full_like(f, move.tree_depth)
+        return stats
+
+    def _record(self, k: int, params: Params, stats, diverging, accept_prob) -> None:
+        """Keep the statistics, divergences and draw of a sampling iteration."""
         self._last_stats = stats
-        if k >= self._warmup_steps:
-            draw = k - self._warmup_steps
-            for c in diverging.nonzero()[:, 0].tolist():
-                self._divergences[c].append(draw)
-            self._accept_sum += accept_prob
-            for name, value in stats.items():
-                self._stats[name].append(value if self.num_chains is not None else value[0])
-            self._record_draw(new_params)
-        return new_params
+        if k < self._warmup_steps:
+            return
+        draw = k - self._warmup_steps
+        for c in diverging.nonzero()[:, 0].tolist():
+            self._divergences[c].append(draw)
+        self._accept_sum += accept_prob
+        for name, value in stats.items():
+            self._stats[name].append(value if self.num_chains is not None else value[0])
+        self._record_draw(params)
 
     def _adapt(self, k: int, x: torch.Tensor, accept_prob: torch.Tensor) -> None:
         if self.adapt_step_size:

@@ -30,19 +30,32 @@ class EpochBatcher:
     """Minibatch indices without replacement within an epoch, reshuffled every epoch.
 
     Each batch is a uniformly random subset of ``range(size)``, so ``N/B`` times its log-likelihood
-    is an unbiased estimate of the full one. One ``randperm`` per epoch instead of per step.
+    is an unbiased estimate of the full one. One permutation per epoch instead of per step. With
+    ``num_chains=C`` every call gives ``(C, B)`` indices, each chain its own permutation (chains
+    that share no minibatch are independent draws of one chain's law); else ``(B,)``.
+
+    >>> batches = EpochBatcher(6, 3, torch.device("cpu"), num_chains=2)
+    >>> first, second = batches(), batches()
+    >>> torch.cat([first, second], 1).sort(1).values.tolist()
+    [[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5]]
     """
 
-    def __init__(self, size: int, batch_size: int, device: torch.device):
+    def __init__(self, size: int, batch_size: int, device: torch.device, num_chains: Optional[int] = None):
         self.size, self.batch_size, self.device = size, batch_size, device
-        self._perm = torch.empty(0, dtype=torch.long, device=device)
+        self.num_chains = num_chains
+        self._perm = torch.empty(0 if num_chains is None else (num_chains, 0), dtype=torch.long, device=device)
         self._pos = 0
 
+    def _shuffle(self) -> torch.Tensor:
+        if self.num_chains is None:
+            return torch.randperm(self.size, device=self.device)
+        return torch.rand(self.num_chains, self.size, device=self.device).argsort(-1)
+
     def __call__(self) -> torch.Tensor:
-        if self._pos + self.batch_size > self._perm.numel():
-            self._perm = torch.randperm(self.size, device=self.device)
+        if self._pos + self.batch_size > self._perm.shape[-1]:
+            self._perm = self._shuffle()
             self._pos = 0
-        batch = self._perm[self._pos : self._pos + self.batch_size]
+        batch = self._perm[..., self._pos : self._pos + self.batch_size]
         self._pos += self.batch_size
         return batch
 

@@ -38,9 +38,9 @@ from typing import Dict, Union
 
 import numpy as np
 
+from ..validation import check_positive
 from .constants import (
-    _check_constants,
-    _check_positive,
+    check_constants,
     check_step_size,
     joint_constants,
     local_entropy_constants,
@@ -124,8 +124,8 @@ def langevin_w2_bound(
         >>> round(float(b.total[0]), 3), round(b.asymptote, 3)
         (7.333, 2.333)
     """
-    m, M = _check_constants(m, M)
-    T = _check_positive("temperature", temperature)
+    m, M = check_constants(m, M)
+    T = check_positive("temperature", temperature)
     alpha = check_step_size(step_size, m, M, T)
     p = int(dim)
     if p < 1:
@@ -185,8 +185,8 @@ def entropy_mcmc_w2_bound(
     :math:`\theta = \theta_a = x_0` has
     :math:`W_2^2 = \lVert (x_0, x_0) - \mathbb E_\pi\rVert^2 + \mathrm{tr}\,\mathrm{Cov}_\pi`.
     """
-    T = _check_positive("temperature", temperature)
-    m_joint, M_joint = joint_constants(m, M, _check_positive("eta", eta) * T)
+    T = check_positive("temperature", temperature)
+    m_joint, M_joint = joint_constants(m, M, check_positive("eta", eta) * T)
     bound = langevin_w2_bound(m_joint, M_joint, step_size, 2 * int(dim), num_iterations,
                               initial_w2, temperature=T, gradient_noise=gradient_noise)
     bound.constants.update({"m_base": float(m), "M_base": float(M), "eta": float(eta)})
@@ -223,9 +223,9 @@ def local_entropy_gradient_error(
 
     Returns :math:`A` in the units of :math:`\nabla F` (not tempered).
     """
-    T = _check_positive("temperature", temperature)
-    eta_t = _check_positive("eta", eta) * T
-    m, M = _check_constants(m, M)
+    T = check_positive("temperature", temperature)
+    eta_t = check_positive("eta", eta) * T
+    m, M = check_constants(m, M)
     m_in, M_in = m + 1.0 / eta_t, M + 1.0 / eta_t
     alpha_in = check_step_size(inner_step_size, m_in, M_in, T, what="inner_step_size")
     L = int(num_inner_steps)
@@ -262,8 +262,8 @@ def local_entropy_w2_bound(
     :func:`local_entropy_gradient_error` as a gradient bias: the extra term :math:`A/(T m_F)`.
     With ``outer_noise=False`` (Entropy-SGD) it bounds :math:`\lVert\theta_k - \theta^\star_F\rVert_{L^2}`.
     """
-    T = _check_positive("temperature", temperature)
-    m_F, M_F = local_entropy_constants(m, M, _check_positive("eta", eta) * T)
+    T = check_positive("temperature", temperature)
+    m_F, M_F = local_entropy_constants(m, M, check_positive("eta", eta) * T)
     A = local_entropy_gradient_error(m, M, eta, inner_step_size, num_inner_steps, mean_weight,
                                      dim, radius, temperature=T, gradient_noise=gradient_noise)
     bound = langevin_w2_bound(m_F, M_F, step_size, dim, num_iterations, initial_w2,

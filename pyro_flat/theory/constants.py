@@ -14,18 +14,12 @@ from typing import Tuple, Union
 import numpy as np
 import torch
 
-from ..validation import check_positive as _check_positive
+from ..validation import check_positive, to_numpy
 
 ArrayLike = Union[np.ndarray, torch.Tensor, float]
 
 
-def _numpy(x) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
-        x = x.detach().cpu().numpy()
-    return np.asarray(x, dtype=np.float64)
-
-
-def _check_constants(m: float, M: float) -> Tuple[float, float]:
+def check_constants(m: float, M: float) -> Tuple[float, float]:
     m, M = float(m), float(M)
     if not (math.isfinite(m) and m > 0):
         raise ValueError(
@@ -67,11 +61,11 @@ def logistic_regression_constants(
         >>> logistic_regression_constants(X, prior_precision=1.0)
         (1.0, 2.0)
     """
-    X = _numpy(X)
+    X = to_numpy(X)
     if X.ndim != 2 or not np.isfinite(X).all():
         raise ValueError(f"X must be a finite (n, d) matrix, got shape {X.shape} "
                          f"{'' if np.isfinite(X).all() else 'with NaN/inf entries'}.")
-    precision = np.broadcast_to(_numpy(prior_precision), (X.shape[1],))
+    precision = np.broadcast_to(to_numpy(prior_precision), (X.shape[1],))
     if not np.isfinite(precision).all() or precision.min() <= 0:
         raise ValueError(
             f"prior_precision must be > 0 for every weight, got min {precision.min()!r}: with a "
@@ -105,8 +99,8 @@ def joint_constants(m: float, M: float, eta: float) -> Tuple[float, float]:
         >>> [round(c, 4) for c in joint_constants(1.0, 10.0, eta=1.0)]
         [0.382, 11.099]
     """
-    m, M = _check_constants(m, M)
-    eta = _check_positive("eta", eta)
+    m, M = check_constants(m, M)
+    eta = check_positive("eta", eta)
     inv = 1.0 / eta
     # m + 2/eta - sqrt(m^2 + 4/eta^2) = 2 m/eta / (m + 2/eta + sqrt(...)): no cancellation
     m_joint = 2.0 * m * inv / (m + 2.0 * inv + math.sqrt(m * m + 4.0 * inv * inv))
@@ -134,8 +128,8 @@ def local_entropy_constants(m: float, M: float, eta: float) -> Tuple[float, floa
         >>> local_entropy_constants(1.0, 9.0, eta=1.0)
         (0.5, 0.9)
     """
-    m, M = _check_constants(m, M)
-    eta = _check_positive("eta", eta)
+    m, M = check_constants(m, M)
+    eta = check_positive("eta", eta)
     return m / (1.0 + eta * m), M / (1.0 + eta * M)
 
 
@@ -146,14 +140,14 @@ def admissible_step_size(m: float, M: float, temperature: float = 1.0) -> float:
     Dalalyan & Karagulyan's Langevin step of size :math:`h = \alpha T` on the tempered potential
     :math:`U/T` with constants :math:`(m, M)`; their bounds need :math:`h \le 2/(m + M)`.
     """
-    m, M = _check_constants(m, M)
-    return 2.0 / ((m + M) * _check_positive("temperature", temperature))
+    m, M = check_constants(m, M)
+    return 2.0 / ((m + M) * check_positive("temperature", temperature))
 
 
 def check_step_size(step_size: float, m: float, M: float, temperature: float = 1.0,
                     *, what: str = "step_size") -> float:
     """``step_size`` if it is admissible for ``(m, M)``, else a ``ValueError`` giving the limit."""
-    step = _check_positive(what, step_size)
+    step = check_positive(what, step_size)
     limit = admissible_step_size(m, M, temperature)
     if step > limit * (1.0 + 1e-12):
         raise ValueError(
@@ -179,7 +173,7 @@ def logistic_gradient_noise(
     :math:`S^2 \le N \max_i \lVert x_i\rVert^2/(N-1)` (docs/theory.md, section 3: :math:`(n^2/B)\max_i\lVert x_i\rVert^2`
     with the without-replacement factor).
     """
-    X = _numpy(X)
+    X = to_numpy(X)
     n = X.shape[0]
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= n:
         raise ValueError(f"batch_size must be an integer in [1, {n}], got {batch_size!r}.")
@@ -190,8 +184,8 @@ def logistic_gradient_noise(
         return math.sqrt(factor * n * float((X * X).sum(1).max()) / (n - 1))
     if y is None:
         raise ValueError("logistic_gradient_noise needs y together with theta.")
-    w = _numpy(theta)
+    w = to_numpy(theta)
     probs = 1.0 / (1.0 + np.exp(-(X @ w)))
-    g = (probs - _numpy(y))[:, None] * X
+    g = (probs - to_numpy(y))[:, None] * X
     s2 = float(((g - g.mean(0)) ** 2).sum() / (n - 1))
     return math.sqrt(factor * s2)

@@ -29,8 +29,8 @@ from typing import Callable, Optional, Tuple, Union
 
 import numpy as np
 
-from .constants import _numpy
-from .gaussian import _sqrtm_psd
+from ..validation import to_numpy
+from .gaussian import psd_sqrt
 
 Reference = Union[np.ndarray, Tuple[np.ndarray, np.ndarray]]
 METHODS = ("gaussian", "marginal", "exact", "sliced")
@@ -58,7 +58,7 @@ class W2Estimate:
 
 
 def _as_samples(x, name: str) -> np.ndarray:
-    x = _numpy(x)
+    x = to_numpy(x)
     if x.ndim == 1:
         x = x[:, None]
     if x.ndim != 2:
@@ -85,7 +85,7 @@ class GaussianW2:
         if self.n <= self.d:
             self.K = x @ cov @ x.T
         else:
-            self.root = _sqrtm_psd(cov)
+            self.root = psd_sqrt(cov)
 
     def __call__(self, idx: Optional[np.ndarray] = None) -> float:
         x = self.x if idx is None else self.x[idx]
@@ -170,7 +170,7 @@ class W2Estimator:
         self.method, self.num_bootstrap, self.floor = method, num_bootstrap, floor
         self.rng = np.random.default_rng(seed)
         if isinstance(reference, tuple):
-            self.mean, self.cov = _numpy(reference[0]).reshape(-1), _numpy(reference[1])
+            self.mean, self.cov = to_numpy(reference[0]).reshape(-1), to_numpy(reference[1])
             d = self.mean.size
             if self.cov.shape != (d, d):
                 raise ValueError(f"reference (mean, cov) has shapes {self.mean.shape}, "

@@ -20,10 +20,11 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from .constants import _check_positive, _numpy
+from ..validation import check_positive, to_numpy
 
 
-def _sqrtm_psd(S: np.ndarray) -> np.ndarray:
+def psd_sqrt(S: np.ndarray) -> np.ndarray:
+    """The symmetric square root of a positive semi-definite matrix (negative rounding clipped)."""
     vals, vecs = np.linalg.eigh(0.5 * (S + S.T))
     return (vecs * np.sqrt(np.clip(vals, 0.0, None))) @ vecs.T
 
@@ -43,12 +44,12 @@ def gaussian_w2(mean1, cov1, mean2, cov2) -> float:
         >>> round(gaussian_w2(np.zeros(2), np.eye(2), np.ones(2), 4 * np.eye(2)), 6)  # sqrt(2 + 2)
         2.0
     """
-    m1, m2 = _numpy(mean1).reshape(-1), _numpy(mean2).reshape(-1)
-    S1, S2 = _numpy(cov1), _numpy(cov2)
+    m1, m2 = to_numpy(mean1).reshape(-1), to_numpy(mean2).reshape(-1)
+    S1, S2 = to_numpy(cov1), to_numpy(cov2)
     if S1.shape != (m1.size, m1.size) or S2.shape != (m2.size, m2.size) or m1.size != m2.size:
         raise ValueError(f"shapes do not match: means {m1.shape}, {m2.shape}; covariances "
                          f"{S1.shape}, {S2.shape}.")
-    root = _sqrtm_psd(S2)
+    root = psd_sqrt(S2)
     cross = np.linalg.eigvalsh(root @ S1 @ root)
     w2sq = ((m1 - m2) ** 2).sum() + np.trace(S1) + np.trace(S2) - 2 * np.sqrt(np.clip(cross, 0, None)).sum()
     return float(np.sqrt(max(w2sq, 0.0)))
@@ -62,12 +63,12 @@ def gaussian_targets(precision, mean, eta: Optional[float] = None,
     :math:`\mathrm{Cov}(\theta, \theta_a) = TA^{-1}` (docs/theory.md, section 1); the joint stacks
     :math:`(\theta, \theta_a)`. Without ``eta`` only the posterior.
     """
-    A, mu = _numpy(precision), _numpy(mean).reshape(-1)
-    T = _check_positive("temperature", temperature)
+    A, mu = to_numpy(precision), to_numpy(mean).reshape(-1)
+    T = check_positive("temperature", temperature)
     cov = T * np.linalg.inv(A)
     out = {"posterior": (mu, cov)}
     if eta is not None:
-        flat = cov + T * _check_positive("eta", eta) * np.eye(mu.size)
+        flat = cov + T * check_positive("eta", eta) * np.eye(mu.size)
         out["flat"] = (mu, flat)
         out["joint"] = (np.concatenate([mu, mu]), np.block([[cov, cov], [cov, flat]]))
     return out
@@ -92,7 +93,7 @@ class LinearGaussianChain:
         if np.ndim(iterations) == 0:
             iterations = np.arange(int(iterations) + 1)
         iterations = np.asarray(iterations, dtype=int)
-        mean, cov = _numpy(mean0).reshape(-1), _numpy(cov0)
+        mean, cov = to_numpy(mean0).reshape(-1), to_numpy(cov0)
         sel = slice(None) if project is None else project
         out, k = np.empty(len(iterations)), 0
         for i in np.argsort(iterations, kind="stable"):
@@ -104,7 +105,7 @@ class LinearGaussianChain:
 
 
 def _gradient_noise_cov(d: int, gradient_noise_cov) -> np.ndarray:
-    return np.zeros((d, d)) if gradient_noise_cov is None else _numpy(gradient_noise_cov)
+    return np.zeros((d, d)) if gradient_noise_cov is None else to_numpy(gradient_noise_cov)
 
 
 def langevin_chain(precision, mean, step_size: float, temperature: float = 1.0, *,
@@ -116,10 +117,10 @@ def langevin_chain(precision, mean, step_size: float, temperature: float = 1.0, 
     ``temperature=0`` is SGD. ``noise_scale`` :math:`s`, a constant ``gradient_bias`` :math:`b`
     and a minibatch-noise covariance :math:`V` are there to model a wrong sampler or a noisy one.
     """
-    A, mu = _numpy(precision), _numpy(mean).reshape(-1)
-    alpha = _check_positive("step_size", step_size)
+    A, mu = to_numpy(precision), to_numpy(mean).reshape(-1)
+    alpha = check_positive("step_size", step_size)
     d = mu.size
-    bias = np.zeros(d) if gradient_bias is None else _numpy(gradient_bias).reshape(-1)
+    bias = np.zeros(d) if gradient_bias is None else to_numpy(gradient_bias).reshape(-1)
     Q = 2 * alpha * float(temperature) * noise_scale**2 * np.eye(d) + alpha**2 * _gradient_noise_cov(d, gradient_noise_cov)
     return LinearGaussianChain(np.eye(d) - alpha * A, alpha * (A @ mu - bias), Q)
 
@@ -132,8 +133,8 @@ def entropy_langevin_chain(precision, mean, eta: float, step_size: float,
     :math:`\begin{pmatrix} A + I/\eta & -I/\eta \\ -I/\eta & I/\eta\end{pmatrix}` and mean
     :math:`(\mu, \mu)`; minibatch noise (``gradient_noise_cov``) enters the :math:`\theta` block only.
     """
-    A, mu = _numpy(precision), _numpy(mean).reshape(-1)
-    eta = _check_positive("eta", eta)
+    A, mu = to_numpy(precision), to_numpy(mean).reshape(-1)
+    eta = check_positive("eta", eta)
     d = mu.size
     eye = np.eye(d)
     joint = np.block([[A + eye / eta, -eye / eta], [-eye / eta, eye / eta]])
@@ -156,10 +157,10 @@ def local_entropy_chain(precision, mean, eta: float, step_size: float, *, num_in
     :math:`B = I - \tfrac\alpha\eta(I - P)`, :math:`c = \tfrac\alpha\eta q`,
     :math:`Q = \tfrac{\alpha^2}{\eta^2}R + 2\alpha T I`.
     """
-    A, mu_star = _numpy(precision), _numpy(mean).reshape(-1)
-    eta = _check_positive("eta", eta)
-    alpha = _check_positive("step_size", step_size)
-    alpha_in = _check_positive("inner_step_size", inner_step_size)
+    A, mu_star = to_numpy(precision), to_numpy(mean).reshape(-1)
+    eta = check_positive("eta", eta)
+    alpha = check_positive("step_size", step_size)
+    alpha_in = check_positive("inner_step_size", inner_step_size)
     a, T = float(mean_weight), float(temperature)
     d = mu_star.size
     eye = np.eye(d)

@@ -6,9 +6,10 @@ one site ``"theta"`` (batched over chains, optionally with per-chain minibatches
 for each target (``"posterior"``, ``"flat"``, ``"joint"``, ``"mode"``).
 
 - :class:`GaussianProblem`: :math:`f = \tfrac12(\theta-\mu)^\top A(\theta-\mu)`; everything in
-  closed form, including the exact law of every kernel (:meth:`GaussianProblem.exact_w2`).
+  closed form, including the exact law of every kernel's chain (:meth:`GaussianProblem.exact_w2`).
 - :class:`LogisticRegressionProblem`: Bayesian logistic regression; the reference is a long
-  :class:`~pyro_flat.EntropyHMC` run (exact, Metropolis-corrected), the mode an L-BFGS fit.
+  :class:`~pyro_flat.EntropyHMC` run (exact, Metropolis-corrected; made by
+  :func:`pyro_flat.references.reference_draws`, above the kernels), the mode an L-BFGS fit.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .constants import _check_positive, _numpy, logistic_gradient_noise, logistic_regression_constants
+from ..models import LogisticRegressionPotential
+from ..validation import check_positive, to_numpy
+from .constants import logistic_gradient_noise, logistic_regression_constants
 from .gaussian import entropy_langevin_chain, gaussian_targets, langevin_chain, local_entropy_chain
 
 SITE = "theta"
@@ -75,7 +78,7 @@ class GaussianProblem(Problem):
     """
 
     def __init__(self, precision, mean=None, temperature: float = 1.0):
-        A = _numpy(precision)
+        A = to_numpy(precision)
         if A.ndim != 2 or A.shape[0] != A.shape[1] or not np.allclose(A, A.T):
             raise ValueError(f"precision must be a symmetric (d, d) matrix, got shape {A.shape}.")
         eig = np.linalg.eigvalsh(A)
@@ -83,8 +86,8 @@ class GaussianProblem(Problem):
             raise ValueError(f"precision must be positive definite (smallest eigenvalue "
                              f"{eig[0]:.3g}): the potential is not strongly convex.")
         self.A, self.dim = A, A.shape[0]
-        self.mean = np.zeros(self.dim) if mean is None else _numpy(mean).reshape(self.dim)
-        self.temperature = _check_positive("temperature", temperature)
+        self.mean = np.zeros(self.dim) if mean is None else to_numpy(mean).reshape(self.dim)
+        self.temperature = check_positive("temperature", temperature)
         self._eig = eig
         self._A_t = torch.as_tensor(A, dtype=torch.get_default_dtype())
         self._mu_t = torch.as_tensor(self.mean, dtype=torch.get_default_dtype())
@@ -115,64 +118,17 @@ class GaussianProblem(Problem):
     def mode(self) -> np.ndarray:
         return self.mean
 
-    def exact_chain(self, kernel):
-        """The exact :class:`~pyro_flat.theory.LinearGaussianChain` of a full-batch ``kernel``."""
-        from ..kernels import SGD, SGLD, EntropySGLD, LocalEntropySGLD
-
-        T, alpha = kernel.temperature, kernel.step_size
-        if isinstance(kernel, LocalEntropySGLD):
-            return local_entropy_chain(self.A, self.mean, kernel.eta, alpha,
-                                       num_inner_steps=kernel.num_inner_steps,
-                                       inner_step_size=kernel.inner_step_size,
-                                       mean_weight=kernel.mean_weight, temperature=T,
-                                       outer_noise=kernel.outer_noise)
-        if isinstance(kernel, EntropySGLD):
-            return entropy_langevin_chain(self.A, self.mean, kernel.eta, alpha, T)
-        if isinstance(kernel, (SGLD, SGD)):
-            return langevin_chain(self.A, self.mean, alpha, T)
-        raise TypeError(f"no exact Gaussian law for {type(kernel).__name__}.")
-
-    def exact_w2(self, kernel, target: str, iterations, initial_point=None) -> np.ndarray:
-        """:math:`W_2` of ``kernel``'s chain, started at a point, to ``target`` at ``iterations``."""
-        x0 = _numpy(self.initial_point() if initial_point is None else initial_point)
-        chain = self.exact_chain(kernel)
+    def exact_w2(self, chain, target: str, iterations, initial_point=None, eta=None) -> np.ndarray:
+        """:math:`W_2` to ``target`` at ``iterations`` of a :class:`~pyro_flat.theory.LinearGaussianChain`
+        (a chain over :math:`\theta`, or over :math:`(\theta, \theta_a)` started at :math:`\theta_a = \theta`)
+        from ``initial_point``. :func:`pyro_flat.references.exact_chain` gives a kernel's chain."""
+        x0 = to_numpy(self.initial_point() if initial_point is None else initial_point)
         p = chain.B.shape[0]
         start = np.concatenate([x0, x0]) if p == 2 * self.dim else x0
-        ref = self.reference(target, getattr(kernel, "eta", None))
+        ref = self.reference(target, eta)
         project = slice(None) if target == "joint" or p == self.dim else (
             slice(self.dim, None) if target == "flat" else slice(0, self.dim))
         return chain.w2_trajectory(start, np.zeros((p, p)), iterations, ref, project)
-
-
-class _LogisticPotential:
-    """Logistic-regression potential over ``theta`` ``(C, d)``; independent minibatches per chain."""
-
-    def __init__(self, X: torch.Tensor, signs: torch.Tensor, precision: torch.Tensor,
-                 batch_size: Optional[int]):
-        self.X, self.signs, self.precision = X, signs, precision
-        self.batch_size = batch_size
-        self._perm: Optional[torch.Tensor] = None
-        self._pos = 0
-
-    def _weights(self, num_chains: int) -> torch.Tensor:
-        """``(C, N)``: ``N/B`` on each chain's minibatch (without replacement within an epoch)."""
-        n, B = self.X.shape[0], self.batch_size
-        if self._perm is None or self._perm.shape[0] != num_chains or self._pos + B > n:
-            self._perm = torch.rand(num_chains, n, device=self.X.device).argsort(-1)
-            self._pos = 0
-        idx = self._perm[:, self._pos : self._pos + B]
-        self._pos += B
-        weights = torch.zeros(num_chains, n, dtype=self.X.dtype, device=self.X.device)
-        return weights.scatter_(1, idx, n / B)
-
-    def __call__(self, params: Dict[str, torch.Tensor]) -> torch.Tensor:
-        theta = params[SITE]
-        W = theta.reshape(-1, theta.shape[-1])
-        nll = F.softplus(-self.signs * (W @ self.X.T))  # (C, N)
-        if self.batch_size is not None:
-            nll = nll * self._weights(W.shape[0])
-        energy = nll.sum(-1) + 0.5 * (W * W * self.precision).sum(-1)
-        return energy.reshape(theta.shape[:-1])
 
 
 class LogisticRegressionProblem(Problem):
@@ -214,7 +170,7 @@ class LogisticRegressionProblem(Problem):
         self.y = y
         self.dim = self.X.shape[1]
         self.prior_precision = prior_precision
-        self.temperature = _check_positive("temperature", temperature)
+        self.temperature = check_positive("temperature", temperature)
         self._constants = logistic_regression_constants(self.X, prior_precision, self.temperature)
         self._precision = torch.as_tensor(prior_precision, dtype=X.dtype).expand(self.dim)
         self.test_data = None if test_data is None else (self._design(torch.as_tensor(test_data[0], dtype=X.dtype)),
@@ -243,7 +199,7 @@ class LogisticRegressionProblem(Problem):
                 raise ValueError(f"batch_size must be an integer in [1, {n}] or None, got {batch_size!r}.")
             if batch_size == n:
                 batch_size = None
-        return _LogisticPotential(self.X, 2 * self.y - 1, self._precision, batch_size)
+        return LogisticRegressionPotential(self.X, self.y, self._precision, batch_size)
 
     def constants(self) -> Tuple[float, float]:
         return self._constants
@@ -270,32 +226,28 @@ class LogisticRegressionProblem(Problem):
             self._mode = w.detach().numpy()
         return self._mode
 
-    def reference_draws(self, eta: float, *, num_chains: int = 4, num_samples: int = 1000,
-                        warmup_steps: int = 300, progress_bar: bool = False) -> Dict[str, np.ndarray]:
-        """``{"theta", "theta_aux"}`` draws ``(num_chains * num_samples, d)`` of the Entropy-MCMC joint
-        by :class:`~pyro_flat.EntropyHMC` (full batch, Hessian metric, vectorized chains, started
-        at the MAP); cached per ``eta``. ``theta`` follows the posterior, ``theta_aux`` the flat one."""
-        from ..kernels import EntropyHMC
-        from ..mcmc import MCMC
+    def reference_eta(self, eta: Optional[float]) -> float:
+        """The coupling of the joint whose draws give the ``"posterior"`` reference (any works:
+        θ's marginal is the posterior for every η; 0.01 unless one is given)."""
+        return 0.01 if eta is None else float(eta)
 
-        key = float(eta)
-        if key not in self._references:
-            kernel = EntropyHMC(potential_fn=self.potential_fn(None), eta=eta, full_mass="hessian",
-                                temperature=self.temperature)
-            start = torch.as_tensor(self.mode(), dtype=self.X.dtype)
-            mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps,
-                        num_chains=num_chains, initial_params={SITE: start.expand(num_chains, -1).clone()},
-                        disable_progbar=not progress_bar, chain_method="vectorized")
-            mcmc.run()
-            draws = mcmc.get_samples()
-            self._references[key] = {k: v.double().numpy() for k, v in draws.items()}
-        return self._references[key]
+    def store_reference(self, eta: float, draws: Dict[str, np.ndarray]) -> None:
+        """Keep draws ``{"theta", "theta_aux"}`` of the joint at ``eta`` for :meth:`reference`
+        (:func:`pyro_flat.references.reference_draws` makes them with EntropyHMC)."""
+        self._references[float(eta)] = draws
+
+    def stored_reference(self, eta: float) -> Optional[Dict[str, np.ndarray]]:
+        return self._references.get(float(eta))
 
     def reference(self, target: str, eta: Optional[float] = None):
         _check_target(target, eta)
         if target == "mode":
             return self.mode(), np.zeros((self.dim, self.dim))
-        draws = self.reference_draws(0.01 if eta is None else eta)
+        draws = self.stored_reference(self.reference_eta(eta))
+        if draws is None:
+            raise ValueError(f"no reference draws for eta={self.reference_eta(eta)}: make them with "
+                             "pyro_flat.references.reference_draws(problem, eta) (check_convergence "
+                             "does this itself).")
         if target == "posterior":
             return draws[SITE]
         if target == "flat":
