@@ -31,7 +31,8 @@ from .theory.problems import SITE
 
 
 def exact_chain(problem: GaussianProblem, kernel) -> LinearGaussianChain:
-    """The exact law of ``kernel``'s full-batch chain on ``problem``, one iteration at a time.
+    """The exact law of ``kernel``'s full-batch chain on ``problem``, one iteration at a time
+    (with the kernel's frozen preconditioner of chain 0, once it has one: after a run).
 
     >>> import torch
     >>> from pyro_flat import SGLD
@@ -40,6 +41,7 @@ def exact_chain(problem: GaussianProblem, kernel) -> LinearGaussianChain:
     (2, 2)
     """
     T, alpha = kernel.temperature, kernel.step_size
+    metric = None if kernel.preconditioner is None else kernel.preconditioner.covariance(0).double().cpu().numpy()
     if isinstance(kernel, LocalEntropySGLD):
         return local_entropy_chain(problem.A, problem.mean, kernel.eta, alpha,
                                    num_inner_steps=kernel.num_inner_steps,
@@ -47,9 +49,9 @@ def exact_chain(problem: GaussianProblem, kernel) -> LinearGaussianChain:
                                    mean_weight=kernel.mean_weight, temperature=T,
                                    outer_noise=kernel.outer_noise)
     if isinstance(kernel, EntropySGLD):
-        return entropy_langevin_chain(problem.A, problem.mean, kernel.eta, alpha, T)
+        return entropy_langevin_chain(problem.A, problem.mean, kernel.eta, alpha, T, preconditioner=metric)
     if isinstance(kernel, (SGLD, SGD)):
-        return langevin_chain(problem.A, problem.mean, alpha, T)
+        return langevin_chain(problem.A, problem.mean, alpha, T, preconditioner=metric)
     raise TypeError(f"no exact Gaussian law for {type(kernel).__name__}.")
 
 

@@ -24,6 +24,8 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from ..schedules import Schedule, as_schedule
 from ..validation import check_positive, check_positive_int
 from .errors import DivergenceError
+from .integrators import langevin_step
+from .preconditioning import DEFAULT_STEP_SIZE, Preconditioner
 from ..targets import CallablePotential, CoupledPotential, ModelPotential, Params
 
 
@@ -286,6 +288,11 @@ class StochasticGradientKernel(TargetKernel):
     :param temperature: :math:`T > 0`; the target is :math:`\\propto \\exp(-U/T)`.
     :param schedule: ``None``, a positive float or a callable ``k -> factor`` (see
         :mod:`pyro_flat.schedules`); the step at iteration ``k`` is ``step_size * schedule(k)``.
+    :param preconditioner: ``None``, ``"diagonal"``, ``"dense"`` or a fixed tensor: the metric
+        :math:`M^{-1}` of :mod:`~pyro_flat.kernels.preconditioning`, estimated from the
+        full-data curvature during warm-up and frozen for sampling. With one, ``step_size`` is in
+        the metric's units (default :data:`~pyro_flat.kernels.preconditioning.DEFAULT_STEP_SIZE`);
+        without one it is required.
 
     ``model``, ``potential_fn``, ``init_strategy`` and ``record_draws`` are those of
     :class:`TargetKernel`. ``diagnostics()`` gives Pyro's divergence list (always empty: a
@@ -303,16 +310,24 @@ class StochasticGradientKernel(TargetKernel):
         model: Optional[Callable] = None,
         *,
         potential_fn: Optional[Callable[[Params], torch.Tensor]] = None,
-        step_size: float,
+        step_size: Optional[float] = None,
         temperature: float = 1.0,
         schedule: Union[None, float, Schedule] = None,
+        preconditioner: Union[None, str, torch.Tensor] = None,
         init_strategy: Callable = init_to_sample,
         record_draws: bool = True,
     ):
         super().__init__(model, potential_fn=potential_fn, init_strategy=init_strategy,
                          record_draws=record_draws)
+        self.preconditioner = None if preconditioner is None else Preconditioner(preconditioner)
+        if step_size is None and self.preconditioner is None:
+            raise ValueError(f"{type(self).__name__} needs step_size= (try a value such that step_size "
+                             "* (largest curvature) < 1), or preconditioner='dense'/'diagonal', whose "
+                             f"step size defaults to {DEFAULT_STEP_SIZE}.")
         self.step_size = check_positive(
-            "step_size", step_size, hint="Try a value such that step_size * (largest curvature) < 1."
+            "step_size", DEFAULT_STEP_SIZE if step_size is None else step_size,
+            hint="Try a value such that step_size * (largest curvature) < 1, or 0.05-0.3 with a "
+                 "preconditioner."
         )
         if self.allow_zero_temperature and temperature == 0:
             self.temperature = 0.0
@@ -325,12 +340,25 @@ class StochasticGradientKernel(TargetKernel):
 
     supports_thinning = True
 
+    def after_setup(self, params: Params) -> None:
+        if self.preconditioner is not None:
+            self.preconditioner.setup(self.target, params, num_chains=self.num_chains,
+                                      warmup_steps=self._warmup_steps, eta=getattr(self, "eta", None))
+
+    def langevin(self, params: Params, grads: Params, step_size: float, temperature: float) -> Params:
+        """The shared Langevin step, preconditioned when the kernel has a preconditioner."""
+        if self.preconditioner is None:
+            return langevin_step(params, grads, step_size, temperature)
+        return self.preconditioner.step(params, grads, step_size, temperature)
+
     def sample(self, params: Params) -> Params:
         """One warm-up iteration, or after warm-up :attr:`steps_per_draw` iterations of which the
         last is the draw (thinning inside the kernel: the others are never stored)."""
         sampling = self._iteration >= self._warmup_steps
         for j in range(self.steps_per_draw if sampling else 1):
             k = self._iteration
+            if self.preconditioner is not None and not sampling:
+                self.preconditioner.adapt(k, params)
             step_size = self.step_size * float(self.schedule(k))
             new_params, energy, grads = self.transition(params, step_size)
             self.num_grad_evals += self.grads_per_iteration

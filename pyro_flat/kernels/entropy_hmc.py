@@ -8,10 +8,11 @@ from typing import Callable, Dict, Iterable, List, NamedTuple, Optional
 import torch
 from pyro.infer.autoguide.initialization import init_to_sample
 
-from ..targets import CoupledPotential, Params, SiteLayout, coupling
+from ..targets import ChainLayout, CoupledPotential, Params, coupling
 from ..validation import check_eta, check_positive
 from .adaptation import StepSizeAdapter, WelfordCovariance, adaptation_windows
 from .base import TargetKernel, coupled_target
+from .curvature import hessian, inverse_curvature
 from .integrators import leapfrog
 from .mass_matrix import CoupledFactor, conditional_covariance, factor_from_covariance
 from .nuts import nuts_transition
@@ -33,22 +34,6 @@ class _Move(NamedTuple):
     diverging: torch.Tensor
     num_steps: int
     tree_depth: Optional[int]
-
-
-class _Layout:
-    """A :class:`~pyro_flat.targets.SiteLayout` whose flat vectors are always ``(chains, D)``
-    (one chain gets a leading dim of 1)."""
-
-    def __init__(self, sites: Dict, names: List[str], batched: bool):
-        self.layout, self.batched = SiteLayout({n: sites[n].shape for n in names}, names), batched
-        self.dim = self.layout.dim
-
-    def pack(self, params: Params) -> torch.Tensor:
-        flat = self.layout.pack(params, batch_dims=1 if self.batched else 0)
-        return flat if self.batched else flat.unsqueeze(0)
-
-    def unpack(self, flat: torch.Tensor, names: Optional[List[str]] = None) -> Params:
-        return self.layout.unpack(flat if self.batched else flat[0], names)
 
 
 class EntropyHMC(TargetKernel):
@@ -204,8 +189,8 @@ class EntropyHMC(TargetKernel):
         coupled = list(target.pairs.values())
         names = coupled + [n for n in target.base.sites if n not in coupled]
         batched = self.num_chains is not None
-        self._theta = _Layout(target.base.sites, names, batched)
-        self._aux = _Layout(target.sites, list(target.pairs), batched)
+        self._theta = ChainLayout({n: target.base.sites[n].shape for n in names}, names, batched)
+        self._aux = ChainLayout({n: target.sites[n].shape for n in target.pairs}, list(target.pairs), batched)
         self._num_coupled = self._aux.dim
         chains = self.num_chains or 1
         x = self._theta.pack(params)
@@ -377,21 +362,9 @@ class EntropyHMC(TargetKernel):
             self._step = self._adapter.final().unsqueeze(-1)
 
     def _inverse_hessian(self, x: torch.Tensor) -> torch.Tensor:
-        """:math:`|\nabla^2 f(x)|^{-1}` per chain, ``(C, D, D)``: eigenvalues in absolute value,
-        floored at 1e-6 of the largest (and at 1e-8), so the result is a covariance."""
-        with torch.enable_grad():
-            x = x.detach().requires_grad_(True)
-            energy = self.target.base(self._theta.unpack(x), self.target.base.fixed_batch())
-            (grad,) = torch.autograd.grad(energy.sum(), x, create_graph=True)
-            rows = [torch.autograd.grad(grad[:, i].sum(), x, retain_graph=True)[0]
-                    for i in range(x.shape[-1])]
-        hessian = torch.stack(rows, 1).detach()
-        eigenvalues, vectors = torch.linalg.eigh(0.5 * (hessian + hessian.mT))
-        magnitude = eigenvalues.abs()
-        floor = (magnitude.amax(-1, keepdim=True) * 1e-6).clamp(min=1e-8)
-        magnitude = torch.maximum(magnitude, floor)
-        cov = (vectors / magnitude.unsqueeze(-2)) @ vectors.mT
-        return 0.5 * (cov + cov.mT)
+        """:math:`|\nabla^2 f(x)|^{-1}` per chain, ``(C, D, D)`` (:mod:`~pyro_flat.kernels.curvature`)."""
+        base, batch = self.target.base, self.target.base.fixed_batch()
+        return inverse_curvature(hessian(lambda z: base(self._theta.unpack(z), batch).reshape(-1), x))
 
     def _velocity(self, r: torch.Tensor) -> torch.Tensor:
         return self._metric.velocity(r)  # M⁻¹ r

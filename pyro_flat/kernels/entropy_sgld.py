@@ -68,7 +68,7 @@ class EntropySGLD(SGLD):
         *,
         potential_fn: Optional[Callable[[Params], torch.Tensor]] = None,
         eta: float,
-        step_size: float,
+        step_size: Optional[float] = None,
         temperature: float = 1.0,
         schedule=None,
         sites: Optional[Iterable[str]] = None,

@@ -94,6 +94,10 @@ class LocalEntropySGLD(StochasticGradientKernel):
         schedule=None,
         **kwargs,
     ):
+        if kwargs.get("preconditioner") is not None:
+            raise ValueError(f"{type(self).__name__} takes no preconditioner: its inner chain samples "
+                             "a different conditional law at every step. Use EntropySGLD(..., "
+                             "preconditioner='dense') for a preconditioned flat posterior.")
         super().__init__(model, potential_fn=potential_fn, step_size=step_size,
                          temperature=temperature, schedule=schedule, **kwargs)
         self.eta = check_eta(eta)

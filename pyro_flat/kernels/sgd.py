@@ -42,7 +42,7 @@ class SGD(SGLD):
 
     def __init__(self, model: Optional[Callable] = None, *,
                  potential_fn: Optional[Callable[[Params], torch.Tensor]] = None,
-                 step_size: float, schedule=None, **kwargs):
+                 step_size: Optional[float] = None, schedule=None, **kwargs):
         if "temperature" in kwargs:
             raise ValueError("SGD has no temperature (it is SGLD at temperature 0); use SGLD for "
                              "a sampler at temperature T.")

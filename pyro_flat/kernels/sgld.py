@@ -3,7 +3,6 @@ r"""Stochastic-gradient Langevin dynamics (Welling & Teh, 2011) as a Pyro ``MCMC
 from __future__ import annotations
 
 from .base import StochasticGradientKernel
-from .integrators import langevin_step
 from ..targets import Params
 
 
@@ -40,4 +39,4 @@ class SGLD(StochasticGradientKernel):
     """
 
     def update(self, params: Params, grads: Params, step_size: float) -> Params:
-        return langevin_step(params, grads, step_size, self.temperature)
+        return self.langevin(params, grads, step_size, self.temperature)

@@ -14,7 +14,7 @@ subsampled plates and the support transforms. Nothing here imports a kernel.
 """
 
 from .coupling import CouplingTerms, coupling
-from .layout import Params, SiteLayout
+from .layout import ChainLayout, Params, SiteLayout
 from .potential import (
     CallablePotential,
     CoupledPotential,
@@ -35,6 +35,7 @@ __all__ = [
     "CouplingTerms",
     "SiteInfo",
     "SiteLayout",
+    "ChainLayout",
     "Params",
     "EpochBatcher",
     "NotBroadcasting",

@@ -42,3 +42,24 @@ class SiteLayout:
         batch = flat.shape[:-1]
         return {name: part.reshape(batch + self.shapes[n])
                 for name, n, part in zip(names or self.names, self.names, flat.split(self.sizes, -1))}
+
+
+class ChainLayout:
+    """A :class:`SiteLayout` whose flat vectors are always ``(chains, dim)``: with ``batched=False``
+    (one chain, Pyro's own driver) the sites carry no chain dim and the vector gets a leading 1.
+
+    >>> layout = ChainLayout({"w": torch.Size([2])}, ["w"], batched=False)
+    >>> layout.pack({"w": torch.ones(2)}).shape, layout.unpack(torch.zeros(1, 2))["w"].shape
+    (torch.Size([1, 2]), torch.Size([2]))
+    """
+
+    def __init__(self, shapes: Mapping[str, torch.Size], names: List[str], batched: bool):
+        self.layout, self.batched = SiteLayout(shapes, names), batched
+        self.names, self.dim = self.layout.names, self.layout.dim
+
+    def pack(self, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        flat = self.layout.pack(params, batch_dims=1 if self.batched else 0)
+        return flat if self.batched else flat.unsqueeze(0)
+
+    def unpack(self, flat: torch.Tensor, names: Optional[List[str]] = None) -> Params:
+        return self.layout.unpack(flat if self.batched else flat[0], names)

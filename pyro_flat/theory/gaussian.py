@@ -85,6 +85,25 @@ class LinearGaussianChain:
     def step(self, mean: np.ndarray, cov: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         return self.B @ mean + self.c, self.B @ cov @ self.B.T + self.Q
 
+    def stationary(self) -> Tuple[np.ndarray, np.ndarray]:
+        r"""The chain's own stationary law: mean :math:`(I - B)^{-1}c` and the covariance solving
+        the discrete Lyapunov equation :math:`\Sigma = B\Sigma B^\top + Q` (needs
+        :math:`\rho(B) < 1`: a stable step)."""
+        radius = np.abs(np.linalg.eigvals(self.B)).max()
+        if radius >= 1:
+            raise ValueError(f"the chain is unstable (spectral radius of B {radius:.4g} >= 1): no "
+                             "stationary law; use a smaller step size.")
+        d = self.B.shape[0]
+        mean = np.linalg.solve(np.eye(d) - self.B, self.c)
+        # vec(Σ) = (I - B ⊗ B)^{-1} vec(Q), small d only; iterate the doubling recursion instead
+        cov, B = self.Q.copy(), self.B.copy()
+        for _ in range(64):  # Σ_{2k} = Σ_k + B^k Σ_k B^kᵀ: converges geometrically
+            cov = cov + B @ cov @ B.T
+            B = B @ B
+            if np.abs(B).max() < 1e-18:
+                break
+        return mean, 0.5 * (cov + cov.T)
+
     def w2_trajectory(self, mean0, cov0, iterations, target: Tuple[np.ndarray, np.ndarray],
                       project: Optional[slice] = None) -> np.ndarray:
         r""":func:`gaussian_w2` to ``target`` from :math:`\mathcal N(` ``mean0, cov0`` :math:`)`,
@@ -110,9 +129,10 @@ def _gradient_noise_cov(d: int, gradient_noise_cov) -> np.ndarray:
 
 def langevin_chain(precision, mean, step_size: float, temperature: float = 1.0, *,
                    noise_scale: float = 1.0, gradient_bias=None,
-                   gradient_noise_cov=None) -> LinearGaussianChain:
-    r"""SGLD on :math:`\tfrac12(\theta-\mu)^\top A(\theta-\mu)`: :math:`B = I - \alpha A`,
-    :math:`c = \alpha(A\mu - b)`, :math:`Q = 2\alpha T s^2 I + \alpha^2 V`.
+                   gradient_noise_cov=None, preconditioner=None) -> LinearGaussianChain:
+    r"""SGLD on :math:`\tfrac12(\theta-\mu)^\top A(\theta-\mu)` with a fixed preconditioner
+    :math:`P = M^{-1}` (default :math:`I`): :math:`B = I - \alpha PA`,
+    :math:`c = \alpha P(A\mu - b)`, :math:`Q = 2\alpha T s^2 P + \alpha^2 P V P`.
 
     ``temperature=0`` is SGD. ``noise_scale`` :math:`s`, a constant ``gradient_bias`` :math:`b`
     and a minibatch-noise covariance :math:`V` are there to model a wrong sampler or a noisy one.
@@ -120,18 +140,22 @@ def langevin_chain(precision, mean, step_size: float, temperature: float = 1.0, 
     A, mu = to_numpy(precision), to_numpy(mean).reshape(-1)
     alpha = check_positive("step_size", step_size)
     d = mu.size
+    P = np.eye(d) if preconditioner is None else to_numpy(preconditioner)
     bias = np.zeros(d) if gradient_bias is None else to_numpy(gradient_bias).reshape(-1)
-    Q = 2 * alpha * float(temperature) * noise_scale**2 * np.eye(d) + alpha**2 * _gradient_noise_cov(d, gradient_noise_cov)
-    return LinearGaussianChain(np.eye(d) - alpha * A, alpha * (A @ mu - bias), Q)
+    V = _gradient_noise_cov(d, gradient_noise_cov)
+    Q = 2 * alpha * float(temperature) * noise_scale**2 * P + alpha**2 * P @ V @ P
+    return LinearGaussianChain(np.eye(d) - alpha * P @ A, alpha * P @ (A @ mu - bias), Q)
 
 
 def entropy_langevin_chain(precision, mean, eta: float, step_size: float,
-                           temperature: float = 1.0, *, gradient_noise_cov=None) -> LinearGaussianChain:
+                           temperature: float = 1.0, *, gradient_noise_cov=None,
+                           preconditioner=None) -> LinearGaussianChain:
     r"""Entropy-MCMC (:class:`~pyro_flat.EntropySGLD`) on the joint of a quadratic :math:`f`.
 
     SGLD on :math:`(\theta, \theta_a)` with the joint precision
     :math:`\begin{pmatrix} A + I/\eta & -I/\eta \\ -I/\eta & I/\eta\end{pmatrix}` and mean
     :math:`(\mu, \mu)`; minibatch noise (``gradient_noise_cov``) enters the :math:`\theta` block only.
+    ``preconditioner``: the fixed ``(2d, 2d)`` joint metric :math:`M^{-1}`, if any.
     """
     A, mu = to_numpy(precision), to_numpy(mean).reshape(-1)
     eta = check_positive("eta", eta)
@@ -140,7 +164,8 @@ def entropy_langevin_chain(precision, mean, eta: float, step_size: float,
     joint = np.block([[A + eye / eta, -eye / eta], [-eye / eta, eye / eta]])
     V = np.zeros((2 * d, 2 * d))
     V[:d, :d] = _gradient_noise_cov(d, gradient_noise_cov)
-    return langevin_chain(joint, np.concatenate([mu, mu]), step_size, temperature, gradient_noise_cov=V)
+    return langevin_chain(joint, np.concatenate([mu, mu]), step_size, temperature, gradient_noise_cov=V,
+                          preconditioner=preconditioner)
 
 
 def local_entropy_chain(precision, mean, eta: float, step_size: float, *, num_inner_steps: int,

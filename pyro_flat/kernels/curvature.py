@@ -1,0 +1,90 @@
+r"""Curvature of a potential at the chains' points, turned into a covariance for a preconditioner
+or an HMC metric.
+
+Every function takes ``energy_fn``: a flat ``(C, D)`` tensor (one row per chain) to the ``(C,)``
+energies, differentiable. The Hessian rows come from one reverse pass per coordinate through the
+graph of the gradient (the chains' energies are summed: chain ``c``'s energy depends on row ``c``
+only, so one pass gives every chain's row at once).
+
+- :func:`hessian`: the exact ``(C, D, D)`` Hessian (``D`` reverse passes).
+- :func:`hessian_diagonal`: its diagonal, exact up to :data:`EXACT_DIAGONAL_DIM` coordinates, else
+  Hutchinson's estimate :math:`\mathrm{diag}(H) \approx \frac1S\sum_s v_s \odot H v_s` with
+  Rademacher :math:`v_s` (``num_probes`` reverse passes).
+- :func:`inverse_curvature` / :func:`inverse_diagonal`: :math:`|H|^{-1}`, the eigenvalues (or
+  diagonal entries) in absolute value and floored at ``floor`` times the largest, so that a flat
+  or non-convex direction gives a large but finite variance; :func:`absolute_curvature` is
+  :math:`|H|` itself (floored alike), a precision.
+
+>>> energy = lambda x: 0.5 * (x * x * torch.tensor([1.0, 100.0])).sum(-1)
+>>> inverse_curvature(hessian(energy, torch.zeros(3, 2)))[0].diagonal()
+tensor([1.0000, 0.0100])
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+EnergyFn = Callable[[torch.Tensor], torch.Tensor]
+#: :func:`hessian_diagonal` forms the Hessian up to this dimension, Hutchinson's estimate above
+EXACT_DIAGONAL_DIM = 1024
+#: eigenvalues (diagonal entries) below this fraction of the largest are raised to it
+FLOOR = 1e-6
+
+
+def _gradient_graph(energy_fn: EnergyFn, x: torch.Tensor):
+    x = x.detach().requires_grad_(True)
+    energy = energy_fn(x)
+    (grad,) = torch.autograd.grad(energy.sum(), x, create_graph=True)
+    return x, grad
+
+
+def hessian(energy_fn: EnergyFn, x: torch.Tensor) -> torch.Tensor:
+    """The ``(C, D, D)`` Hessian of every chain's energy at its row of ``x`` ``(C, D)``."""
+    with torch.enable_grad():
+        x, grad = _gradient_graph(energy_fn, x)
+        rows = [torch.autograd.grad(grad[:, i].sum(), x, retain_graph=True)[0] for i in range(x.shape[-1])]
+    H = torch.stack(rows, 1).detach()
+    return 0.5 * (H + H.mT)
+
+
+def hessian_diagonal(energy_fn: EnergyFn, x: torch.Tensor, *, num_probes: int = 32,
+                     generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """The ``(C, D)`` diagonal of the Hessian: exact for ``D <= EXACT_DIAGONAL_DIM``, else
+    Hutchinson's unbiased estimate from ``num_probes`` Rademacher probes."""
+    if x.shape[-1] <= EXACT_DIAGONAL_DIM:
+        return hessian(energy_fn, x).diagonal(dim1=-2, dim2=-1)
+    with torch.enable_grad():
+        x, grad = _gradient_graph(energy_fn, x)
+        total = torch.zeros_like(x)
+        for _ in range(num_probes):
+            v = (torch.randint(0, 2, x.shape, generator=generator) * 2.0 - 1.0).to(x)
+            (hv,) = torch.autograd.grad(grad, x, v, retain_graph=True)
+            total += v * hv
+    return (total / num_probes).detach()
+
+
+def inverse_curvature(H: torch.Tensor, floor: float = FLOOR) -> torch.Tensor:
+    r""":math:`|H|^{-1}` per chain, ``(C, D, D)``: eigenvalues in absolute value, floored at ``floor``
+    of the largest (and at 1e-8), so the result is a covariance."""
+    eigenvalues, vectors = torch.linalg.eigh(H)
+    magnitude = eigenvalues.abs()
+    magnitude = torch.maximum(magnitude, (magnitude.amax(-1, keepdim=True) * floor).clamp(min=1e-8))
+    cov = (vectors / magnitude.unsqueeze(-2)) @ vectors.mT
+    return 0.5 * (cov + cov.mT)
+
+
+def absolute_curvature(H: torch.Tensor, floor: float = FLOOR) -> torch.Tensor:
+    r""":math:`|H|`, the precision whose inverse is :func:`inverse_curvature`, ``(C, D, D)``."""
+    eigenvalues, vectors = torch.linalg.eigh(H)
+    magnitude = eigenvalues.abs()
+    magnitude = torch.maximum(magnitude, (magnitude.amax(-1, keepdim=True) * floor).clamp(min=1e-8))
+    precision = (vectors * magnitude.unsqueeze(-2)) @ vectors.mT
+    return 0.5 * (precision + precision.mT)
+
+
+def inverse_diagonal(diagonal: torch.Tensor, floor: float = FLOOR) -> torch.Tensor:
+    """``1 / |diagonal|`` per chain, ``(C, D)``, the entries floored as in :func:`inverse_curvature`."""
+    magnitude = diagonal.abs()
+    return 1.0 / torch.maximum(magnitude, (magnitude.amax(-1, keepdim=True) * floor).clamp(min=1e-8))

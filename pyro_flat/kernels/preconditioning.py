@@ -1,0 +1,188 @@
+r"""Preconditioned Langevin steps: a fixed metric :math:`M^{-1}` learnt from curvature during warm-up.
+
+.. math:: z \leftarrow z - \alpha\, M^{-1}\widehat{\nabla U}(z) + \sqrt{2\alpha T}\, L\,\xi,
+          \qquad M^{-1} = L L^\top,\quad \xi \sim \mathcal N(0, I).
+
+For a constant :math:`M^{-1}` this is the Euler-Maruyama step of a Langevin diffusion whose
+stationary law is still :math:`\propto e^{-U/T}`, so no correction term is needed as
+:math:`\alpha \to 0`. The metric is therefore estimated during warm-up only and **frozen** when
+sampling starts (an adaptive-while-sampling pSGLD, e.g. RMSprop-style, would leave that law
+biased unless a :math:`\Gamma` correction term is added; pyro-flat does not offer one).
+
+The metric is the inverse curvature of the potential :math:`f` of the model's sites, evaluated on
+**all** the data (:mod:`~pyro_flat.kernels.curvature`), per chain, at the chain's current point:
+
+- ``"dense"``: :math:`|\nabla^2 f|^{-1}` (``D`` Hessian-vector products per estimate; up to
+  :data:`MAX_DENSE_DIM` coordinates);
+- ``"diagonal"``: :math:`1/|\mathrm{diag}\,\nabla^2 f|` (exact up to 1,024 coordinates, else
+  Hutchinson's estimate from 32 probes);
+- a tensor: a fixed ``(D,)`` variance or ``(D, D)`` covariance of the model's sites, flattened in
+  the order of the model's latent sites (coupled sites first for Entropy-MCMC with ``sites=``).
+
+It is estimated at the start and re-estimated at warm-up iterations 10, 25, 50 and at half the
+warm-up (curvature needs no draws, so early and often; the second half of the warm-up runs with the
+final metric). For Entropy-MCMC the metric is that of the **joint** (:class:`CoupledFactor`):
+:math:`\theta_a = \theta + \sqrt\eta\,\xi` gives
+:math:`M^{-1} = \begin{pmatrix}\Sigma & \Sigma\\ \Sigma & \Sigma + \eta I\end{pmatrix}`, the exact
+inverse Hessian of :math:`U(\theta,\theta_a)` when :math:`\Sigma = (\nabla^2 f)^{-1}`: the stiff
+coupling direction :math:`\theta - \theta_a` (curvature :math:`1/\eta`) and the weakly determined
+directions of :math:`\theta` then move at the same rate.
+
+**What** ``step_size`` **means with a preconditioner:** :math:`\alpha` is measured in units of the
+metric, so on a Gaussian target with the exact metric every direction contracts by
+:math:`1 - \alpha` per step, whatever the condition number; the chain is stable for
+:math:`\alpha < 2` and its stationary variance is :math:`1/(1 - \alpha/2)` times the target's
+(plus the minibatch noise). :data:`DEFAULT_STEP_SIZE` is the default.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from ..targets import ChainLayout, CoupledPotential, Params
+from .curvature import absolute_curvature, hessian, hessian_diagonal, inverse_diagonal
+from .mass_matrix import CoupledFactor, DiagonalFactor, PrecisionFactor
+
+PRECONDITIONERS = ("diagonal", "dense")
+#: the largest dimension for which ``"dense"`` forms the Hessian
+MAX_DENSE_DIM = 4096
+#: the step size of a preconditioned kernel when none is given (see the module)
+DEFAULT_STEP_SIZE = 0.1
+#: warm-up iterations (besides the start) at which the metric is re-estimated
+ADAPTATION_ITERATIONS = (10, 25, 50)
+
+Spec = Union[None, str, torch.Tensor]
+
+
+def check_preconditioner(spec: Spec) -> Spec:
+    """``spec`` if it is ``None``, ``"diagonal"``, ``"dense"`` or a floating ``(D,)`` / ``(D, D)``
+    tensor with positive variances (its shape is checked against the model at setup)."""
+    if spec is None or (isinstance(spec, str) and spec in PRECONDITIONERS):
+        return spec
+    if isinstance(spec, str):
+        raise ValueError(f"preconditioner={spec!r} is not known; use one of {PRECONDITIONERS}, a "
+                         "tensor (a (D,) variance or a (D, D) covariance) or None.")
+    if not torch.is_tensor(spec):
+        raise ValueError(f"preconditioner must be None, {PRECONDITIONERS} or a tensor, got "
+                         f"{type(spec).__name__}; convert it with torch.as_tensor(..., dtype=torch.float32).")
+    if not spec.is_floating_point():
+        raise ValueError(f"preconditioner has dtype {spec.dtype}; pass a floating tensor "
+                         "(e.g. preconditioner.float()).")
+    if spec.dim() not in (1, 2) or (spec.dim() == 2 and spec.shape[0] != spec.shape[1]):
+        raise ValueError(f"preconditioner has shape {tuple(spec.shape)}; pass a (D,) variance or a "
+                         "(D, D) covariance over the model's flattened sites.")
+    if not bool(torch.isfinite(spec).all()):
+        raise ValueError("preconditioner has NaN/inf entries.")
+    if spec.dim() == 1 and not bool((spec > 0).all()):
+        raise ValueError("preconditioner (a variance vector) must be positive in every entry; got "
+                         f"a smallest entry {float(spec.min()):.3g}.")
+    if spec.dim() == 2:
+        if not torch.allclose(spec, spec.T, rtol=1e-5, atol=1e-8 * float(spec.abs().max())):
+            raise ValueError("preconditioner (a covariance) must be symmetric.")
+        if torch.linalg.cholesky_ex(spec.double()).info.item() != 0:
+            raise ValueError("preconditioner (a covariance) is not positive definite; add a multiple "
+                             "of the identity or pass its diagonal.")
+    return spec
+
+
+class Preconditioner:
+    r"""The metric of one kernel's chains over its target's flat vector (see the module).
+
+    :param spec: ``"diagonal"``, ``"dense"`` or a fixed tensor.
+    :param num_probes: Hutchinson probes for a ``"diagonal"`` estimate above 1,024 coordinates.
+
+    After :meth:`setup`, :meth:`step` is the preconditioned Langevin step and :meth:`covariance`
+    the current :math:`M^{-1}` (dense, of chain ``c``). :attr:`num_hvp` counts the
+    Hessian-vector products spent on the estimates (per chain).
+    """
+
+    def __init__(self, spec: Spec, *, num_probes: int = 32):
+        self.spec = check_preconditioner(spec)
+        self.num_probes = num_probes
+        self.factor = None
+        self.num_hvp = 0
+
+    @property
+    def adaptive(self) -> bool:
+        return isinstance(self.spec, str)
+
+    def setup(self, target, params: Params, *, num_chains: Optional[int], warmup_steps: int,
+              eta: Optional[float] = None) -> None:
+        """Lay out the sites, then estimate the metric at ``params`` (or install the fixed one)."""
+        batched = num_chains is not None
+        self.coupled = isinstance(target, CoupledPotential)
+        base = target.base if self.coupled else target
+        coupled = list(target.pairs.values()) if self.coupled else []
+        names = coupled + [n for n in base.sites if n not in coupled]
+        self.theta = ChainLayout({n: base.sites[n].shape for n in names}, names, batched)
+        self.aux = (ChainLayout({n: target.sites[n].shape for n in target.pairs}, list(target.pairs), batched)
+                    if self.coupled else None)
+        self.eta = eta
+        full = getattr(base, "full_data", None)
+        evaluate = full if full is not None else base
+        self._energy = lambda x: evaluate(self.theta.unpack(x)).reshape(-1)
+        dim = self.theta.dim
+        if self.spec == "dense" and dim > MAX_DENSE_DIM:
+            raise ValueError(f"preconditioner='dense' forms a {dim} x {dim} Hessian per chain; above "
+                             f"{MAX_DENSE_DIM} coordinates use preconditioner='diagonal'.")
+        half = warmup_steps // 2
+        self.adaptation_iterations = {k for k in (*ADAPTATION_ITERATIONS, half) if 0 < k < warmup_steps}
+        if self.adaptive:
+            self.estimate(params)
+            return
+        spec = self.spec
+        if spec.shape[0] != dim:
+            raise ValueError(f"preconditioner has {spec.shape[0]} rows but the sites {names} have "
+                             f"{dim} coordinates together (flattened in that order).")
+        x = self.theta.pack(params)
+        self._install(spec.to(x).expand(x.shape[0], *spec.shape).clone())
+
+    def adapt(self, iteration: int, params: Params) -> None:
+        """Re-estimate at ``params`` if ``iteration`` is one of the warm-up's adaptation points."""
+        if self.adaptive and iteration in self.adaptation_iterations:
+            self.estimate(params)
+
+    def estimate(self, params: Params) -> None:
+        x = self.theta.pack(params).detach()
+        if self.spec == "dense":
+            self.num_hvp += x.shape[-1]
+            self._install(absolute_curvature(hessian(self._energy, x)), precision=True)
+        else:
+            self.num_hvp += x.shape[-1] if x.shape[-1] <= 1024 else self.num_probes
+            self._install(inverse_diagonal(hessian_diagonal(self._energy, x, num_probes=self.num_probes)))
+
+    def _install(self, matrix: torch.Tensor, precision: bool = False) -> None:
+        """Use ``matrix``: a ``(C, D)`` variance, a ``(C, D, D)`` covariance, or with
+        ``precision=True`` a ``(C, D, D)`` precision (its inverse is the metric)."""
+        self._installed = matrix
+        if matrix.dim() == 2:
+            inner = DiagonalFactor(matrix)
+        else:  # the triangular solves of PrecisionFactor are the fast path
+            inner = PrecisionFactor(matrix if precision else torch.cholesky_inverse(torch.linalg.cholesky(matrix)))
+        self.factor = CoupledFactor(inner, self.eta, self.aux.dim) if self.coupled else inner
+
+    def _pack(self, tensors: Params) -> torch.Tensor:
+        flat = self.theta.pack(tensors)
+        return torch.cat([flat, self.aux.pack(tensors)], -1) if self.coupled else flat
+
+    def _unpack(self, flat: torch.Tensor) -> Params:
+        if not self.coupled:
+            return self.theta.unpack(flat)
+        dim = self.theta.dim
+        return {**self.theta.unpack(flat[:, :dim]), **self.aux.unpack(flat[:, dim:])}
+
+    def step(self, params: Params, grads: Params, step_size: float, temperature: float) -> Params:
+        r""":math:`z - \alpha M^{-1}\nabla U + \sqrt{2\alpha T} L\xi` for every chain."""
+        z, g = self._pack(params), self._pack(grads)
+        noise = (2.0 * step_size * temperature) ** 0.5
+        xi = torch.randn_like(z) if noise > 0 else torch.zeros_like(z)
+        return self._unpack(z + self.factor.increment(g, xi, step_size, noise))
+
+    def covariance(self, chain: int = 0) -> torch.Tensor:
+        """The current :math:`M^{-1}` of ``chain`` as a dense matrix over the target's flat vector."""
+        num_chains, dim = self._installed.shape[0], self.theta.dim + (self.aux.dim if self.coupled else 0)
+        eye = torch.eye(dim, dtype=self._installed.dtype, device=self._installed.device)
+        columns = self.factor.velocity(eye.unsqueeze(1).expand(dim, num_chains, dim))  # (D, C, D)
+        return columns[:, chain, :]

@@ -1,0 +1,155 @@
+"""Preconditioned SGLD and EntropySGLD on ill-conditioned Gaussians (condition number 1,000)
+against the exact law of the preconditioned update (docs/theory.md, section 2).
+
+With a fixed metric P = M⁻¹ the update z ← z − αP∇U + √(2αT) L ξ (P = LLᵀ) on U = ½(z−μ)ᵀH(z−μ)
+is the linear recursion z ← Bz + c + ε with B = I − αPH, ε ~ N(0, 2αTP); its stationary law solves
+a discrete Lyapunov equation (pyro_flat.theory.LinearGaussianChain.stationary). The step size is
+large (α = 0.3 in the metric's units, where the plain kernels would need α < 2/1000), so the
+discretisation is visible and the test checks the update itself, not only its limit.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import pyro
+import pyro.distributions as dist
+from pyro_flat import MCMC, SGD, SGLD, EntropySGLD, LocalEntropySGLD
+from pyro_flat.kernels.preconditioning import Preconditioner
+from pyro_flat.references import exact_chain
+from pyro_flat.theory import GaussianProblem
+
+from moments import assert_moments, moment_errors
+
+D, ETA, STEP = 4, 0.01, 0.3
+CHAINS, NUM_SAMPLES, WARMUP = 8, 3000, 100
+
+
+def _precision() -> torch.Tensor:
+    g = torch.Generator().manual_seed(3)
+    Q, _ = torch.linalg.qr(torch.randn(D, D, generator=g, dtype=torch.float64))
+    return Q @ torch.diag(torch.tensor([1.0, 10.0, 100.0, 1000.0], dtype=torch.float64)) @ Q.T
+
+
+A = _precision()
+MU = torch.linspace(-1.0, 1.0, D, dtype=torch.float64)
+PROBLEM = GaussianProblem(A, MU)
+
+
+def gaussian_model():
+    pyro.sample("theta", dist.MultivariateNormal(MU.float(), precision_matrix=A.float()))
+
+
+def run(kernel):
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(kernel, num_samples=NUM_SAMPLES, warmup_steps=WARMUP, num_chains=CHAINS, disable_progbar=True)
+    mcmc.run()
+    s = mcmc.get_samples(group_by_chain=True)
+    x = s["theta"] if "theta_aux" not in s else torch.cat([s["theta"], s["theta_aux"]], -1)
+    return x.double().numpy()
+
+
+def test_the_dense_estimate_is_the_inverse_hessian_and_stays_frozen():
+    kernel = SGLD(gaussian_model, preconditioner="dense", step_size=STEP)
+    run(kernel)
+    P = kernel.preconditioner.covariance(0).double()
+    assert torch.allclose(P, torch.linalg.inv(A), rtol=1e-3, atol=1e-6)
+    # estimates at the start and at warm-up iterations 10, 25, 50: none while sampling
+    assert kernel.preconditioner.num_hvp == 4 * D
+
+
+@pytest.mark.parametrize("kind", ["dense", "diagonal"])
+def test_preconditioned_sgld_has_the_exact_law_of_its_update(kind):
+    kernel = SGLD(gaussian_model, preconditioner=kind, step_size=STEP)
+    x = run(kernel)
+    mean, cov = exact_chain(PROBLEM, kernel).stationary()
+    assert_moments(x, mean, cov)
+
+
+def test_preconditioned_entropy_sgld_has_the_exact_joint_law_of_its_update():
+    """θ and θa together, with η = 0.01 far below the largest posterior variance (1): the coupled
+    metric must carry the stiff direction θ − θa."""
+    kernel = EntropySGLD(gaussian_model, eta=ETA, preconditioner="dense", step_size=STEP)
+    x = run(kernel)
+    chain = exact_chain(PROBLEM, kernel)
+    mean, cov = chain.stationary()
+    assert_moments(x, mean, cov)
+    # and the law is close to the true joint (the discretisation error at α = 0.3 is bounded by
+    # the factor 1 / (1 - α/2) on every variance, for the exact metric)
+    true_cov = np.block([[np.linalg.inv(A.numpy())] * 2,
+                         [np.linalg.inv(A.numpy()), np.linalg.inv(A.numpy()) + ETA * np.eye(D)]])
+    ratio = np.diag(cov) / np.diag(true_cov)
+    assert np.allclose(ratio, 1 / (1 - STEP / 2), rtol=1e-3)
+
+
+class NoiseScaledByTheMetric(SGLD):
+    """A wrong preconditioned update: the noise scaled by M⁻¹ instead of M^(-1/2)."""
+
+    def update(self, params, grads, step_size):
+        p = self.preconditioner
+        z, g = p._pack(params), p._pack(grads)
+        xi = torch.randn_like(z)
+        new = z - step_size * p.factor.velocity(g) + (2 * step_size) ** 0.5 * p.factor.velocity(xi)
+        return p._unpack(new)
+
+
+def test_noise_scaled_by_the_inverse_metric_fails():
+    kernel = NoiseScaledByTheMetric(gaussian_model, preconditioner="dense", step_size=STEP)
+    x = run(kernel)
+    mean, cov = exact_chain(PROBLEM, kernel).stationary()
+    _, z_cov, _ = moment_errors(x, mean, cov)
+    assert np.abs(z_cov).max() > 2 * 4.5
+    with pytest.raises(AssertionError, match="Monte-Carlo sd"):
+        assert_moments(x, mean, cov)
+
+
+def test_a_fixed_tensor_preconditioner_is_used_as_given():
+    variance = 1 / A.diagonal().float()  # Jacobi: the eigenvalues of PA stay below D = 4
+    kernel = SGLD(gaussian_model, preconditioner=variance, step_size=0.1)
+    x = run(kernel)
+    assert torch.allclose(kernel.preconditioner.covariance(0), torch.diag(variance))
+    assert kernel.preconditioner.num_hvp == 0
+    mean, cov = exact_chain(PROBLEM, kernel).stationary()
+    assert_moments(x, mean, cov)
+
+
+def test_sgd_with_a_preconditioner_is_newton_with_damping():
+    """At temperature 0 with the exact metric every step contracts the error by (1 - α)."""
+    kernel = SGD(gaussian_model, preconditioner="dense", step_size=0.5)
+    mcmc = MCMC(kernel, num_samples=30, warmup_steps=0, initial_params={"theta": torch.zeros(D)},
+                disable_progbar=True)
+    mcmc.run()
+    error = (mcmc.get_samples()["theta"].double() - MU).norm(dim=-1)
+    assert float(error[-1]) < 1e-6 * float(MU.norm()) + 1e-5
+    assert torch.allclose(error[1:6] / error[:5], torch.full((5,), 0.5, dtype=torch.float64), rtol=1e-3)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("cholesky", "not known"),
+    (torch.tensor([1, 2, 3, 4]), "dtype"),
+    (torch.ones(2, 3), "shape"),
+    (torch.tensor([1.0, -1.0, 1.0, 1.0]), "positive"),
+    (torch.tensor([1.0, float("nan"), 1.0, 1.0]), "NaN"),
+    (torch.tensor([[1.0, 2.0], [2.0, 1.0]]), "positive definite"),
+    (torch.tensor([[1.0, 0.5], [0.0, 1.0]]), "symmetric"),
+    ([1.0, 1.0], "tensor"),
+])
+def test_bad_preconditioners_are_named(spec, message):
+    with pytest.raises(ValueError, match=message):
+        SGLD(gaussian_model, preconditioner=spec, step_size=0.1)
+
+
+def test_a_preconditioner_of_the_wrong_size_is_caught_at_setup():
+    kernel = SGLD(gaussian_model, preconditioner=torch.ones(3), step_size=0.1)
+    with pytest.raises(ValueError, match=r"3 rows but the sites \['theta'\] have 4"):
+        MCMC(kernel, num_samples=5, warmup_steps=0, disable_progbar=True).run()
+
+
+def test_step_size_defaults_only_with_a_preconditioner():
+    assert SGLD(gaussian_model, preconditioner="dense").step_size == 0.1
+    with pytest.raises(ValueError, match="step_size"):
+        SGLD(gaussian_model)
+    with pytest.raises(ValueError, match="no preconditioner"):
+        LocalEntropySGLD(gaussian_model, eta=0.1, step_size=0.1, preconditioner="dense")
+    assert isinstance(EntropySGLD(gaussian_model, eta=0.1, preconditioner="diagonal").preconditioner,
+                      Preconditioner)
