@@ -18,7 +18,7 @@ import argparse
 import sys
 from typing import List, Optional
 
-from .mnist79 import SAMPLERS, MNIST79Config
+from .mnist79 import PRECONDITIONERS, SAMPLERS, MNIST79Config
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,7 +47,12 @@ def _add_mnist79(sub) -> None:
     p.add_argument("--baseline", default=d.baseline,
                    help=f"a second sampler for comparison, or 'none' (default {d.baseline})")
     p.add_argument("--eta", type=float, default=d.eta, help=f"coupling variance η (default {d.eta})")
-    p.add_argument("--step-size", type=float, default=d.step_size, help=f"Langevin step (default {d.step_size})")
+    p.add_argument("--step-size", type=float, default=d.step_size,
+                   help=f"Langevin step, in the preconditioner's units (default {d.step_size})")
+    p.add_argument("--preconditioner", default=d.preconditioner, choices=PRECONDITIONERS,
+                   help=f"metric of the stochastic-gradient samplers (default {d.preconditioner})")
+    p.add_argument("--reference", default=d.reference,
+                   help=f"exact sampler every coordinate is compared with: entropy-hmc or none (default {d.reference})")
     p.add_argument("--num-samples", type=int, default=d.num_samples, help=f"draws per chain (default {d.num_samples})")
     p.add_argument("--thin", type=int, default=d.thin, help=f"keep every n-th draw (default {d.thin})")
     p.add_argument("--warmup", type=int, default=d.warmup, help=f"warm-up steps per chain (default {d.warmup})")
@@ -117,7 +122,9 @@ def run_mnist79_command(args: argparse.Namespace) -> int:
     config = MNIST79Config(
         data_dir=args.data_dir, sampler=args.sampler,
         baseline=None if str(args.baseline).lower() == "none" else args.baseline,
-        eta=args.eta, step_size=args.step_size, num_samples=args.num_samples, thin=args.thin, warmup=args.warmup,
+        eta=args.eta, step_size=args.step_size, preconditioner=args.preconditioner,
+        reference=None if str(args.reference).lower() == "none" else args.reference,
+        num_samples=args.num_samples, thin=args.thin, warmup=args.warmup,
         chains=args.chains, batch_size=args.batch_size, prior_scale=args.prior_scale, seed=args.seed,
         out=args.out, overwrite=args.overwrite, progress=not args.no_progress,
     )

@@ -32,6 +32,10 @@ from .output import StudyError, require_int, require_positive, staged_output, to
 
 #: The samplers the study runs (names of :data:`pyro_flat.kernels.KERNELS`).
 SAMPLERS = ("entropy-sgld", "sgld", "entropy-hmc")
+#: ``--preconditioner`` choices of the stochastic-gradient samplers
+PRECONDITIONERS = ("dense", "diagonal", "none")
+#: ArviZ's thresholds for a converged run (Vehtari et al. 2021)
+MAX_R_HAT, MIN_ESS = 1.01, 400
 #: The pixel shown in the trace and rank plots: the image's centre.
 CENTRE_PIXEL = pixel_index(14, 14)
 
@@ -43,10 +47,12 @@ def check_sampler(name: Optional[str], option: str = "--sampler") -> None:
 
 def make_study_kernel(name: str, config: "MNIST79Config", model: Callable):
     """The kernel ``name`` with the study's settings. EntropyHMC is exact and full batch: its step
-    size and (Hessian) mass matrix are adapted during warm-up."""
+    size and (Hessian) mass matrix are adapted during warm-up. The stochastic-gradient kernels get
+    ``config.preconditioner`` (``"none"``: plain SGLD steps)."""
     if kernel_class(name) is EntropyHMC:
         return make_kernel(name, model, eta=config.eta, full_mass="hessian")
-    return make_kernel(name, model, eta=config.eta, step_size=config.step_size)
+    preconditioner = None if config.preconditioner == "none" else config.preconditioner
+    return make_kernel(name, model, eta=config.eta, step_size=config.step_size, preconditioner=preconditioner)
 
 
 def is_full_batch(name: str) -> bool:
@@ -62,15 +68,23 @@ class MNIST79Config:
     accuracy on the embedded split (94.5%). :meth:`reduced` is the small run of the tests and of
     the tutorials' reduced mode. ``threads`` is torch's thread count during the run (restored
     after): one thread was as fast as two for a model of this size (benchmarks/bench_kernels.py).
+
+    The stochastic-gradient samplers use the dense preconditioner (the full-data Hessian during
+    warm-up, then frozen; :mod:`pyro_flat.kernels.preconditioning`), so ``step_size`` is in its
+    units: 0.2 inflates the variances by ~1/(1 - 0.1), about +5 % on the sds. Without it
+    (``preconditioner="none"``) the weakly determined weights need ~10⁵ steps of a stable step
+    size. ``reference`` (EntropyHMC, exact) is run after them and every θ and θa coordinate is
+    compared with it: ``reference_samples`` draws per chain after ``reference_warmup``.
     """
 
     data_dir: Optional[str] = None
     sampler: str = "entropy-sgld"
     baseline: Optional[str] = "sgld"
     eta: float = 0.01
-    step_size: float = 5e-4
-    num_samples: int = 5000
-    warmup: int = 1000
+    step_size: float = 0.2
+    preconditioner: str = "dense"
+    num_samples: int = 10000
+    warmup: int = 500
     chains: int = 4
     thin: int = 10
     batch_size: int = 100
@@ -80,15 +94,26 @@ class MNIST79Config:
     overwrite: bool = False
     progress: bool = True
     threads: Optional[int] = 1
+    reference: Optional[str] = "entropy-hmc"
+    reference_samples: int = 800
+    reference_warmup: int = 250
 
     @classmethod
     def reduced(cls, **overrides) -> "MNIST79Config":
-        """A run small enough for tests: 2 chains x (200 warm-up + 300 draws), no thinning."""
-        return replace(cls(num_samples=300, warmup=200, chains=2, thin=1), **overrides)
+        """A run small enough for tests: 2 chains x (200 warm-up + 300 draws), no thinning, a
+        reference of 2 x (50 + 100) EntropyHMC draws."""
+        return replace(cls(num_samples=300, warmup=200, chains=2, thin=1, reference_samples=100,
+                           reference_warmup=50), **overrides)
 
     def validate(self) -> None:
         check_sampler(self.sampler)
         check_sampler(self.baseline, "--baseline")
+        if self.preconditioner not in PRECONDITIONERS:
+            raise StudyError(f"--preconditioner {self.preconditioner!r} is not one of {', '.join(PRECONDITIONERS)}")
+        if self.reference is not None and kernel_class(self.reference) is not EntropyHMC:
+            raise StudyError(f"--reference {self.reference!r}: the reference must be exact: entropy-hmc or none")
+        require_int("--reference-samples", self.reference_samples, 1)
+        require_int("--reference-warmup", self.reference_warmup, 0)
         for name in ("eta", "step_size", "prior_scale"):
             require_positive(f"--{name.replace('_', '-')}", getattr(self, name))
         for name in ("num_samples", "chains", "batch_size", "thin"):
@@ -124,9 +149,14 @@ def _stack_partial(chains: List[Dict[str, torch.Tensor]]) -> Dict[str, torch.Ten
 
 
 def run_sampler(name: str, config: MNIST79Config, X: torch.Tensor, y: torch.Tensor) -> SamplerRun:
-    """Run one sampler of :data:`SAMPLERS` on the logistic regression; Ctrl-C keeps the draws."""
+    """Run one sampler of :data:`SAMPLERS` on the logistic regression; Ctrl-C keeps the draws.
+    EntropyHMC runs ``config.reference_samples`` draws after ``config.reference_warmup``, unthinned."""
     kernel = make_study_kernel(name, config, logistic_regression)
-    mcmc = MCMC(kernel, num_samples=config.num_samples, warmup_steps=config.warmup,
+    exact = is_full_batch(name)
+    thin = 1 if exact else config.thin
+    num_samples = config.reference_samples if exact else config.num_samples
+    warmup = config.reference_warmup if exact else config.warmup
+    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup, thinning=thin,
                 num_chains=config.chains, disable_progbar=not config.progress)  # vectorized chains
     pyro.set_rng_seed(config.seed)
     start = time.perf_counter()
@@ -135,16 +165,9 @@ def run_sampler(name: str, config: MNIST79Config, X: torch.Tensor, y: torch.Tens
         mcmc.run(X, y, batch_size=batch_size, prior_scale=config.prior_scale)
     except KeyboardInterrupt:
         samples = _stack_partial(kernel.partial_samples)
-        return SamplerRun(name, _thin(samples, config.thin), seconds=time.perf_counter() - start,
-                          interrupted=True)
+        return SamplerRun(name, samples, seconds=time.perf_counter() - start, interrupted=True)
     seconds = time.perf_counter() - start
-    samples = mcmc.get_samples(group_by_chain=True)
-    return SamplerRun(name, _thin(samples, config.thin), _thin(mcmc_sample_stats(mcmc), config.thin), seconds)
-
-
-def _thin(values: Dict[str, torch.Tensor], thin: int) -> Dict[str, torch.Tensor]:
-    """Keep every ``thin``-th draw, the last one included: ``(chain, draw, ...)`` arrays."""
-    return {k: v[:, thin - 1::thin].clone() for k, v in values.items()}
+    return SamplerRun(name, mcmc.get_samples(group_by_chain=True), mcmc_sample_stats(mcmc), seconds)
 
 
 def running_bma(probs: torch.Tensor, y: torch.Tensor, *, warmup: int = 0, thin: int = 1,
@@ -194,6 +217,47 @@ def _summary_rows(idata, var_names):
     return table, groups
 
 
+def convergence_verdict(table, sample_stats: Optional[Dict[str, torch.Tensor]] = None) -> dict:
+    """``{"converged", "text", "worst"}`` by ArviZ's thresholds over every row of ``table`` (an
+    ``az.summary(kind="diagnostics")``); EntropyHMC's acceptance rate and divergences are added."""
+    bad = table[(table["r_hat"] > MAX_R_HAT) | (table["ess_bulk"] < MIN_ESS) | (table["ess_tail"] < MIN_ESS)]
+    worst = bad.assign(_ess=bad[["ess_bulk", "ess_tail"]].min(axis=1)).sort_values(
+        ["r_hat", "_ess"], ascending=[False, True]).head(3)
+    hmc = {}
+    if sample_stats and "acceptance_rate" in sample_stats:
+        hmc = {"acceptance_rate": float(sample_stats["acceptance_rate"].mean()),
+               "divergences": int(sample_stats.get("diverging", torch.zeros(1)).sum())}
+    extra = (f"; acceptance rate {hmc['acceptance_rate']:.2f}, {hmc['divergences']} divergent transitions"
+             if hmc else "")
+    if bad.empty:
+        text = (f"converged (max R-hat {table['r_hat'].max():.3f}, min ESS bulk {table['ess_bulk'].min():.0f}, "
+                f"tail {table['ess_tail'].min():.0f})" + extra)
+    else:
+        rows = ", ".join(f"{i} (R-hat {r.r_hat:.3f}, ESS bulk {r.ess_bulk:.0f}, tail {r.ess_tail:.0f})"
+                         for i, r in worst.iterrows())
+        text = (f"NOT converged: {len(bad)} of {len(table)} coordinates miss the thresholds; worst {rows}. "
+                "Run more iterations (--num-samples) or precondition (--preconditioner dense)" + extra)
+    return {"converged": bad.empty, "text": text, "worst": list(worst.index), **hmc}
+
+
+def compare_with_reference(samples: Dict[str, torch.Tensor], reference: Dict[str, torch.Tensor]) -> dict:
+    """Per coordinate of θ = (w, b) (and θa when both have it): ``|mean - mean_ref| / sd_ref`` and
+    ``sd / sd_ref``, summarised by their medians and extremes."""
+    out = {}
+    for label, suffix in (("θ", ""), ("θa", "_aux")):
+        if "w" + suffix not in samples or "w" + suffix not in reference:
+            continue
+        x, r = (torch.cat([d["w" + suffix].reshape(-1, 784), d["b" + suffix].reshape(-1, 1)], 1).double()
+                for d in (samples, reference))
+        sd_ref = r.std(0)
+        diff = ((x.mean(0) - r.mean(0)).abs() / sd_ref).numpy()
+        ratio = (x.std(0) / sd_ref).numpy()
+        out[label] = {"median_abs_mean_diff": float(np.median(diff)), "max_abs_mean_diff": float(diff.max()),
+                      "median_sd_ratio": float(np.median(ratio)), "min_sd_ratio": float(ratio.min()),
+                      "max_sd_ratio": float(ratio.max())}
+    return out
+
+
 def _save(fig, path: Path) -> str:
     import matplotlib.pyplot as plt
 
@@ -233,12 +297,13 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None]) -
     if batch_size < config.batch_size:
         log(f"--batch-size {config.batch_size} is above the {len(X)} training images: using the full "
             f"batch ({batch_size})")
-    log(f"{config.sampler}: eta = {config.eta}, step size = {config.step_size}, minibatch "
-        f"{batch_size}, {config.chains} chain(s) x ({config.warmup} warm-up + {config.num_samples} draws, "
-        f"every {config.thin}th kept)")
+    log(f"{config.sampler}: eta = {config.eta}, step size = {config.step_size} "
+        f"(preconditioner: {config.preconditioner}), minibatch {batch_size}, {config.chains} chain(s) x "
+        f"({config.warmup} warm-up + {config.num_samples} iterations, every {config.thin}th kept)")
 
     runs = {}
-    for name in [config.sampler] + ([config.baseline] if config.baseline and config.baseline != config.sampler else []):
+    names = [config.sampler, config.baseline, config.reference]
+    for name in dict.fromkeys(n for n in names if n is not None):  # in order, once each
         runs[name] = run_sampler(name, config, X, y)
         log(f"{name}: {runs[name].seconds:.1f} s" + (" (interrupted)" if runs[name].interrupted else ""))
         if runs[name].interrupted:
@@ -261,14 +326,28 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None]) -
     for name, run in runs.items():
         if not run.samples:
             continue
-        final, run_curves = evaluate(run, X_test, y_test, warmup=config.warmup, thin=config.thin)
+        exact = is_full_batch(name)
+        final, run_curves = evaluate(run, X_test, y_test, warmup=config.reference_warmup if exact else config.warmup,
+                                     thin=1 if exact else config.thin)
         report["bma"][name] = final
         labels = {"theta": "θ", "aux": "θa", "both": "θ and θa"}
         curves.update({f"{name} ({labels[u]})": c for u, c in run_curves.items()})
 
     var_names = ["b", "w"] + (["b_aux", "w_aux"] if main.has_aux else [])
-    table, groups = _summary_rows(idata, var_names)
-    report["diagnostics"] = groups
+    report["diagnostics"], report["verdict"] = {}, {}
+    for name, run in runs.items():
+        if not run.samples:
+            continue
+        run_idata = idata if run is main else to_arviz(run.samples, sample_stats=run.sample_stats or None)
+        run_vars = ["b", "w"] + (["b_aux", "w_aux"] if run.has_aux else [])
+        run_table, report["diagnostics"][name] = _summary_rows(run_idata, run_vars)
+        report["verdict"][name] = convergence_verdict(run_table, run.sample_stats)
+        if run is main:
+            table = run_table
+    reference = runs.get(config.reference) if config.reference else None
+    if reference is not None and reference.samples:
+        report["against_reference"] = {name: compare_with_reference(run.samples, reference.samples)
+                                       for name, run in runs.items() if run is not reference and run.samples}
     files["summary"] = "summary.csv"
     table.to_csv(out / files["summary"])
     files["bma_curves"] = _save(plot_bma_curves(curves, title="MNIST 7 vs 9: running Bayesian model average"),
@@ -299,10 +378,20 @@ def _metrics_text(report: dict) -> str:
         for use, m in per_use.items():
             lines.append(f"  BMA {name:>12} over {use:>5}: accuracy {m['accuracy']:.4f}, NLL {m['nll']:.4f}, "
                          f"ECE {m['ece']:.4f}, Brier {m['brier']:.4f}")
-    for group, d in report.get("diagnostics", {}).items():
-        lines.append(f"  {group}: max R-hat {d['max_r_hat']:.3f}, min ESS bulk {d['min_ess_bulk']:.0f}, "
-                     f"median ESS bulk {d['median_ess_bulk']:.0f}")
+    for name, groups in report.get("diagnostics", {}).items():
+        for group, d in groups.items():
+            lines.append(f"  {name:>12} {group}: max R-hat {d['max_r_hat']:.3f}, min ESS bulk "
+                         f"{d['min_ess_bulk']:.0f}, min ESS tail {d['min_ess_tail']:.0f}")
+        lines.append(f"  {name:>12}: {report['verdict'][name]['text']}")
+    for name, per_block in report.get("against_reference", {}).items():
+        for block, c in per_block.items():
+            lines.append(f"  {name:>12} {block} against {report['config']['reference']}: " + _comparison_text(c))
     return "\n".join(lines)
+
+
+def _comparison_text(c: dict) -> str:
+    return (f"|Δmean|/sd median {c['median_abs_mean_diff']:.3f} (worst {c['max_abs_mean_diff']:.2f}), "
+            f"sd ratio median {c['median_sd_ratio']:.3f} (range {c['min_sd_ratio']:.2f}-{c['max_sd_ratio']:.2f})")
 
 
 def _report_markdown(report: dict, config: MNIST79Config) -> str:
@@ -323,10 +412,27 @@ def _report_markdown(report: dict, config: MNIST79Config) -> str:
         for use, m in per_use.items():
             md.append(f"| {name} | {use} | {m['accuracy']:.4f} | {m['nll']:.4f} | {m['ece']:.4f} | {m['brier']:.4f} |")
     md += ["", f"![running BMA]({files['bma_curves']})", "", "## Convergence diagnostics (ArviZ)", "",
-           "| variables | max R-hat | min ESS bulk | median ESS bulk | min ESS tail |", "|---|---|---|---|---|"]
-    for group, d in report["diagnostics"].items():
-        md.append(f"| {group} | {d['max_r_hat']:.3f} | {d['min_ess_bulk']:.0f} | {d['median_ess_bulk']:.0f} | "
-                  f"{d['min_ess_tail']:.0f} |")
+           f"Verdict by ArviZ's thresholds (rank-normalised split R-hat ≤ {MAX_R_HAT}, bulk and tail ESS ≥ "
+           f"{MIN_ESS} for every coordinate; Vehtari et al. 2021):", ""]
+    for name, v in report["verdict"].items():
+        md.append(f"- **{name}**: {v['text']}")
+    md += ["", "| sampler | variables | max R-hat | min ESS bulk | median ESS bulk | min ESS tail |",
+           "|---|---|---|---|---|---|"]
+    for name, groups in report["diagnostics"].items():
+        for group, d in groups.items():
+            md.append(f"| {name} | {group} | {d['max_r_hat']:.3f} | {d['min_ess_bulk']:.0f} | "
+                      f"{d['median_ess_bulk']:.0f} | {d['min_ess_tail']:.0f} |")
+    if "against_reference" in report:
+        ref = report["config"]["reference"]
+        md += ["", f"## Against the exact reference ({ref})", "",
+               f"Per coordinate, the difference of the means in units of the reference's sd and the ratio "
+               f"of the sds, against {ref}'s draws (its own Monte Carlo error is a few percent).", "",
+               "| sampler | variables | median abs(Δmean)/sd | worst | median sd ratio | sd ratio range |",
+               "|---|---|---|---|---|---|"]
+        for name, per_block in report["against_reference"].items():
+            for block, c in per_block.items():
+                md.append(f"| {name} | {block} | {c['median_abs_mean_diff']:.3f} | {c['max_abs_mean_diff']:.2f} | "
+                          f"{c['median_sd_ratio']:.3f} | {c['min_sd_ratio']:.2f}-{c['max_sd_ratio']:.2f} |")
     md += ["", f"Every variable: [`{files['summary']}`]({files['summary']}). Draws (θ and θa, sample stats): "
            f"`{files['samples']}` (`arviz.from_netcdf`).", "",
            f"![trace]({files['trace']})", "", f"![rank]({files['rank']})", ""]

@@ -134,8 +134,11 @@ class CoupledFactor:
 
 
 def factor_from_covariance(cov: torch.Tensor):
-    """The metric for a ``(C, D)`` variance (diagonal) or a ``(C, D, D)`` covariance."""
-    return DiagonalFactor(cov) if cov.dim() == 2 else DenseFactor(cov)
+    """The metric for a ``(C, D)`` variance (diagonal) or a ``(C, D, D)`` covariance (held as its
+    precision's Cholesky factor: :class:`PrecisionFactor`'s triangular solves are the fast path)."""
+    if cov.dim() == 2:
+        return DiagonalFactor(cov)
+    return PrecisionFactor(torch.cholesky_inverse(torch.linalg.cholesky(cov)))
 
 
 def conditional_covariance(cov: torch.Tensor, eta: float, num_coupled: int) -> torch.Tensor:
