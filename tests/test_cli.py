@@ -11,9 +11,11 @@ from pyro_flat.experiments.output import MARKER
 from pyro_flat.experiments.cli import main
 from pyro_flat.kernels import EntropySGLD
 
-SMALL = ["--chains", "2", "--warmup", "200", "--num-samples", "300", "--thin", "1", "--no-progress"]
+SMALL = ["--chains", "2", "--warmup", "200", "--num-samples", "300", "--thin", "1", "--no-progress",
+         "--reference", "none"]
 # Enough draws that the BMA's accuracy on the 200 test images is a property of the sampler.
-STUDY = ["--chains", "2", "--warmup", "500", "--num-samples", "1500", "--thin", "5", "--no-progress"]
+STUDY = ["--chains", "2", "--warmup", "500", "--num-samples", "1500", "--thin", "5", "--no-progress",
+         "--reference-samples", "100", "--reference-warmup", "60"]
 FILES = ("samples.nc", "summary.csv", "bma_vs_iterations.png", "trace.png", "rank.png", "weights.png",
          "report.md", "report.json")
 
@@ -39,7 +41,14 @@ def test_mnist79_writes_every_file_and_classifies(tmp_path):
     # left unscaled by N/B gives 0.211 and accuracy 0.925, which fails the accuracy bound.
     assert bma["both"]["accuracy"] >= 0.93 and bma["theta"]["accuracy"] >= 0.93
     assert bma["both"]["nll"] < 0.21
-    assert set(report["bma"]) == {"entropy-sgld", "sgld"}
+    assert set(report["bma"]) == {"entropy-sgld", "sgld", "entropy-hmc"}
+    # 2 chains x 300 kept draws cannot reach ESS 400: the verdict says so, and what to change
+    verdict = report["verdict"]["entropy-sgld"]
+    assert verdict["converged"] is False and verdict["text"].startswith("NOT converged")
+    assert "--num-samples" in verdict["text"] and "w" in verdict["worst"][0]
+    assert "--reference-samples" in report["verdict"]["entropy-hmc"]["text"]
+    assert {"θ", "θa"} == set(report["against_reference"]["entropy-sgld"])
+    assert report["against_reference"]["entropy-sgld"]["θ"]["median_abs_mean_diff"] < 0.3
     md = (out / "report.md").read_text()
     for name in FILES[:-2]:
         assert name in md
@@ -78,7 +87,8 @@ def test_ctrl_c_keeps_the_draws(tmp_path, monkeypatch):
 
     make = mnist79.make_study_kernel
     monkeypatch.setattr(mnist79, "make_study_kernel", lambda name, c, model: (
-        Interrupted(model, eta=c.eta, step_size=c.step_size) if name == "entropy-sgld" else make(name, c, model)))
+        Interrupted(model, eta=c.eta, step_size=c.step_size, preconditioner=c.preconditioner)
+        if name == "entropy-sgld" else make(name, c, model)))
     out = tmp_path / "run"
     assert main(["mnist79", *SMALL, "--out", str(out)]) == 130
     idata = az.from_netcdf(str(out / "samples.nc"))

@@ -53,6 +53,10 @@ def _add_mnist79(sub) -> None:
                    help=f"metric of the stochastic-gradient samplers (default {d.preconditioner})")
     p.add_argument("--reference", default=d.reference,
                    help=f"exact sampler every coordinate is compared with: entropy-hmc or none (default {d.reference})")
+    p.add_argument("--reference-samples", type=int, default=d.reference_samples,
+                   help=f"reference draws per chain (default {d.reference_samples})")
+    p.add_argument("--reference-warmup", type=int, default=d.reference_warmup,
+                   help=f"reference warm-up iterations (default {d.reference_warmup})")
     p.add_argument("--num-samples", type=int, default=d.num_samples, help=f"draws per chain (default {d.num_samples})")
     p.add_argument("--thin", type=int, default=d.thin, help=f"keep every n-th draw (default {d.thin})")
     p.add_argument("--warmup", type=int, default=d.warmup, help=f"warm-up steps per chain (default {d.warmup})")
@@ -124,6 +128,7 @@ def run_mnist79_command(args: argparse.Namespace) -> int:
         baseline=None if str(args.baseline).lower() == "none" else args.baseline,
         eta=args.eta, step_size=args.step_size, preconditioner=args.preconditioner,
         reference=None if str(args.reference).lower() == "none" else args.reference,
+        reference_samples=args.reference_samples, reference_warmup=args.reference_warmup,
         num_samples=args.num_samples, thin=args.thin, warmup=args.warmup,
         chains=args.chains, batch_size=args.batch_size, prior_scale=args.prior_scale, seed=args.seed,
         out=args.out, overwrite=args.overwrite, progress=not args.no_progress,

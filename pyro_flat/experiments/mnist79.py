@@ -217,9 +217,11 @@ def _summary_rows(idata, var_names):
     return table, groups
 
 
-def convergence_verdict(table, sample_stats: Optional[Dict[str, torch.Tensor]] = None) -> dict:
+def convergence_verdict(table, sample_stats: Optional[Dict[str, torch.Tensor]] = None, *,
+                        advice: str = "run more iterations") -> dict:
     """``{"converged", "text", "worst"}`` by ArviZ's thresholds over every row of ``table`` (an
-    ``az.summary(kind="diagnostics")``); EntropyHMC's acceptance rate and divergences are added."""
+    ``az.summary(kind="diagnostics")``), with ``advice`` when not converged; EntropyHMC's
+    acceptance rate and divergences are added."""
     bad = table[(table["r_hat"] > MAX_R_HAT) | (table["ess_bulk"] < MIN_ESS) | (table["ess_tail"] < MIN_ESS)]
     worst = bad.assign(_ess=bad[["ess_bulk", "ess_tail"]].min(axis=1)).sort_values(
         ["r_hat", "_ess"], ascending=[False, True]).head(3)
@@ -236,8 +238,17 @@ def convergence_verdict(table, sample_stats: Optional[Dict[str, torch.Tensor]] =
         rows = ", ".join(f"{i} (R-hat {r.r_hat:.3f}, ESS bulk {r.ess_bulk:.0f}, tail {r.ess_tail:.0f})"
                          for i, r in worst.iterrows())
         text = (f"NOT converged: {len(bad)} of {len(table)} coordinates miss the thresholds; worst {rows}. "
-                "Run more iterations (--num-samples) or precondition (--preconditioner dense)" + extra)
+                f"{advice[0].upper() + advice[1:]}" + extra)
     return {"converged": bad.empty, "text": text, "worst": list(worst.index), **hmc}
+
+
+def _advice(name: str, config: MNIST79Config) -> str:
+    """What to change when ``name``'s run has not converged."""
+    if is_full_batch(name):
+        return "draw more (--reference-samples, --reference-warmup)"
+    if config.preconditioner == "none":
+        return "precondition (--preconditioner dense) or run ~100x more iterations (--num-samples)"
+    return "run more iterations (--num-samples) or chains (--chains)"
 
 
 def compare_with_reference(samples: Dict[str, torch.Tensor], reference: Dict[str, torch.Tensor]) -> dict:
@@ -341,7 +352,7 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None]) -
         run_idata = idata if run is main else to_arviz(run.samples, sample_stats=run.sample_stats or None)
         run_vars = ["b", "w"] + (["b_aux", "w_aux"] if run.has_aux else [])
         run_table, report["diagnostics"][name] = _summary_rows(run_idata, run_vars)
-        report["verdict"][name] = convergence_verdict(run_table, run.sample_stats)
+        report["verdict"][name] = convergence_verdict(run_table, run.sample_stats, advice=_advice(name, config))
         if run is main:
             table = run_table
     reference = runs.get(config.reference) if config.reference else None
