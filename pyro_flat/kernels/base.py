@@ -334,6 +334,8 @@ class StochasticGradientKernel(TargetKernel):
         else:
             self.temperature = check_positive("temperature", temperature)
         self.schedule = as_schedule(schedule)
+        #: the temperature of the current iteration: 0 in a cyclical schedule's exploration phase
+        self.step_temperature = self.temperature
 
     #: gradient evaluations of the potential per iteration (per chain)
     grads_per_iteration = 1
@@ -352,13 +354,22 @@ class StochasticGradientKernel(TargetKernel):
         return self.preconditioner.step(params, grads, step_size, temperature)
 
     def sample(self, params: Params) -> Params:
-        """One warm-up iteration, or after warm-up :attr:`steps_per_draw` iterations of which the
-        last is the draw (thinning inside the kernel: the others are never stored)."""
+        """One warm-up iteration, or after warm-up :attr:`steps_per_draw` sampling-phase iterations
+        of which the last is the draw (thinning inside the kernel: the others are never stored).
+
+        With a cyclical schedule (one with ``is_sampling(k)``, e.g.
+        :class:`~pyro_flat.schedules.cyclical_cosine`) the iterations of each cycle's exploration
+        phase are optimisation steps (no injected noise) and make no draw: after warm-up one call
+        runs through them to the next sampling-phase iterations (cSGMCMC, Zhang et al. 2020).
+        """
         sampling = self._iteration >= self._warmup_steps
-        for j in range(self.steps_per_draw if sampling else 1):
+        needed, j = (self.steps_per_draw if sampling else 1), 0
+        while needed:
             k = self._iteration
             if self.preconditioner is not None and not sampling:
                 self.preconditioner.adapt(k, params)
+            explore = not self.in_sampling_phase(k)
+            self.step_temperature = 0.0 if explore else self.temperature
             step_size = self.step_size * float(self.schedule(k))
             new_params, energy, grads = self.transition(params, step_size)
             self.num_grad_evals += self.grads_per_iteration
@@ -372,11 +383,19 @@ class StochasticGradientKernel(TargetKernel):
                 self._record_state(state_stats)
             self._last_stats = {"step_size": step_size, **state_stats}
             params = new_params
+            j += 1
+            needed -= 1 if (not sampling or not explore) else 0
         if sampling:
             self._stats["step_size"].append(self._last_stats["step_size"])  # one for all chains
             self._stats["grad_evals"].append(self.num_grad_evals)
             self._record_draw(params)
         return params
+
+    def in_sampling_phase(self, iteration: int) -> bool:
+        """Whether ``iteration`` injects noise and may make a draw: always, unless the schedule
+        has an ``is_sampling`` (a cyclical schedule's exploration phase says no)."""
+        is_sampling = getattr(self.schedule, "is_sampling", None)
+        return True if is_sampling is None else bool(is_sampling(iteration))
 
     def transition(self, params: Params, step_size: float):
         """One iteration: ``(new_params, energy at params, gradient at params)``."""
