@@ -21,6 +21,8 @@ from tqdm.auto import tqdm
 from .kernels import KERNELS, SGD, SGLD, EntropySGLD, LocalEntropySGLD, kernel_class
 from .kernels.base import StochasticGradientKernel
 from .mcmc import run_chains
+from . import theory as T_
+from .theory import LinearGaussianChain
 from .theory import bounds as B
 from .theory.estimators import W2Estimate, W2Estimator
 from .references import exact_chain, reference_law
@@ -166,11 +168,49 @@ def _target_of(kernel) -> str:
                      f"{[c.__name__ for c in TARGET_OF]}.")
 
 
+def _metric_factor(kernel, target: str) -> Optional[np.ndarray]:
+    """``L`` of a fixed preconditioner ``M⁻¹ = LLᵀ`` over the compared coordinates (the coupled
+    joint metric's for EntropySGLD), or ``None`` without a preconditioner."""
+    pre = getattr(kernel, "preconditioner", None)
+    if pre is None:
+        return None
+    if pre.adaptive:
+        raise ValueError(
+            f"check_convergence needs a fixed metric, got preconditioner={pre.spec!r} (estimated during "
+            "warm-up, and every iteration here is measured): pass preconditioner=<tensor>, e.g. "
+            "torch.linalg.inv(the Hessian at the mode).")
+    P = pre.spec.double().cpu().numpy()
+    L = np.linalg.cholesky(np.diag(P) if P.ndim == 1 else P)
+    return T_.coupled_metric_factor(L, kernel.eta) if target == "joint" else L
+
+
+def _whitening(factor: np.ndarray):
+    """``x -> L⁻¹x`` on rows of draws, and on a ``(mean, cov)`` reference."""
+    inv = np.linalg.inv(factor)
+
+    def whiten(x):
+        if isinstance(x, tuple):
+            return inv @ np.asarray(x[0], dtype=float), inv @ np.asarray(x[1], dtype=float) @ inv.T
+        return np.asarray(x, dtype=float) @ inv.T
+
+    return whiten
+
+
 def _bound(kernel, target: str, problem: Problem, iterations, initial_w2: float, batch_size,
-           radius: float) -> B.W2Bound:
+           radius: float, factor: Optional[np.ndarray] = None) -> B.W2Bound:
     m, M = problem.constants()
     T, d = problem.temperature, problem.dim
     noise = problem.gradient_noise(batch_size)
+    if factor is not None:  # plain Langevin on U(Ly): the preconditioned potential's constants
+        lower, upper = problem.curvature_bounds()
+        if target == "joint":
+            lower, upper = T_.joint_hessian(lower, kernel.eta), T_.joint_hessian(upper, kernel.eta)
+        m, M = T_.preconditioned_constants(lower, upper, factor, T)
+        noise *= float(np.linalg.norm(factor[:d, :d], 2))  # ∇_y U = Lᵀ∇_z U; noise in θ only
+        if target == "mode":
+            return B.sgd_bound(m * T, M * T, kernel.step_size, d, iterations, initial_w2, gradient_noise=noise)
+        return B.langevin_w2_bound(m, M, kernel.step_size, factor.shape[0], iterations, initial_w2,
+                                   temperature=T, gradient_noise=noise)
     if target == "joint":
         return B.entropy_mcmc_w2_bound(m, M, kernel.eta, kernel.step_size, d, iterations,
                                        initial_w2, temperature=T, gradient_noise=noise)
@@ -259,25 +299,32 @@ def check_convergence(
         estimator = "gaussian" if dim <= num_chains // 4 else "marginal"
     if reference is None:
         reference = reference_law(problem, target, getattr(kernel, "eta", None))
+    factor = _metric_factor(kernel, target)
+    whiten = (lambda x: x) if factor is None else _whitening(factor)
+    if factor is not None:
+        reference = whiten(reference)
+        notes.append("preconditioned: W2 and its bound are measured in the metric's coordinates "
+                     "y = L⁻¹z (M⁻¹ = LLᵀ), where the chain is plain Langevin on U(Ly).")
     ref_mean, ref_trace = _mean_and_trace(reference)
 
     x0 = torch.as_tensor(problem.initial_point() if initial_point is None else initial_point,
                          dtype=torch.get_default_dtype()).reshape(problem.dim)
     start = np.concatenate([x0.numpy(), x0.numpy()]) if target == "joint" else x0.numpy().astype(float)
+    start = whiten(start[None])[0]
     initial_w2 = math.sqrt(float(((start - ref_mean) ** 2).sum()) + ref_trace)
     checkpoints = np.unique(np.linspace(0, num_iterations, num_checkpoints).round().astype(int))
 
     t0 = time.perf_counter()
     states = run_ensemble(kernel, x0, num_chains, checkpoints, progress_bar=progress_bar)
     t_run = time.perf_counter() - t0
-    ensembles = [_ensemble_view(states[k], target) for k in checkpoints]
+    ensembles = [whiten(_ensemble_view(states[k], target)) for k in checkpoints]
     w2, se, floor, radius = _estimate_w2(ensembles, target, reference, ref_mean, estimator,
                                          num_bootstrap, 0 if seed is None else seed)
     t_est = time.perf_counter() - t0 - t_run
 
     bound, terms, constants = None, {}, {}
     try:
-        b = _bound(kernel, target, problem, checkpoints, initial_w2, batch_size, radius)
+        b = _bound(kernel, target, problem, checkpoints, initial_w2, batch_size, radius, factor)
     except ValueError as err:
         notes.append(f"no bound: {err}")
         warnings.warn(f"check_convergence: {err}", UserWarning, stacklevel=2)
@@ -289,14 +336,20 @@ def check_convergence(
         if target == "flat":
             notes.append(f"the local-entropy bound uses the radius r = {radius:.4g} measured on the "
                          "ensemble (largest RMS distance to the reference mean), a plug-in.")
-    constants.update({"m": problem.constants()[0], "M": problem.constants()[1],
+    base = ("m", "M") if factor is None else ("m_unpreconditioned", "M_unpreconditioned")
+    constants.update({base[0]: problem.constants()[0], base[1]: problem.constants()[1],
                       "gradient_noise_bound": problem.gradient_noise(batch_size)})
 
     exact = None
     if isinstance(problem, GaussianProblem) and batch_size is None and type(kernel) in TARGET_OF:
         # only for pyro-flat's own updates, whose exact law is known
-        exact = problem.exact_w2(exact_chain(problem, kernel), target, checkpoints, x0,
-                                 getattr(kernel, "eta", None))
+        chain = exact_chain(problem, kernel)
+        if factor is None:
+            exact = problem.exact_w2(chain, target, checkpoints, x0, getattr(kernel, "eta", None))
+        else:  # the same chain seen in y = L⁻¹z, against the whitened reference
+            inv = np.linalg.inv(factor)
+            chain = LinearGaussianChain(inv @ chain.B @ factor, inv @ chain.c, inv @ chain.Q @ inv.T)
+            exact = chain.w2_trajectory(start, np.zeros((len(start),) * 2), checkpoints, reference)
 
     result = ConvergenceResult(
         sampler=type(kernel).__name__, target=target, estimator=estimator if target != "mode" else "rms distance",

@@ -86,7 +86,7 @@ class MNIST79Config:
     num_samples: int = 10000
     warmup: int = 500
     chains: int = 4
-    thin: int = 10
+    thin: int = 5
     batch_size: int = 100
     prior_scale: float = 0.5
     seed: int = 0

@@ -27,10 +27,13 @@ from .bounds import (
 from .constants import (
     admissible_step_size,
     check_step_size,
+    coupled_metric_factor,
     joint_constants,
+    joint_hessian,
     local_entropy_constants,
     logistic_gradient_noise,
     logistic_regression_constants,
+    preconditioned_constants,
 )
 from .estimators import W2Estimate, W2Estimator, empirical_w2
 from .problems import GaussianProblem, LogisticRegressionProblem, Problem
@@ -46,6 +49,9 @@ from .gaussian import (
 __all__ = [
     "logistic_regression_constants",
     "joint_constants",
+    "joint_hessian",
+    "coupled_metric_factor",
+    "preconditioned_constants",
     "local_entropy_constants",
     "admissible_step_size",
     "check_step_size",

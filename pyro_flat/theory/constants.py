@@ -108,6 +108,46 @@ def joint_constants(m: float, M: float, eta: float) -> Tuple[float, float]:
     return m_joint, M_joint
 
 
+def joint_hessian(hessian, eta: float) -> np.ndarray:
+    r"""The Hessian :math:`\begin{pmatrix}H + I/\eta & -I/\eta\\ -I/\eta & I/\eta\end{pmatrix}` of
+    the Entropy-MCMC joint over :math:`(\theta, \theta_a)` for :math:`\nabla^2 f = H`."""
+    H = to_numpy(hessian)
+    inv = np.eye(H.shape[0]) / check_positive("eta", eta)
+    return np.block([[H + inv, -inv], [-inv, inv]])
+
+
+def coupled_metric_factor(factor, eta: float) -> np.ndarray:
+    r"""The factor :math:`L_J = \begin{pmatrix}L & 0\\ L & \sqrt\eta I\end{pmatrix}` of the coupled
+    metric :math:`M^{-1} = L_J L_J^\top` that EntropySGLD uses with a preconditioner :math:`LL^\top`
+    on :math:`\theta` (:mod:`pyro_flat.kernels.preconditioning`)."""
+    L = to_numpy(factor)
+    d = L.shape[0]
+    return np.block([[L, np.zeros((d, d))], [L, math.sqrt(check_positive("eta", eta)) * np.eye(d)]])
+
+
+def preconditioned_constants(lower, upper, factor, temperature: float = 1.0) -> Tuple[float, float]:
+    r""":math:`(\tilde m, \tilde M)` of the preconditioned potential :math:`\tilde U(y) = U(Ly)/T`.
+
+    A preconditioned Langevin chain :math:`z \leftarrow z - \alpha LL^\top\nabla U + \sqrt{2\alpha T}L\xi`
+    is plain Langevin on :math:`y = L^{-1}z` with :math:`\nabla^2\tilde U = L^\top\nabla^2 U L/T`.
+    When :math:`\nabla^2 U` lies between ``lower`` and ``upper`` (Loewner order, e.g.
+    :math:`\Lambda \preceq \nabla^2 U \preceq X^\top X/4 + \Lambda` for logistic regression),
+    :math:`\tilde m = \lambda_{\min}(L^\top \text{lower}\, L)/T` and
+    :math:`\tilde M = \lambda_{\max}(L^\top \text{upper}\, L)/T`.
+
+    Example::
+
+        >>> import numpy as np
+        >>> A = np.diag([1.0, 1000.0])
+        >>> [round(c, 6) for c in preconditioned_constants(A, A, np.diag(1 / np.sqrt([1.0, 1000.0])))]
+        [1.0, 1.0]
+    """
+    L, T = to_numpy(factor), check_positive("temperature", temperature)
+    low = np.linalg.eigvalsh(L.T @ to_numpy(lower) @ L)[0]
+    high = np.linalg.eigvalsh(L.T @ to_numpy(upper) @ L)[-1]
+    return check_constants(low / T, high / T)
+
+
 def local_entropy_constants(m: float, M: float, eta: float) -> Tuple[float, float]:
     r""":math:`(m_F, M_F)` of the local-entropy potential :math:`F(\theta) = -\log\int e^{-f(\theta') - \lVert\theta'-\theta\rVert^2/(2\eta)}\,d\theta'`.
 

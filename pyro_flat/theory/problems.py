@@ -44,6 +44,11 @@ class Problem:
     def gradient_noise(self, batch_size: Optional[int]) -> float:
         raise NotImplementedError
 
+    def curvature_bounds(self) -> Tuple[np.ndarray, np.ndarray]:
+        """``(lower, upper)``: matrices between which the Hessian of the potential lies everywhere
+        (Loewner order), for the constants of a preconditioned potential."""
+        raise NotImplementedError
+
     def initial_point(self) -> torch.Tensor:
         return torch.zeros(self.dim)
 
@@ -105,6 +110,9 @@ class GaussianProblem(Problem):
 
     def constants(self) -> Tuple[float, float]:
         return float(self._eig[0]) / self.temperature, float(self._eig[-1]) / self.temperature
+
+    def curvature_bounds(self) -> Tuple[np.ndarray, np.ndarray]:
+        return self.A, self.A
 
     def gradient_noise(self, batch_size: Optional[int]) -> float:
         return 0.0
@@ -203,6 +211,12 @@ class LogisticRegressionProblem(Problem):
 
     def constants(self) -> Tuple[float, float]:
         return self._constants
+
+    def curvature_bounds(self) -> Tuple[np.ndarray, np.ndarray]:
+        """:math:`\Lambda \preceq \nabla^2 U \preceq X^\top X/4 + \Lambda` (:math:`\sigma' \le 1/4`)."""
+        X = self.X.double().numpy()
+        prior = np.diag(self._precision.double().numpy())
+        return prior, X.T @ X / 4 + prior
 
     def gradient_noise(self, batch_size: Optional[int]) -> float:
         return 0.0 if batch_size is None else logistic_gradient_noise(self.X, batch_size)
