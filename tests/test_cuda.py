@@ -24,7 +24,9 @@ def _data(n=500, d=20):
 @pytest.mark.parametrize("make", [
     lambda: SGLD(logistic_regression, step_size=1e-3),
     lambda: EntropySGLD(logistic_regression, eta=0.05, step_size=1e-3),
-], ids=["SGLD", "EntropySGLD"])
+    lambda: SGLD(logistic_regression, preconditioner="diagonal", step_size=0.1),
+    lambda: EntropySGLD(logistic_regression, eta=0.05, preconditioner="dense", step_size=0.2),
+], ids=["SGLD", "EntropySGLD", "SGLD-diagonal", "EntropySGLD-dense"])
 def test_stochastic_gradient_kernels_on_cuda(make, chains):
     X, y = _data()
     kernel = make()
