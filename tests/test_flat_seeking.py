@@ -131,3 +131,18 @@ def test_bnn_study_options_are_checked():
         BNNConfig(warmup_fraction=1.0).validate()
     with pytest.raises(ValueError, match="in_digits holds all ten"):
         datasets.load_mnist_ood(in_digits=range(10))
+
+
+def test_bnn_study_passes_its_preconditioner_to_every_mlp_sampler():
+    from pyro_flat.experiments.bnn import BNN_SAMPLERS, BNNConfig, make_bnn_kernel
+    from pyro_flat.experiments.output import StudyError
+    from pyro_flat.models import BayesianMLP
+
+    net = BayesianMLP(4, [3], 2)
+    config = BNNConfig(preconditioner="diagonal", step_size=0.01)
+    for name in BNN_SAMPLERS:
+        kernel = make_bnn_kernel(name, config, net)
+        assert kernel.preconditioner is not None and kernel.preconditioner.spec == "diagonal", name
+        assert make_bnn_kernel(name, BNNConfig(), net).preconditioner is None
+    with pytest.raises(StudyError, match="--preconditioner 'dense'"):
+        BNNConfig(preconditioner="dense").validate()

@@ -184,3 +184,13 @@ def test_the_wrong_preconditioned_noise_leaves_the_exact_w2():
     wrong = check_convergence(PROBLEM, NoiseScaledByTheMetric, **settings)
     gap = np.abs(wrong.w2_debiased - right.exact_w2)[-1]
     assert gap > 10 * wrong.w2_stderr[-1] + wrong.w2_floor, (wrong.w2_debiased, right.exact_w2)
+
+
+def test_a_near_zero_diagonal_estimate_is_floored_at_a_tenth_of_the_median():
+    """A Hutchinson estimate of one entry can fall near zero by chance; its variance must not explode."""
+    from pyro_flat.kernels.curvature import inverse_diagonal
+
+    diagonal = torch.tensor([[100.0, 120.0, 80.0, 1e-6, -90.0]])
+    variance = inverse_diagonal(diagonal)
+    assert torch.allclose(variance[0, [0, 1, 2, 4]], 1 / torch.tensor([100.0, 120.0, 80.0, 90.0]))
+    assert float(variance[0, 3]) == pytest.approx(1 / (0.1 * 90.0))

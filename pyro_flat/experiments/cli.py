@@ -91,7 +91,10 @@ def _add_bnn(sub) -> None:
                    help=f"gradient evaluations per chain and sampler (default {d.grad_evals})")
     p.add_argument("--num-chains", type=int, default=d.num_chains,
                    help=f"chains per sampler, run as one batched network (default {d.num_chains})")
-    p.add_argument("--step-size", type=float, default=d.step_size, help=f"default {d.step_size}")
+    p.add_argument("--step-size", type=float, default=d.step_size,
+                   help=f"default {d.step_size}; with --preconditioner diagonal it is in the metric's units (try 0.01)")
+    p.add_argument("--preconditioner", default=d.preconditioner, choices=("none", "diagonal"),
+                   help=f"metric of the samplers on the MLP (default {d.preconditioner}: it did not help here)")
     p.add_argument("--eta", type=float, default=d.eta, help=f"EntropySGLD coupling (default {d.eta})")
     p.add_argument("--rho", type=float, default=d.rho, help=f"SASGLD radius (default {d.rho})")
     p.add_argument("--sigma", type=float, default=d.sigma, help=f"FlatSGLD perturbation sd (default {d.sigma})")
@@ -104,7 +107,8 @@ def run_bnn_command(args: argparse.Namespace) -> int:
     from .bnn import BNNConfig, run_bnn_study
 
     config = BNNConfig(data_dir=args.data_dir, grad_evals=args.grad_evals, num_chains=args.num_chains,
-                       step_size=args.step_size, eta=args.eta, rho=args.rho, sigma=args.sigma,
+                       step_size=args.step_size, preconditioner=args.preconditioner,
+                       eta=args.eta, rho=args.rho, sigma=args.sigma,
                        seed=args.seed, out=args.out, overwrite=args.overwrite,
                        progress=not args.no_progress)
     run_bnn_study(config)

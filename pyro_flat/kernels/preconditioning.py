@@ -15,7 +15,7 @@ The metric is the inverse curvature of the potential :math:`f` of the model's si
 - ``"dense"``: :math:`|\nabla^2 f|^{-1}` (``D`` Hessian-vector products per estimate; up to
   :data:`MAX_DENSE_DIM` coordinates);
 - ``"diagonal"``: :math:`1/|\mathrm{diag}\,\nabla^2 f|` (exact up to 1,024 coordinates, else
-  Hutchinson's estimate from 32 probes);
+  Hutchinson's estimate from 32 probes; entries floored at a tenth of their median);
 - a tensor: a fixed ``(D,)`` variance or ``(D, D)`` covariance of the model's sites, flattened in
   the order of the model's latent sites (coupled sites first for Entropy-MCMC with ``sites=``).
 
