@@ -413,9 +413,10 @@ def _report_markdown(report: dict, config: MNIST79Config) -> str:
     md += [f"Bayesian logistic regression (784 weights + bias, prior N(0, {config.prior_scale}²)) on "
            f"{report['data']['n_train']} training images from {report['data']['source']}; "
            f"test metrics on {report['data']['n_test']} images.",
-           f"Sampler `{config.sampler}` (η = {config.eta}, step size {config.step_size}, minibatch "
-           f"{report['batch_size_used']}), {config.chains} chain(s) × ({config.warmup} warm-up + "
-           f"{config.num_samples} draws, every {config.thin}th kept), seed {config.seed}. Seconds: "
+           f"Sampler `{config.sampler}` (η = {config.eta}, step size {config.step_size}, preconditioner "
+           f"{config.preconditioner}, minibatch {report['batch_size_used']}), {config.chains} chain(s) × "
+           f"({config.warmup} warm-up + {config.num_samples} iterations, every {config.thin}th kept), "
+           f"seed {config.seed}. Seconds: "
            + ", ".join(f"{k} {v}" for k, v in report["seconds"].items()) + ".", "",
            "## Bayesian model average on the test set", "",
            "| sampler | draws | accuracy | NLL | ECE | Brier |", "|---|---|---|---|---|---|"]
