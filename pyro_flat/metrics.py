@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Dict
 
+import numpy as np
 import torch
 
 _EPS = 1e-12
@@ -60,14 +61,11 @@ def brier(probs: torch.Tensor, y: torch.Tensor) -> float:
     return float((sq / 2 if binary else sq).mean())
 
 
-def ece(probs: torch.Tensor, y: torch.Tensor, n_bins: int = 15, binning: str = "width") -> float:
-    r"""Expected calibration error of the top-class confidence.
-
-    .. math:: \mathrm{ECE} = \sum_b \frac{|B_b|}{N}\,\lvert \mathrm{acc}(B_b) - \mathrm{conf}(B_b)\rvert
-
-    ``binning="width"``: ``n_bins`` equal-width bins on [0, 1]; ``binning="mass"``: bins holding
-    equal numbers of points (sorted by confidence).
-    """
+def reliability_curve(probs: torch.Tensor, y: torch.Tensor, n_bins: int = 15,
+                      binning: str = "width") -> Dict[str, np.ndarray]:
+    """The calibration curve of the top-class confidence: per non-empty bin, the mean confidence
+    ``confidence``, the accuracy ``accuracy`` and the number of points ``count`` (the bins of
+    :func:`ece`; ``binning="mass"``: equal numbers of points per bin)."""
     if n_bins < 1:
         raise ValueError(f"n_bins must be >= 1, got {n_bins}")
     p, labels = _as_classes(probs, y)
@@ -82,13 +80,27 @@ def ece(probs: torch.Tensor, y: torch.Tensor, n_bins: int = 15, binning: str = "
         bins[order] = torch.div(torch.arange(n) * n_bins, n, rounding_mode="floor")
     else:
         raise ValueError(f"binning must be 'width' or 'mass', got {binning!r}")
-    total = 0.0
+    out = {"confidence": [], "accuracy": [], "count": []}
     for b in range(n_bins):
         sel = bins == b
-        count = int(sel.sum())
-        if count:
-            total += count / n * abs(float(correct[sel].mean() - conf[sel].mean()))
-    return total
+        if bool(sel.any()):
+            out["confidence"].append(float(conf[sel].double().mean()))
+            out["accuracy"].append(float(correct[sel].mean()))
+            out["count"].append(int(sel.sum()))
+    return {k: np.array(v) for k, v in out.items()}
+
+
+def ece(probs: torch.Tensor, y: torch.Tensor, n_bins: int = 15, binning: str = "width") -> float:
+    r"""Expected calibration error of the top-class confidence.
+
+    .. math:: \mathrm{ECE} = \sum_b \frac{|B_b|}{N}\,\lvert \mathrm{acc}(B_b) - \mathrm{conf}(B_b)\rvert
+
+    ``binning="width"``: ``n_bins`` equal-width bins on [0, 1]; ``binning="mass"``: bins holding
+    equal numbers of points (sorted by confidence). The bins are those of :func:`reliability_curve`.
+    """
+    curve = reliability_curve(probs, y, n_bins, binning)
+    weights = curve["count"] / curve["count"].sum()
+    return float((weights * np.abs(curve["accuracy"] - curve["confidence"])).sum())
 
 
 def classification_metrics(probs: torch.Tensor, y: torch.Tensor, n_bins: int = 15) -> Dict[str, float]:

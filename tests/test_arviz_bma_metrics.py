@@ -151,3 +151,22 @@ def test_dtype_follows_model():
     mcmc.run()
     assert mcmc.get_samples()["x"].dtype == torch.float64
     assert mcmc.get_samples()["x_aux"].dtype == torch.float64
+
+
+def test_reliability_curve_is_the_calibration_behind_the_ece():
+    """Labels drawn from the predicted probabilities are calibrated: every bin's accuracy matches its
+    confidence within binomial error; a model that is 0.99 sure and right 80 % of the time is not."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.rand(20000, generator=g)
+    y = torch.bernoulli(p, generator=g)
+    curve = metrics.reliability_curve(p, y, n_bins=10, binning="mass")
+    se = np.sqrt(curve["accuracy"] * (1 - curve["accuracy"]) / curve["count"]) + 1e-3
+    assert (np.abs(curve["accuracy"] - curve["confidence"]) < 4 * se).all()
+    assert curve["count"].sum() == 20000
+    weights = curve["count"] / curve["count"].sum()
+    assert metrics.ece(p, y, 10, "mass") == pytest.approx(
+        float((weights * np.abs(curve["accuracy"] - curve["confidence"])).sum()))
+    sure = torch.full((1000,), 0.99)
+    wrong = (torch.arange(1000) % 5 == 0).float()  # a fifth of the labels are 0: the top class (1) is right 80 %
+    over = metrics.reliability_curve(sure, 1 - wrong, n_bins=5)
+    assert over["confidence"] == pytest.approx([0.99]) and over["accuracy"] == pytest.approx([0.8])

@@ -16,7 +16,7 @@ SMALL = ["--chains", "2", "--warmup", "200", "--num-samples", "300", "--thin", "
 # Enough draws that the BMA's accuracy on the 200 test images is a property of the sampler.
 STUDY = ["--chains", "2", "--warmup", "500", "--num-samples", "1500", "--thin", "5", "--no-progress",
          "--reference-samples", "100", "--reference-warmup", "60"]
-FILES = ("samples.nc", "summary.csv", "bma_vs_iterations.png", "trace.png", "rank.png", "weights.png",
+FILES = ("samples.nc", "summary.csv", "bma_vs_iterations.png", "reliability.png", "trace.png", "rank.png", "weights.png",
          "report.md", "report.json")
 
 

@@ -171,25 +171,47 @@ def run_sampler(name: str, config: MNIST79Config, X: torch.Tensor, y: torch.Tens
 
 
 def running_bma(probs: torch.Tensor, y: torch.Tensor, *, warmup: int = 0, thin: int = 1,
-                num_points: int = 50) -> Dict[str, np.ndarray]:
-    """Accuracy and NLL of the Bayesian model average of the first k draws (pooled over chains).
+                num_points: int = 50, cost: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
+    """Accuracy and NLL of the Bayesian model average of the first k draws (pooled over chains),
+    each with its standard error over the test points.
 
-    ``probs`` has shape ``(chain, draw, n)``; returns arrays over ``num_points`` values of k,
-    with ``iteration = warmup + k * thin``.
+    ``probs`` (probabilities of class 1) has shape ``(chain, draw, n)``; returns arrays over
+    ``num_points`` values of k, with ``iteration = warmup + k * thin`` and ``x`` = ``cost[k - 1]``
+    (e.g. gradient evaluations per chain up to draw k) or the iteration without ``cost``.
     """
-    num_draws = probs.shape[1]
+    num_draws, n = probs.shape[1], probs.shape[-1]
     ks = np.unique(np.linspace(1, num_draws, min(num_points, num_draws)).astype(int))
     running = probs.double().cumsum(1).mean(0)  # (draw, n): chain-pooled partial sums
-    acc, nll = [], []
+    out = {"accuracy": [], "accuracy_se": [], "nll": [], "nll_se": []}
     for k in ks:
-        p = running[k - 1] / k
-        acc.append(metrics.accuracy(p, y))
-        nll.append(metrics.nll(p, y))
-    return {"iteration": warmup + ks * thin, "accuracy": np.array(acc), "nll": np.array(nll)}
+        p = (running[k - 1] / k).clamp(1e-12, 1 - 1e-12)
+        acc = metrics.accuracy(p, y)
+        point_nll = -torch.where(y > 0.5, p.log(), (1 - p).log())
+        out["accuracy"].append(acc)
+        out["accuracy_se"].append(float(np.sqrt(acc * (1 - acc) / n)))
+        out["nll"].append(float(point_nll.mean()))
+        out["nll_se"].append(float(point_nll.std() / np.sqrt(n)))
+    iteration = warmup + ks * thin
+    x = iteration if cost is None else np.asarray(cost)[ks - 1]
+    return {"iteration": iteration, "x": x, **{k: np.array(v) for k, v in out.items()}}
+
+
+def _gradient_cost(run: SamplerRun, warmup: int, thin: int) -> Optional[np.ndarray]:
+    """Gradient evaluations per chain up to each kept draw, warm-up included: the kernels' own count
+    (``grad_evals``, a preconditioner's Hessian-vector products at two), or for EntropyHMC the
+    leapfrog steps (its warm-up counted at its sampling phase's mean trajectory)."""
+    stats = run.sample_stats or {}
+    if "grad_evals" in stats:
+        return stats["grad_evals"][0].double().numpy()
+    if "n_steps" in stats:
+        steps = stats["n_steps"][0].double().numpy()
+        return warmup * steps.mean() + np.cumsum(steps)
+    return None
 
 
 def evaluate(run: SamplerRun, X_test: torch.Tensor, y_test: torch.Tensor, *, warmup: int = 0, thin: int = 1):
-    """BMA metrics and running curves for θ, and for θa and both when the run has twins."""
+    """BMA metrics, running curves (against gradient evaluations per chain) and reliability
+    curves for θ, and for θa and both when the run has twins."""
     def probs(suffix):  # (chain, draw, n)
         return logistic_probs(run.samples, X_test, suffix=suffix).reshape(*run.samples["b"].shape[:2], -1)
 
@@ -198,8 +220,11 @@ def evaluate(run: SamplerRun, X_test: torch.Tensor, y_test: torch.Tensor, *, war
         per_use["aux"] = probs("_aux")
         per_use["both"] = torch.cat([per_use["theta"], per_use["aux"]], dim=0)
     final = {u: metrics.classification_metrics(p.mean((0, 1)), y_test) for u, p in per_use.items()}
-    curves = {u: running_bma(p, y_test, warmup=warmup, thin=thin) for u, p in per_use.items()}
-    return final, curves
+    cost = _gradient_cost(run, warmup, thin)
+    curves = {u: running_bma(p, y_test, warmup=warmup, thin=thin, cost=cost) for u, p in per_use.items()}
+    reliability = {u: metrics.reliability_curve(p.mean((0, 1)), y_test, n_bins=10, binning="mass")
+                   for u, p in per_use.items()}
+    return final, curves, reliability
 
 
 def _summary_rows(idata, var_names):
@@ -269,6 +294,42 @@ def compare_with_reference(samples: Dict[str, torch.Tensor], reference: Dict[str
     return out
 
 
+def _coords(var_names) -> dict:
+    return {"w_dim_0": [CENTRE_PIXEL], "w_aux_dim_0": [CENTRE_PIXEL]}
+
+
+def _trace_figure(idata, var_names, config: MNIST79Config):
+    import arviz as az
+
+    axes = np.atleast_2d(az.plot_trace(idata, var_names=var_names, coords=_coords(var_names), legend=True,
+                                       figsize=(12, 2.2 * len(var_names))))
+    for row, name in zip(axes, var_names):
+        label = f"{name}[{CENTRE_PIXEL}]" if name.startswith("w") else name
+        row[0].set(xlabel=f"value of {label}", ylabel="density", title=label)
+        row[1].set(xlabel=f"kept draw (every {config.thin}th iteration after warm-up)", ylabel=label, title=label)
+    fig = axes.flat[0].figure
+    fig.suptitle(f"{config.sampler}: bias b and the centre pixel's weight w[{CENTRE_PIXEL}], θ and θa; "
+                 "one line style per chain")
+    fig.tight_layout()
+    return fig
+
+
+def _rank_figure(idata, var_names, config: MNIST79Config):
+    import arviz as az
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, (len(var_names) + 1) // 2, figsize=(10, 7), squeeze=False)
+    az.plot_rank(idata, var_names=var_names, coords=_coords(var_names), ax=axes.flat[: len(var_names)])
+    for ax, name in zip(axes.flat, var_names):
+        label = f"{name}[{CENTRE_PIXEL}]" if name.startswith("w") else name
+        ax.set(title=label, xlabel="rank of the draw among all chains", ylabel="chain")
+    for ax in list(axes.flat)[len(var_names):]:
+        ax.remove()
+    fig.suptitle(f"{config.sampler}: rank plots (uniform bars in every chain: the chains agree)")
+    fig.tight_layout()
+    return fig
+
+
 def _save(fig, path: Path) -> str:
     import matplotlib.pyplot as plt
 
@@ -298,7 +359,7 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None]) -
     import arviz as az
 
     from ..diagnostics import to_arviz
-    from .plots import plot_bma_curves, plot_weight_comparison
+    from .plots import plot_bma_curves, plot_reliability, plot_weight_comparison
 
     X, y = load_mnist79(config.data_dir, split="train")
     X_test, y_test = load_mnist79(config.data_dir, split="test")
@@ -333,16 +394,18 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None]) -
     idata = to_arviz(main.samples, sample_stats=main.sample_stats or None)
     files["samples"] = "samples.nc"
     idata.to_netcdf(str(out / files["samples"]))
-    report["bma"], curves = {}, {}
+    report["bma"], curves, reliability = {}, {}, {}
     for name, run in runs.items():
         if not run.samples:
             continue
         exact = is_full_batch(name)
-        final, run_curves = evaluate(run, X_test, y_test, warmup=config.reference_warmup if exact else config.warmup,
-                                     thin=1 if exact else config.thin)
+        final, run_curves, run_reliability = evaluate(
+            run, X_test, y_test, warmup=config.reference_warmup if exact else config.warmup,
+            thin=1 if exact else config.thin)
         report["bma"][name] = final
         labels = {"theta": "θ", "aux": "θa", "both": "θ and θa"}
         curves.update({f"{name} ({labels[u]})": c for u, c in run_curves.items()})
+        reliability.update({f"{name} ({labels[u]})": c for u, c in run_reliability.items() if u != "aux"})
 
     var_names = ["b", "w"] + (["b_aux", "w_aux"] if main.has_aux else [])
     report["diagnostics"], report["verdict"] = {}, {}
@@ -361,15 +424,16 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None]) -
                                        for name, run in runs.items() if run is not reference and run.samples}
     files["summary"] = "summary.csv"
     table.to_csv(out / files["summary"])
-    files["bma_curves"] = _save(plot_bma_curves(curves, title="MNIST 7 vs 9: running Bayesian model average"),
-                                out / "bma_vs_iterations.png")
-    coords = {"w_dim_0": [CENTRE_PIXEL], "w_aux_dim_0": [CENTRE_PIXEL]}
-    for kind, plot in (("trace", az.plot_trace), ("rank", az.plot_rank)):
-        axes = np.atleast_2d(plot(idata, var_names=var_names, coords=coords))
-        fig = axes.flat[0].figure
-        fig.suptitle(f"{config.sampler}: bias b and the centre pixel's weight w[{CENTRE_PIXEL}] (θ and θa)")
-        fig.tight_layout()
-        files[kind] = _save(fig, out / f"{kind}.png")
+    n_test = len(X_test)
+    files["bma_curves"] = _save(plot_bma_curves(
+        curves, title=f"MNIST 7 vs 9: running Bayesian model average on {n_test} test images",
+        xlabel=f"gradient evaluations per chain, warm-up included (EntropyHMC's and the preconditioner's\n"
+               f"on all {len(X)} images, the others' on minibatches of {batch_size})"), out / "bma_vs_iterations.png")
+    files["reliability"] = _save(plot_reliability(
+        reliability, title=f"reliability of the BMA\n({n_test} test images, 10 bins of equal count)"),
+        out / "reliability.png")
+    files["trace"] = _save(_trace_figure(idata, var_names, config), out / "trace.png")
+    files["rank"] = _save(_rank_figure(idata, var_names, config), out / "rank.png")
     if main.has_aux:
         w, w_aux = (main.samples[k].reshape(-1, 784) for k in ("w", "w_aux"))
         files["weights"] = _save(plot_weight_comparison(w, w_aux, pixel=CENTRE_PIXEL), out / "weights.png")
@@ -423,7 +487,11 @@ def _report_markdown(report: dict, config: MNIST79Config) -> str:
     for name, per_use in report["bma"].items():
         for use, m in per_use.items():
             md.append(f"| {name} | {use} | {m['accuracy']:.4f} | {m['nll']:.4f} | {m['ece']:.4f} | {m['brier']:.4f} |")
-    md += ["", f"![running BMA]({files['bma_curves']})", "", "## Convergence diagnostics (ArviZ)", "",
+    md += ["", f"The test set has {report['data']['n_test']} images: one image is "
+           f"{1 / report['data']['n_test']:.3f} of accuracy, and the bands of the running curves are ±1 "
+           "standard error over the test points.", "",
+           f"![running BMA]({files['bma_curves']})", "", f"![reliability diagram]({files['reliability']})", "",
+           "## Convergence diagnostics (ArviZ)", "",
            f"Verdict by ArviZ's thresholds (rank-normalised split R-hat ≤ {MAX_R_HAT}, bulk and tail ESS ≥ "
            f"{MIN_ESS} for every coordinate; Vehtari et al. 2021):", ""]
     for name, v in report["verdict"].items():

@@ -19,27 +19,53 @@ def _plt():
     return plt
 
 
-def plot_bma_curves(curves: Mapping[str, Mapping[str, np.ndarray]], *, title: str = ""):
-    """Test accuracy and NLL of the running Bayesian model average against the iteration.
+def plot_bma_curves(curves: Mapping[str, Mapping[str, np.ndarray]], *, title: str = "",
+                    xlabel: str = "iteration (warm-up included)"):
+    """Test accuracy and NLL of the running Bayesian model average, each with a band of ±1 standard
+    error over the test points (``accuracy_se``, ``nll_se`` when the curves have them).
 
-    ``curves[label] = {"iteration": ..., "accuracy": ..., "nll": ...}`` (see
-    :func:`pyro_flat.experiments.mnist79.running_bma`).
+    ``curves[label] = {"x": ..., "accuracy": ..., "nll": ...}`` (``"iteration"`` instead of ``"x"``
+    works too; see :func:`pyro_flat.experiments.mnist79.running_bma`).
     """
     plt = _plt()
     fig, (ax_acc, ax_nll) = plt.subplots(1, 2, figsize=(11, 4))
     for i, (label, c) in enumerate(curves.items()):
-        style = dict(color=f"C{i}", lw=1.6)
-        ax_acc.plot(c["iteration"], c["accuracy"], label=label, **style)
-        ax_nll.plot(c["iteration"], c["nll"], label=label, **style)
-    ax_acc.set(xlabel="iteration (warm-up included)", ylabel="test accuracy of the BMA",
-               title="accuracy (higher is better)")
-    ax_nll.set(xlabel="iteration (warm-up included)", ylabel="test NLL per point of the BMA",
-               title="negative log-likelihood (lower is better)")
+        x = c.get("x", c.get("iteration"))
+        for ax, key in ((ax_acc, "accuracy"), (ax_nll, "nll")):
+            ax.plot(x, c[key], label=label, color=f"C{i}", lw=1.6)
+            if key + "_se" in c:
+                ax.fill_between(x, c[key] - c[key + "_se"], c[key] + c[key + "_se"], color=f"C{i}", alpha=0.12)
+    ax_acc.set(xlabel=xlabel, ylabel="test accuracy of the BMA",
+               title="accuracy (higher is better; band: ±1 standard error)")
+    ax_nll.set(xlabel=xlabel, ylabel="test NLL per point of the BMA",
+               title="negative log-likelihood (lower is better; band: ±1 s.e.)")
     ax_acc.legend(fontsize=8, loc="lower right")
     for ax in (ax_acc, ax_nll):
         ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_reliability(curves: Mapping[str, Mapping[str, np.ndarray]], *, title: str = ""):
+    """Reliability diagram: accuracy against mean confidence per bin (marker area ∝ points in the
+    bin), the diagonal being perfect calibration; ``curves[label]`` from
+    :func:`pyro_flat.metrics.reliability_curve`."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.6, 5))
+    ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
+    low = 1.0
+    for i, (label, c) in enumerate(curves.items()):
+        sizes = 300 * c["count"] / c["count"].sum()
+        ax.plot(c["confidence"], c["accuracy"], "-", color=f"C{i}", lw=1.2, label=label)
+        ax.scatter(c["confidence"], c["accuracy"], s=sizes, color=f"C{i}", alpha=0.6)
+        low = min(low, float(np.min(c["confidence"])), float(np.min(c["accuracy"])))
+    low = max(0.0, np.floor(low * 10) / 10)
+    ax.set(xlim=(low, 1.0), ylim=(low, 1.0), xlabel="mean top-class confidence in the bin",
+           ylabel="accuracy in the bin", title=title or "reliability diagram")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     return fig
 

@@ -299,7 +299,8 @@ class StochasticGradientKernel(TargetKernel):
     divergence stops the chain) and the per-draw ``sample_stats``: ``step_size`` (the step that
     produced the draw), ``potential_energy`` (the minibatch estimate of U at the draw) and the
     target's own statistics, and ``grad_evals``: the gradient evaluations of the potential each
-    chain has used up to that draw, warm-up included (:attr:`num_grad_evals` is the running count),
+    chain has used up to that draw, warm-up included (a preconditioner's Hessian-vector products
+    count two each) (:attr:`num_grad_evals` is the running count),
     so that samplers with different costs per iteration compare per gradient evaluation.
     """
 
@@ -344,8 +345,14 @@ class StochasticGradientKernel(TargetKernel):
 
     def after_setup(self, params: Params) -> None:
         if self.preconditioner is not None:
+            before = self.preconditioner.num_hvp
             self.preconditioner.setup(self.target, params, num_chains=self.num_chains,
                                       warmup_steps=self._warmup_steps, eta=getattr(self, "eta", None))
+            self._count_hvp(before)
+
+    def _count_hvp(self, before: int) -> None:
+        """The preconditioner's Hessian-vector products since ``before``, at two gradients each."""
+        self.num_grad_evals += 2 * (self.preconditioner.num_hvp - before)
 
     def langevin(self, params: Params, grads: Params, step_size: float, temperature: float) -> Params:
         """The shared Langevin step, preconditioned when the kernel has a preconditioner."""
@@ -367,7 +374,9 @@ class StochasticGradientKernel(TargetKernel):
         while needed:
             k = self._iteration
             if self.preconditioner is not None and not sampling:
+                before = self.preconditioner.num_hvp
                 self.preconditioner.adapt(k, params)
+                self._count_hvp(before)
             explore = not self.in_sampling_phase(k)
             self.step_temperature = 0.0 if explore else self.temperature
             step_size = self.step_size * float(self.schedule(k))
