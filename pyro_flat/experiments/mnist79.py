@@ -427,8 +427,7 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None]) -
     n_test = len(X_test)
     files["bma_curves"] = _save(plot_bma_curves(
         curves, title=f"MNIST 7 vs 9: running Bayesian model average on {n_test} test images",
-        xlabel=f"gradient evaluations per chain, warm-up included (EntropyHMC's and the preconditioner's\n"
-               f"on all {len(X)} images, the others' on minibatches of {batch_size})"), out / "bma_vs_iterations.png")
+        xlabel="gradient evaluations per chain (warm-up included)"), out / "bma_vs_iterations.png")
     files["reliability"] = _save(plot_reliability(
         reliability, title=f"reliability of the BMA\n({n_test} test images, 10 bins of equal count)"),
         out / "reliability.png")
@@ -489,7 +488,10 @@ def _report_markdown(report: dict, config: MNIST79Config) -> str:
             md.append(f"| {name} | {use} | {m['accuracy']:.4f} | {m['nll']:.4f} | {m['ece']:.4f} | {m['brier']:.4f} |")
     md += ["", f"The test set has {report['data']['n_test']} images: one image is "
            f"{1 / report['data']['n_test']:.3f} of accuracy, and the bands of the running curves are ±1 "
-           "standard error over the test points.", "",
+           "standard error over the test points. Their x axis counts gradient evaluations per chain: "
+           f"EntropyHMC's and the preconditioner's Hessian-vector products (two each) are on all "
+           f"{report['data']['n_train']} training images, the stochastic-gradient steps' on minibatches of "
+           f"{report['batch_size_used']}.", "",
            f"![running BMA]({files['bma_curves']})", "", f"![reliability diagram]({files['reliability']})", "",
            "## Convergence diagnostics (ArviZ)", "",
            f"Verdict by ArviZ's thresholds (rank-normalised split R-hat ≤ {MAX_R_HAT}, bulk and tail ESS ≥ "
