@@ -21,8 +21,7 @@ from tqdm.auto import tqdm
 from .kernels import KERNELS, SGD, SGLD, EntropySGLD, LocalEntropySGLD, kernel_class
 from .kernels.base import StochasticGradientKernel
 from .mcmc import run_chains
-from . import theory as T_
-from .theory import LinearGaussianChain
+from .theory import LinearGaussianChain, joint_hessian, preconditioned_constants
 from .theory import bounds as B
 from .theory.estimators import W2Estimate, W2Estimator
 from .references import exact_chain, reference_law
@@ -168,20 +167,22 @@ def _target_of(kernel) -> str:
                      f"{[c.__name__ for c in TARGET_OF]}.")
 
 
-def _metric_factor(kernel, target: str) -> Optional[np.ndarray]:
-    """``L`` of a fixed preconditioner ``M⁻¹ = LLᵀ`` over the compared coordinates (the coupled
-    joint metric's for EntropySGLD), or ``None`` without a preconditioner."""
+def _check_fixed_metric(kernel) -> None:
     pre = getattr(kernel, "preconditioner", None)
-    if pre is None:
-        return None
-    if pre.adaptive:
+    if pre is not None and pre.adaptive:
         raise ValueError(
             f"check_convergence needs a fixed metric, got preconditioner={pre.spec!r} (estimated during "
             "warm-up, and every iteration here is measured): pass preconditioner=<tensor>, e.g. "
             "torch.linalg.inv(the Hessian at the mode).")
-    P = pre.spec.double().cpu().numpy()
-    L = np.linalg.cholesky(np.diag(P) if P.ndim == 1 else P)
-    return T_.coupled_metric_factor(L, kernel.eta) if target == "joint" else L
+
+
+def _metric_factor(kernel) -> Optional[np.ndarray]:
+    """``L`` with ``LLᵀ`` the kernel's own metric over its flat vector (θ, then θa for the joint),
+    or ``None`` without a preconditioner."""
+    pre = getattr(kernel, "preconditioner", None)
+    if pre is None:
+        return None
+    return np.linalg.cholesky(pre.covariance(0).double().cpu().numpy())
 
 
 def _whitening(factor: np.ndarray):
@@ -204,8 +205,8 @@ def _bound(kernel, target: str, problem: Problem, iterations, initial_w2: float,
     if factor is not None:  # plain Langevin on U(Ly): the preconditioned potential's constants
         lower, upper = problem.curvature_bounds()
         if target == "joint":
-            lower, upper = T_.joint_hessian(lower, kernel.eta), T_.joint_hessian(upper, kernel.eta)
-        m, M = T_.preconditioned_constants(lower, upper, factor, T)
+            lower, upper = joint_hessian(lower, kernel.eta), joint_hessian(upper, kernel.eta)
+        m, M = preconditioned_constants(lower, upper, factor, T)
         noise *= float(np.linalg.norm(factor[:d, :d], 2))  # ∇_y U = Lᵀ∇_z U; noise in θ only
         if target == "mode":
             return B.sgd_bound(m * T, M * T, kernel.step_size, d, iterations, initial_w2, gradient_noise=noise)
@@ -290,6 +291,7 @@ def check_convergence(
         torch.manual_seed(seed)
     kernel = _kernel(sampler, problem, batch_size, kernel_kwargs)
     target = _target_of(kernel)
+    _check_fixed_metric(kernel)
     notes: List[str] = []
     if num_chains < FEW_CHAINS:
         notes.append(f"only {num_chains} chains: the W2 estimate has a large floor and wide error bars; "
@@ -299,24 +301,24 @@ def check_convergence(
         estimator = "gaussian" if dim <= num_chains // 4 else "marginal"
     if reference is None:
         reference = reference_law(problem, target, getattr(kernel, "eta", None))
-    factor = _metric_factor(kernel, target)
+    x0 = torch.as_tensor(problem.initial_point() if initial_point is None else initial_point,
+                         dtype=torch.get_default_dtype()).reshape(problem.dim)
+    checkpoints = np.unique(np.linspace(0, num_iterations, num_checkpoints).round().astype(int))
+
+    t0 = time.perf_counter()
+    states = run_ensemble(kernel, x0, num_chains, checkpoints, progress_bar=progress_bar)
+    t_run = time.perf_counter() - t0
+
+    factor = _metric_factor(kernel)
     whiten = (lambda x: x) if factor is None else _whitening(factor)
     if factor is not None:
         reference = whiten(reference)
         notes.append("preconditioned: W2 and its bound are measured in the metric's coordinates "
                      "y = L⁻¹z (M⁻¹ = LLᵀ), where the chain is plain Langevin on U(Ly).")
     ref_mean, ref_trace = _mean_and_trace(reference)
-
-    x0 = torch.as_tensor(problem.initial_point() if initial_point is None else initial_point,
-                         dtype=torch.get_default_dtype()).reshape(problem.dim)
     start = np.concatenate([x0.numpy(), x0.numpy()]) if target == "joint" else x0.numpy().astype(float)
     start = whiten(start[None])[0]
     initial_w2 = math.sqrt(float(((start - ref_mean) ** 2).sum()) + ref_trace)
-    checkpoints = np.unique(np.linspace(0, num_iterations, num_checkpoints).round().astype(int))
-
-    t0 = time.perf_counter()
-    states = run_ensemble(kernel, x0, num_chains, checkpoints, progress_bar=progress_bar)
-    t_run = time.perf_counter() - t0
     ensembles = [whiten(_ensemble_view(states[k], target)) for k in checkpoints]
     w2, se, floor, radius = _estimate_w2(ensembles, target, reference, ref_mean, estimator,
                                          num_bootstrap, 0 if seed is None else seed)

@@ -38,6 +38,8 @@ PRECONDITIONERS = ("dense", "diagonal", "none")
 MAX_R_HAT, MIN_ESS = 1.01, 400
 #: The pixel shown in the trace and rank plots: the image's centre.
 CENTRE_PIXEL = pixel_index(14, 14)
+#: ArviZ ``coords`` selecting it in θ and θa
+CENTRE_COORDS = {"w_dim_0": [CENTRE_PIXEL], "w_aux_dim_0": [CENTRE_PIXEL]}
 
 
 def check_sampler(name: Optional[str], option: str = "--sampler") -> None:
@@ -196,7 +198,7 @@ def running_bma(probs: torch.Tensor, y: torch.Tensor, *, warmup: int = 0, thin: 
     return {"iteration": iteration, "x": x, **{k: np.array(v) for k, v in out.items()}}
 
 
-def _gradient_cost(run: SamplerRun, warmup: int, thin: int) -> Optional[np.ndarray]:
+def _gradient_cost(run: SamplerRun, warmup: int) -> Optional[np.ndarray]:
     """Gradient evaluations per chain up to each kept draw, warm-up included: the kernels' own count
     (``grad_evals``, a preconditioner's Hessian-vector products at two), or for EntropyHMC the
     leapfrog steps (its warm-up counted at its sampling phase's mean trajectory)."""
@@ -220,7 +222,7 @@ def evaluate(run: SamplerRun, X_test: torch.Tensor, y_test: torch.Tensor, *, war
         per_use["aux"] = probs("_aux")
         per_use["both"] = torch.cat([per_use["theta"], per_use["aux"]], dim=0)
     final = {u: metrics.classification_metrics(p.mean((0, 1)), y_test) for u, p in per_use.items()}
-    cost = _gradient_cost(run, warmup, thin)
+    cost = _gradient_cost(run, warmup)
     curves = {u: running_bma(p, y_test, warmup=warmup, thin=thin, cost=cost) for u, p in per_use.items()}
     reliability = {u: metrics.reliability_curve(p.mean((0, 1)), y_test, n_bins=10, binning="mass")
                    for u, p in per_use.items()}
@@ -294,14 +296,10 @@ def compare_with_reference(samples: Dict[str, torch.Tensor], reference: Dict[str
     return out
 
 
-def _coords(var_names) -> dict:
-    return {"w_dim_0": [CENTRE_PIXEL], "w_aux_dim_0": [CENTRE_PIXEL]}
-
-
 def _trace_figure(idata, var_names, config: MNIST79Config):
     import arviz as az
 
-    axes = np.atleast_2d(az.plot_trace(idata, var_names=var_names, coords=_coords(var_names), legend=True,
+    axes = np.atleast_2d(az.plot_trace(idata, var_names=var_names, coords=CENTRE_COORDS, legend=True,
                                        figsize=(12, 2.2 * len(var_names))))
     for row, name in zip(axes, var_names):
         label = f"{name}[{CENTRE_PIXEL}]" if name.startswith("w") else name
@@ -319,7 +317,7 @@ def _rank_figure(idata, var_names, config: MNIST79Config):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, (len(var_names) + 1) // 2, figsize=(10, 7), squeeze=False)
-    az.plot_rank(idata, var_names=var_names, coords=_coords(var_names), ax=axes.flat[: len(var_names)])
+    az.plot_rank(idata, var_names=var_names, coords=CENTRE_COORDS, ax=axes.flat[: len(var_names)])
     for ax, name in zip(axes.flat, var_names):
         label = f"{name}[{CENTRE_PIXEL}]" if name.startswith("w") else name
         ax.set(title=label, xlabel="rank of the draw among all chains", ylabel="chain")

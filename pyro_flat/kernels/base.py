@@ -344,15 +344,10 @@ class StochasticGradientKernel(TargetKernel):
     supports_thinning = True
 
     def after_setup(self, params: Params) -> None:
-        if self.preconditioner is not None:
-            before = self.preconditioner.num_hvp
-            self.preconditioner.setup(self.target, params, num_chains=self.num_chains,
-                                      warmup_steps=self._warmup_steps, eta=getattr(self, "eta", None))
-            self._count_hvp(before)
-
-    def _count_hvp(self, before: int) -> None:
-        """The preconditioner's Hessian-vector products since ``before``, at two gradients each."""
-        self.num_grad_evals += 2 * (self.preconditioner.num_hvp - before)
+        if self.preconditioner is not None:  # a Hessian-vector product costs about two gradients
+            self.num_grad_evals += 2 * self.preconditioner.setup(
+                self.target, params, num_chains=self.num_chains, warmup_steps=self._warmup_steps,
+                eta=getattr(self, "eta", None))
 
     def langevin(self, params: Params, grads: Params, step_size: float, temperature: float) -> Params:
         """The shared Langevin step, preconditioned when the kernel has a preconditioner."""
@@ -374,9 +369,7 @@ class StochasticGradientKernel(TargetKernel):
         while needed:
             k = self._iteration
             if self.preconditioner is not None and not sampling:
-                before = self.preconditioner.num_hvp
-                self.preconditioner.adapt(k, params)
-                self._count_hvp(before)
+                self.num_grad_evals += 2 * self.preconditioner.adapt(k, params)
             explore = not self.in_sampling_phase(k)
             self.step_temperature = 0.0 if explore else self.temperature
             step_size = self.step_size * float(self.schedule(k))
@@ -393,7 +386,8 @@ class StochasticGradientKernel(TargetKernel):
             self._last_stats = {"step_size": step_size, **state_stats}
             params = new_params
             j += 1
-            needed -= 1 if (not sampling or not explore) else 0
+            if not (sampling and explore):  # exploration iterations make no draw
+                needed -= 1
         if sampling:
             self._stats["step_size"].append(self._last_stats["step_size"])  # one for all chains
             self._stats["grad_evals"].append(self.num_grad_evals)

@@ -47,31 +47,11 @@ class DiagonalFactor:
         return self.sd * (c * xi - a * self.sd * g)
 
 
-class DenseFactor:
-    """:math:`M^{-1}` = ``cov`` of shape ``(C, D, D)``; :math:`L` its Cholesky factor."""
-
-    def __init__(self, cov: torch.Tensor):
-        self.cov = cov.contiguous()  # one matrix-vector product per leapfrog step
-        self.tril = torch.linalg.cholesky(cov)
-
-    def solve_lt(self, xi: torch.Tensor) -> torch.Tensor:
-        return torch.linalg.solve_triangular(self.tril.mT, xi.unsqueeze(-1), upper=True).squeeze(-1)
-
-    def velocity(self, r: torch.Tensor) -> torch.Tensor:
-        return (self.cov @ r.unsqueeze(-1)).squeeze(-1)
-
-    def scale(self, xi: torch.Tensor) -> torch.Tensor:
-        return (self.tril @ xi.unsqueeze(-1)).squeeze(-1)
-
-    def increment(self, g: torch.Tensor, xi: torch.Tensor, a: float, c: float) -> torch.Tensor:
-        return c * self.scale(xi) - a * self.velocity(g)
-
-
 class PrecisionFactor:
     r""":math:`M^{-1} = P^{-1}` from a ``(C, D, D)`` precision :math:`P = K K^\top` (Cholesky):
     :math:`L = K^{-\top}`, so the velocity is two triangular solves and a draw of covariance
-    :math:`M^{-1}` one (on this CPU a batched triangular solve is ~20x faster than the batched
-    matrix-vector product of :class:`DenseFactor`)."""
+    :math:`M^{-1}` one (on this CPU a batched triangular solve of ``(4, 785, 785)`` took 0.1 ms, a
+    batched matrix-vector product with the explicit covariance 2 ms)."""
 
     def __init__(self, precision: torch.Tensor):
         self.tril = torch.linalg.cholesky(precision)

@@ -42,8 +42,8 @@ from typing import Optional, Union
 import torch
 
 from ..targets import ChainLayout, CoupledPotential, Params
-from .curvature import absolute_curvature, hessian, hessian_diagonal, inverse_diagonal
-from .mass_matrix import CoupledFactor, DiagonalFactor, PrecisionFactor
+from .curvature import EXACT_DIAGONAL_DIM, absolute_curvature, hessian, hessian_diagonal, inverse_diagonal
+from .mass_matrix import CoupledFactor, PrecisionFactor, factor_from_covariance
 
 PRECONDITIONERS = ("diagonal", "dense")
 #: the largest dimension for which ``"dense"`` forms the Hessian
@@ -109,8 +109,9 @@ class Preconditioner:
         return isinstance(self.spec, str)
 
     def setup(self, target, params: Params, *, num_chains: Optional[int], warmup_steps: int,
-              eta: Optional[float] = None) -> None:
-        """Lay out the sites, then estimate the metric at ``params`` (or install the fixed one)."""
+              eta: Optional[float] = None) -> int:
+        """Lay out the sites, then estimate the metric at ``params`` (or install the fixed one);
+        returns the Hessian-vector products spent (per chain)."""
         batched = num_chains is not None
         self.coupled = isinstance(target, CoupledPotential)
         base = target.base if self.coupled else target
@@ -130,37 +131,38 @@ class Preconditioner:
         half = warmup_steps // 2
         self.adaptation_iterations = {k for k in (*ADAPTATION_ITERATIONS, half) if 0 < k < warmup_steps}
         if self.adaptive:
-            self.estimate(params)
-            return
+            return self.estimate(params)
         spec = self.spec
         if spec.shape[0] != dim:
             raise ValueError(f"preconditioner has {spec.shape[0]} rows but the sites {names} have "
                              f"{dim} coordinates together (flattened in that order).")
         x = self.theta.pack(params)
-        self._install(spec.to(x).expand(x.shape[0], *spec.shape).clone())
+        self._install(factor_from_covariance(spec.to(x).expand(x.shape[0], *spec.shape).clone()))
+        return 0
 
-    def adapt(self, iteration: int, params: Params) -> None:
-        """Re-estimate at ``params`` if ``iteration`` is one of the warm-up's adaptation points."""
+    def adapt(self, iteration: int, params: Params) -> int:
+        """Re-estimate at ``params`` if ``iteration`` is one of the warm-up's adaptation points;
+        returns the Hessian-vector products spent (per chain)."""
         if self.adaptive and iteration in self.adaptation_iterations:
-            self.estimate(params)
+            return self.estimate(params)
+        return 0
 
-    def estimate(self, params: Params) -> None:
+    def estimate(self, params: Params) -> int:
+        """Estimate the metric at ``params``; returns the Hessian-vector products spent."""
         x = self.theta.pack(params).detach()
+        dim = x.shape[-1]
         if self.spec == "dense":
-            self.num_hvp += x.shape[-1]
-            self._install(absolute_curvature(hessian(self._energy, x)), precision=True)
+            spent = dim
+            self._install(PrecisionFactor(absolute_curvature(hessian(self._energy, x))))
         else:
-            self.num_hvp += x.shape[-1] if x.shape[-1] <= 1024 else self.num_probes
-            self._install(inverse_diagonal(hessian_diagonal(self._energy, x, num_probes=self.num_probes)))
+            spent = dim if dim <= EXACT_DIAGONAL_DIM else self.num_probes
+            diagonal = hessian_diagonal(self._energy, x, num_probes=self.num_probes)
+            self._install(factor_from_covariance(inverse_diagonal(diagonal)))
+        self.num_hvp += spent
+        return spent
 
-    def _install(self, matrix: torch.Tensor, precision: bool = False) -> None:
-        """Use ``matrix``: a ``(C, D)`` variance, a ``(C, D, D)`` covariance, or with
-        ``precision=True`` a ``(C, D, D)`` precision (its inverse is the metric)."""
-        self._installed = matrix
-        if matrix.dim() == 2:
-            inner = DiagonalFactor(matrix)
-        else:  # the triangular solves of PrecisionFactor are the fast path
-            inner = PrecisionFactor(matrix if precision else torch.cholesky_inverse(torch.linalg.cholesky(matrix)))
+    def _install(self, inner) -> None:
+        """Use the metric ``inner`` over θ (with the coupling added for the joint)."""
         self.factor = CoupledFactor(inner, self.eta, self.aux.dim) if self.coupled else inner
 
     def _pack(self, tensors: Params) -> torch.Tensor:
@@ -182,7 +184,9 @@ class Preconditioner:
 
     def covariance(self, chain: int = 0) -> torch.Tensor:
         """The current :math:`M^{-1}` of ``chain`` as a dense matrix over the target's flat vector."""
-        num_chains, dim = self._installed.shape[0], self.theta.dim + (self.aux.dim if self.coupled else 0)
-        eye = torch.eye(dim, dtype=self._installed.dtype, device=self._installed.device)
-        columns = self.factor.velocity(eye.unsqueeze(1).expand(dim, num_chains, dim))  # (D, C, D)
+        inner = self.factor.inner if self.coupled else self.factor
+        like = inner.variance if hasattr(inner, "variance") else inner.tril
+        dim = self.theta.dim + (self.aux.dim if self.coupled else 0)
+        eye = torch.eye(dim, dtype=like.dtype, device=like.device)
+        columns = self.factor.velocity(eye.unsqueeze(1).expand(dim, like.shape[0], dim))  # (D, C, D)
         return columns[:, chain, :]

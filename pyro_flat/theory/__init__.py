@@ -27,7 +27,6 @@ from .bounds import (
 from .constants import (
     admissible_step_size,
     check_step_size,
-    coupled_metric_factor,
     joint_constants,
     joint_hessian,
     local_entropy_constants,
@@ -50,7 +49,6 @@ __all__ = [
     "logistic_regression_constants",
     "joint_constants",
     "joint_hessian",
-    "coupled_metric_factor",
     "preconditioned_constants",
     "local_entropy_constants",
     "admissible_step_size",

@@ -116,15 +116,6 @@ def joint_hessian(hessian, eta: float) -> np.ndarray:
     return np.block([[H + inv, -inv], [-inv, inv]])
 
 
-def coupled_metric_factor(factor, eta: float) -> np.ndarray:
-    r"""The factor :math:`L_J = \begin{pmatrix}L & 0\\ L & \sqrt\eta I\end{pmatrix}` of the coupled
-    metric :math:`M^{-1} = L_J L_J^\top` that EntropySGLD uses with a preconditioner :math:`LL^\top`
-    on :math:`\theta` (:mod:`pyro_flat.kernels.preconditioning`)."""
-    L = to_numpy(factor)
-    d = L.shape[0]
-    return np.block([[L, np.zeros((d, d))], [L, math.sqrt(check_positive("eta", eta)) * np.eye(d)]])
-
-
 def preconditioned_constants(lower, upper, factor, temperature: float = 1.0) -> Tuple[float, float]:
     r""":math:`(\tilde m, \tilde M)` of the preconditioned potential :math:`\tilde U(y) = U(Ly)/T`.
 
