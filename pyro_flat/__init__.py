@@ -12,11 +12,11 @@
   2-Wasserstein bounds;
 - :func:`to_arviz` gives ArviZ diagnostics; :func:`bma_predict` and :mod:`pyro_flat.metrics` give
   Bayesian-model-averaged predictions and their calibration;
-- :mod:`pyro_flat.datasets` (MNIST 7-vs-9, sharp/flat mixtures), :mod:`pyro_flat.models`, and the
-  studies behind the ``pyro-flat`` command (:mod:`pyro_flat.experiments`).
+- :mod:`pyro_flat.datasets` (MNIST 7-vs-9), :mod:`pyro_flat.mixtures` (sharp/flat mixtures and
+  their basins, exactly), :mod:`pyro_flat.models`, and the studies behind the ``pyro-flat`` command (:mod:`pyro_flat.experiments`).
 """
 
-from . import datasets, flatness, metrics, models, schedules, theory
+from . import datasets, flatness, metrics, mixtures, models, schedules, theory
 from .convergence import ConvergenceError, ConvergenceResult, check_convergence
 from .diagnostics import to_arviz
 from .flat import flat_posterior, flat_potential
@@ -58,6 +58,7 @@ __all__ = [
     "bma_predict",
     "metrics",
     "datasets",
+    "mixtures",
     "models",
     "schedules",
 ]

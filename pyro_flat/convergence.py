@@ -125,9 +125,15 @@ def run_ensemble(kernel: StochasticGradientKernel, initial_point: torch.Tensor, 
                  checkpoints, *, progress_bar: bool = True) -> Dict[int, Dict[str, torch.Tensor]]:
     """Run ``num_chains`` vectorized chains of ``kernel`` (built with ``potential_fn=``) from
     ``initial_point`` (twins too) and return ``{k: params}`` at each checkpoint iteration ``k``
-    (0 is the start). Nothing else is stored: the run's memory does not grow with its length."""
+    (0 is the start). Nothing else is stored: the run's memory does not grow with its length.
+
+    ``initial_point`` is one point ``(dim,)`` for every chain, or one per chain ``(num_chains, dim)``.
+    """
     marks = {int(k) for k in checkpoints}
     last = max(marks)
+    if initial_point.dim() == 2 and initial_point.shape[0] != num_chains:
+        raise ValueError(f"initial_point has {initial_point.shape[0]} rows for {num_chains} chains: give "
+                         "one point (dim,) or one per chain (num_chains, dim)")
     kernel.configure(num_chains=num_chains)
     kernel.initial_params = {SITE: initial_point.detach().expand(num_chains, -1).clone()}
     out: Dict[int, Dict[str, torch.Tensor]] = {}

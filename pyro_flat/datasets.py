@@ -1,4 +1,5 @@
-"""Data for the studies: MNIST 7-vs-9 and the synthetic sharp/flat energies.
+"""Data for the studies: MNIST 7-vs-9, read from the files users keep (the synthetic sharp/flat
+energies are in :mod:`pyro_flat.mixtures`).
 
 MNIST is read from the files users actually keep -- the IDX files (gzip or raw, also in the
 ``MNIST/raw/`` layout torchvision writes) or Keras' ``mnist.npz`` -- and verified as it is read:
@@ -24,13 +25,10 @@ import urllib.request
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Dict, Iterable, Optional, Sequence, Tuple, Union
+from typing import Iterable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
-
-import pyro
-import pyro.distributions as dist
 
 logger = logging.getLogger(__name__)
 
@@ -389,86 +387,3 @@ def download_mnist(root: PathLike, *, splits: Iterable[str] = ("train", "test"),
             else:
                 raise MNISTFileError(f"could not download {target.name}: " + "; ".join(errors))
     return root
-
-
-# ----------------------------------------------------------------------------------------------
-# Synthetic sharp/flat energies
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SharpFlatMixture:
-    """A Gaussian mixture with a sharp mode and a flat one: ``p(θ) = Σ_k w_k N(θ; μ_k, σ_k² I)``.
-
-    Its flat posterior is again a mixture, ``p * N(0, ηI) = Σ_k w_k N(θ; μ_k, (σ_k² + η) I)``:
-    the weights stay, the sharp peak is smeared out. With a sharp mode that is higher but lighter
-    than the flat one, the mode of ``p`` is the sharp one and the mode of the flat posterior the
-    flat one.
-
-    >>> m = sharp_flat_2d()
-    >>> bool(m.log_prob(m.sharp_loc) > m.log_prob(m.flat_loc))            # the sharp peak is higher
-    True
-    >>> bool(m.log_prob(m.sharp_loc, eta=1.0) < m.log_prob(m.flat_loc, eta=1.0))  # but not once smoothed
-    True
-    >>> x = torch.tensor([-1.0, -0.5])  # off the sharp peak, yet nearer the sharp mode than the flat one
-    >>> bool(m.in_flat_mode(x)), bool(m.in_flat_mode(x, scaled=False))
-    (True, False)
-    """
-
-    weights: Tuple[float, ...]
-    locs: Tuple[Tuple[float, ...], ...]
-    scales: Tuple[float, ...]
-
-    @property
-    def dim(self) -> int:
-        return len(self.locs[0])
-
-    @property
-    def sharp_loc(self) -> torch.Tensor:
-        return torch.tensor(self.locs[int(np.argmin(self.scales))])
-
-    @property
-    def flat_loc(self) -> torch.Tensor:
-        return torch.tensor(self.locs[int(np.argmax(self.scales))])
-
-    def distribution(self, eta: float = 0.0) -> dist.MixtureSameFamily:
-        """The mixture, or with ``eta > 0`` its smoothing ``p * N(0, ηI)`` (the law of θa)."""
-        scales = (torch.tensor(self.scales) ** 2 + eta).sqrt()
-        components = dist.Normal(torch.tensor(self.locs), scales[:, None].expand(-1, self.dim))
-        return dist.MixtureSameFamily(dist.Categorical(torch.tensor(self.weights)), components.to_event(1))
-
-    def log_prob(self, theta: torch.Tensor, eta: float = 0.0) -> torch.Tensor:
-        return self.distribution(eta).log_prob(theta)
-
-    def in_flat_mode(self, theta: torch.Tensor, *, scaled: bool = True) -> torch.Tensor:
-        """True where ``theta`` is nearer the flat mode than the sharp one: in units of each mode's
-        scale (outside the sharp peak), or with ``scaled=False`` in plain distance."""
-        d = [((theta - torch.tensor(loc)) ** 2).sum(-1).sqrt() / (s if scaled else 1.0)
-             for loc, s in zip(self.locs, self.scales)]
-        return d[int(np.argmax(self.scales))] < d[int(np.argmin(self.scales))]
-
-    def model(self) -> None:
-        """The mixture as a Pyro model with one latent site ``"theta"`` (no data)."""
-        pyro.sample("theta", self.distribution())
-
-
-def sharp_flat_2d() -> SharpFlatMixture:
-    """The 2-D energy of the paper's figures: a sharp mode near (-2, -1), a flat one near (2, 1).
-
-    The sharp mode holds 30% of the mass with sd 0.15, the flat one 70% with sd 0.8: the sharp
-    peak is about 12 times higher, yet smoothing by η > 0.44 makes the flat mode the higher one.
-    """
-    return SharpFlatMixture(weights=(0.3, 0.7), locs=((-2.0, -1.0), (2.0, 1.0)), scales=(0.15, 0.8))
-
-
-def sharp_flat_1d() -> SharpFlatMixture:
-    """A 1-D sharp mode at -1.5 (sd 0.2, 30%) and a flat one at +1.5 (sd 1, 70%)."""
-    return SharpFlatMixture(weights=(0.3, 0.7), locs=((-1.5,), (1.5,)), scales=(0.2, 1.0))
-
-
-def flat_density_curves(mixture: SharpFlatMixture, etas: Sequence[float], grid: torch.Tensor
-                        ) -> Dict[float, torch.Tensor]:
-    """Densities of p(θ) (key 0.0) and of p(θa) = p * N(0, η) for each η on a 1-D ``grid``."""
-    if mixture.dim != 1:
-        raise ValueError(f"flat_density_curves needs a 1-D mixture, got dim {mixture.dim}")
-    return {float(eta): mixture.log_prob(grid[:, None], eta=eta).exp() for eta in (0.0, *etas)}

@@ -98,11 +98,28 @@ def test_ctrl_c_keeps_the_draws(tmp_path, monkeypatch):
     assert "interrupted" in (out / "report.md").read_text()
 
 
-def test_synthetic2d_figure(tmp_path, capsys):
+def test_synthetic2d_writes_report_and_figures(tmp_path, capsys):
     out = tmp_path / "s2d"
-    assert main(["synthetic2d", "--num-steps", "300", "--out", str(out)]) == 0
-    assert (out / "synthetic2d.png").stat().st_size > 0
-    assert "EntropySGLD θa" in capsys.readouterr().out
+    assert main(["synthetic2d", "--eta", "0.5", "2", "--num-chains", "60", "--num-steps", "200",
+                 "--line-points", "3", "--line-chains", "20", "--line-steps", "100", "--no-progress",
+                 "--out", str(out)]) == 0
+    for name in ("paths.png", "shares.png", "line.png", "landscape.png", "report.md"):
+        assert (out / name).stat().st_size > 0
+    report = json.loads((out / "report.json").read_text())
+    labels = [row["label"] for row in report["ridge"]]
+    assert "EntropySGLD θa (η = 2)" in labels and "FlatSGLD (σ = 0.3) θ" in labels
+    assert report["exact"]["smoothed"]["0.5"]["flat_basin_of_U"] == pytest.approx(0.79, abs=0.01)
+    for row in report["ridge"]:
+        assert 0 <= row["share"] <= 1 and len(row["share_by_step"]) == len(report["marks"])
+    printed = capsys.readouterr().out
+    assert "EntropySGLD θa (η = 0.5)" in printed and "Smoothing keeps each component's mass" in printed
+
+
+def test_synthetic2d_refuses_bad_options(capsys):
+    assert main(["synthetic2d", "--eta", "1", "-0.5"]) == 2
+    assert "--eta must be > 0, got -0.5" in capsys.readouterr().err
+    assert main(["synthetic2d", "--line-points", "1"]) == 2
+    assert "--line-points must be an integer >= 2, got 1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -184,22 +184,3 @@ def test_download_verifies_checksums(tmp_path):
     with pytest.raises(MNISTFileError, match="could not download t10k-images.*checksum mismatch"):
         datasets.download_mnist(tmp_path / "data2", splits=["test"], mirrors=[bad.as_uri() + "/"])
     assert not list((tmp_path / "data2").glob("*"))  # nothing half-written is left behind
-
-
-@pytest.mark.parametrize("mixture", [datasets.sharp_flat_1d(), datasets.sharp_flat_2d()], ids=["1d", "2d"])
-def test_smoothed_mixture_is_the_convolution(mixture):
-    """p * N(0, ηI) in closed form equals the numerical convolution, at a few points."""
-    eta = 0.4
-    torch.manual_seed(0)
-    eps = torch.randn(400_000, mixture.dim, dtype=torch.float64) * eta**0.5
-    for point in (mixture.sharp_loc, mixture.flat_loc, torch.zeros(mixture.dim)):
-        mc = mixture.log_prob((point.double() - eps).float()).exp().double()
-        closed = float(mixture.log_prob(point, eta=eta).exp())
-        assert abs(float(mc.mean()) - closed) < 4 * float(mc.std()) / len(mc) ** 0.5 + 1e-6
-
-
-def test_flat_mode_wins_only_after_smoothing():
-    m = datasets.sharp_flat_2d()
-    assert m.log_prob(m.sharp_loc) > m.log_prob(m.flat_loc) + 2
-    assert m.log_prob(m.sharp_loc, eta=0.6) < m.log_prob(m.flat_loc, eta=0.6)
-    assert bool(m.in_flat_mode(torch.tensor([1.0, 0.5]))) and not bool(m.in_flat_mode(torch.tensor([-1.8, -1.0])))

@@ -1,8 +1,8 @@
 """The ``pyro-flat`` command line (also ``python -m pyro_flat``).
 
 - ``pyro-flat mnist79``: the MNIST 7-vs-9 study (:func:`~pyro_flat.experiments.mnist79.run_mnist79`);
-- ``pyro-flat synthetic2d``: θ and θa trajectories on the 2-D sharp/flat energy
-  (:func:`~pyro_flat.experiments.synthetic2d.run_synthetic2d_study`);
+- ``pyro-flat synthetic2d``: chains started on the ridge of the 2-D sharp/flat energy, the share in
+  each basin beside the exact one (:func:`~pyro_flat.experiments.synthetic2d.run_synthetic2d_study`);
 - ``pyro-flat bnn``: flat-seeking samplers on a Bayesian MLP, with flatness, calibration and
   out-of-distribution metrics (:func:`~pyro_flat.experiments.bnn.run_bnn_study`).
 
@@ -70,12 +70,30 @@ def _add_mnist79(sub) -> None:
 
 
 def _add_synthetic2d(sub) -> None:
-    p = sub.add_parser("synthetic2d", help="θ and θa trajectories on a 2-D sharp/flat energy")
-    p.add_argument("--eta", type=float, default=1.0, help="coupling variance η (default 1.0)")
-    p.add_argument("--step-size", type=float, default=2e-3)
-    p.add_argument("--num-steps", type=int, default=3000)
-    p.add_argument("--seed", type=int, default=0)
-    _add_out(p, "pyro-flat-out/synthetic2d")
+    from .synthetic2d import Synthetic2DConfig
+
+    d = Synthetic2DConfig()
+    p = sub.add_parser("synthetic2d", help="which basin chains started on the ridge of a 2-D sharp/flat energy end in",
+                       description="Start many chains of SGD, SGLD, EntropySGLD (several η), SASGLD and FlatSGLD "
+                                   "at the saddle between a sharp and a flat mode; report the share in each basin "
+                                   "beside the exact stationary shares; write report.md, report.json and figures.")
+    p.add_argument("--eta", type=float, nargs="+", default=list(d.etas),
+                   help=f"EntropySGLD coupling variances (default {' '.join(map(str, d.etas))})")
+    p.add_argument("--step-size", type=float, default=d.step_size, help=f"every sampler's step (default {d.step_size})")
+    p.add_argument("--rho", type=float, default=d.rho, help=f"SASGLD radius (default {d.rho})")
+    p.add_argument("--sigma", type=float, default=d.sigma, help=f"FlatSGLD perturbation sd (default {d.sigma})")
+    p.add_argument("--num-chains", type=int, default=d.num_chains,
+                   help=f"chains per sampler started at the saddle (default {d.num_chains})")
+    p.add_argument("--num-steps", type=int, default=d.num_steps, help=f"steps of each chain (default {d.num_steps})")
+    p.add_argument("--line-points", type=int, default=d.line_points,
+                   help=f"start points on the segment between the modes (default {d.line_points})")
+    p.add_argument("--line-chains", type=int, default=d.line_chains,
+                   help=f"chains per start point on the segment (default {d.line_chains})")
+    p.add_argument("--line-steps", type=int, default=d.line_steps,
+                   help=f"steps of the chains started on the segment (default {d.line_steps})")
+    p.add_argument("--seed", type=int, default=d.seed)
+    _add_out(p, d.out)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _add_bnn(sub) -> None:
@@ -142,10 +160,13 @@ def run_mnist79_command(args: argparse.Namespace) -> int:
 
 
 def run_synthetic2d_command(args: argparse.Namespace) -> int:
-    from .synthetic2d import run_synthetic2d_study
+    from .synthetic2d import Synthetic2DConfig, run_synthetic2d_study
 
-    run_synthetic2d_study(eta=args.eta, step_size=args.step_size, num_steps=args.num_steps, seed=args.seed,
-                          out=args.out, overwrite=args.overwrite)
+    config = Synthetic2DConfig(etas=tuple(args.eta), step_size=args.step_size, rho=args.rho, sigma=args.sigma,
+                               num_chains=args.num_chains, num_steps=args.num_steps, line_points=args.line_points,
+                               line_chains=args.line_chains, line_steps=args.line_steps, seed=args.seed,
+                               out=args.out, overwrite=args.overwrite, progress=not args.no_progress)
+    run_synthetic2d_study(config)
     return 0
 
 

@@ -10,7 +10,7 @@ from typing import Dict, Mapping, Optional, Sequence
 import numpy as np
 import torch
 
-from ..datasets import SharpFlatMixture, flat_density_curves
+from ..mixtures import SharpFlatMixture, basin_boundary, flat_density_curves
 
 
 def _plt():
@@ -123,31 +123,140 @@ def plot_smoothing_1d(mixture: SharpFlatMixture, etas: Sequence[float], *, grid:
     return fig
 
 
-def plot_trajectories_2d(mixture: SharpFlatMixture, paths: Mapping[str, np.ndarray], *, eta: float,
-                         limits=((-4.0, 4.5), (-3.0, 3.5)), title: str = ""):
-    """Trajectories over log-density contours of p (solid) and of the flat posterior p * N(0, ηI) (dashed).
+_LIMITS_2D = ((-5.0, 6.0), (-4.0, 5.0))
 
-    ``paths[label]`` is an array ``(num_steps, 2)``; the start is marked with a black dot.
+
+def _contours_2d(ax, mixture: SharpFlatMixture, limits=_LIMITS_2D) -> None:
+    """Grey contours of log p (8 levels down from the peak), the basin boundary of U = −log p
+    (dashed) and the saddle (x)."""
+    xs, ys = torch.linspace(*limits[0], 200), torch.linspace(*limits[1], 200)
+    logp = mixture.log_prob(torch.stack(torch.meshgrid(xs, ys, indexing="xy"), -1))
+    top = float(logp.max())
+    ax.contour(xs, ys, logp, levels=np.linspace(top - 16, top, 9), colors="0.7", linewidths=0.6)
+    edge = basin_boundary(mixture)
+    ax.plot(edge[:, 0], edge[:, 1], "k--", lw=0.9)
+    saddle = mixture.saddle()
+    ax.plot(float(saddle[0]), float(saddle[1]), "kx", ms=7, mew=1.5)
+    ax.set(xlim=limits[0], ylim=limits[1], aspect="equal")
+
+
+def plot_basin_endpoints(mixture: SharpFlatMixture, states: Mapping[str, np.ndarray], rows: Sequence[dict], *,
+                         paths_shown: int = 3):
+    """One panel per sampler and variable: where its chains are at the last step (coloured by the
+    basin of U = −log p they are in) and the first ``paths_shown`` chains' paths.
+
+    ``states[label]`` is ``(steps, chains, 2)``; ``rows`` are the study's rows (label, share, se,
+    exact) for the panel titles.
     """
     plt = _plt()
-    xs, ys = torch.linspace(*limits[0], 200), torch.linspace(*limits[1], 200)
-    grid = torch.stack(torch.meshgrid(xs, ys, indexing="xy"), -1)
-    fig, ax = plt.subplots(figsize=(6.5, 5))
-    for e, style in ((0.0, dict(colors="0.55", linewidths=0.8)),
-                     (eta, dict(colors="C3", linestyles="--", linewidths=0.9))):
-        logp = mixture.log_prob(grid, eta=e)  # contours of log-density: both modes stay visible
-        ax.contour(xs, ys, logp, levels=np.linspace(float(logp.max()) - 8, float(logp.max()), 9), **style)
-    for i, (label, path) in enumerate(paths.items()):
-        path = np.asarray(path)
-        ax.plot(path[:, 0], path[:, 1], "-", color=f"C{i}", lw=0.7, alpha=0.8, label=label)
-        ax.plot(path[-1, 0], path[-1, 1], "o", color=f"C{i}", ms=7, mec="k")
-    first = np.asarray(next(iter(paths.values())))[0]
-    ax.plot(first[0], first[1], "ko", ms=6, label="start")
-    ax.annotate("sharp mode", mixture.sharp_loc.tolist(), xytext=(-3.8, -2.6), arrowprops=dict(arrowstyle="->"))
-    ax.annotate("flat mode", mixture.flat_loc.tolist(), xytext=(2.5, 3.0), arrowprops=dict(arrowstyle="->"))
-    ax.plot([], [], color="0.55", label="p(θ) contours")
-    ax.plot([], [], "--", color="C3", label=f"p(θ) * N(0, {eta:g} I) contours")
-    ax.set(xlabel="θ₁", ylabel="θ₂", xlim=limits[0], ylim=limits[1], title=title)
-    ax.legend(fontsize=7, loc="upper left")
+    by_label = {r["label"]: r for r in rows}
+    n = len(states)
+    cols = min(n, 5)
+    nrows = -(-n // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.3 * cols, 3.4 * nrows + 0.8), squeeze=False)
+    for ax, (label, path) in zip(axes.flat, states.items()):
+        _contours_2d(ax, mixture)
+        end = path[-1]
+        flat = mixture.in_flat_basin(torch.as_tensor(end)).numpy()
+        ax.scatter(end[flat, 0], end[flat, 1], s=3, color="C0", alpha=0.5, lw=0)
+        ax.scatter(end[~flat, 0], end[~flat, 1], s=3, color="C3", alpha=0.5, lw=0)
+        for c in range(min(paths_shown, path.shape[1])):
+            ax.plot(path[:, c, 0], path[:, c, 1], "-", color="k", lw=0.5, alpha=0.7)
+        r = by_label[label]
+        exact = "" if r["exact"] is None else f", exact {r['exact']:.2f}"
+        where = (f"{r['at_saddle']:.0%} still at the saddle" if r["at_saddle"] > 0.5
+                 else f"flat basin: {r['share']:.2f} ± {r['se']:.2f}{exact}")
+        ax.set_title(f"{label}\n{where}", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.set_xlabel("θ₁ (or θa₁)", fontsize=7)
+        ax.set_ylabel("θ₂ (or θa₂)", fontsize=7)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    handles = [plt.Line2D([], [], color="0.7", lw=0.8, label="contours of log p (posterior)"),
+               plt.Line2D([], [], color="k", ls="--", lw=0.9, label="basin boundary of U = −log p"),
+               plt.Line2D([], [], color="k", marker="x", ls="", label="saddle = every chain's start"),
+               plt.Line2D([], [], color="C0", marker="o", ls="", ms=4, label="last state, flat basin"),
+               plt.Line2D([], [], color="C3", marker="o", ls="", ms=4, label="last state, sharp basin"),
+               plt.Line2D([], [], color="k", lw=0.6, label=f"paths of {paths_shown} chains")]
+    fig.legend(handles=handles, loc="lower center", ncol=6, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    return fig
+
+
+def plot_basin_shares(steps: Sequence[int], rows: Sequence[dict]):
+    """Share of chains in the flat basin of U against the step, θ (left) and θa (right), with
+    ±2 standard-error bands and the exact stationary share of each as a dashed line."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4), sharey=True)
+    steps = np.asarray(steps)
+    keep = steps > 0
+    for panel, (ax, variable) in enumerate(zip(axes, ("theta", "theta_aux"))):
+        chosen = [r for r in rows if r["variable"] == variable]
+        for i, r in enumerate(chosen):
+            color = f"C{i}"
+            share = np.asarray(r["share_by_step"])[keep]
+            se = np.sqrt(share * (1 - share) / r["chains"])
+            ax.plot(steps[keep], share, color=color, lw=1.4, label=r["label"])
+            ax.fill_between(steps[keep], share - 2 * se, share + 2 * se, color=color, alpha=0.15, lw=0)
+            if r["exact"] is not None:
+                ax.axhline(r["exact"], color=color, ls="--", lw=1)
+        ax.plot([], [], "k--", lw=1, label="exact stationary share (same colour)")
+        ax.set(xscale="log", xlabel="step (log scale)", ylim=(-0.02, 1.02),
+               title="θ of each sampler" if panel == 0 else "θa of EntropySGLD (law p * N(0, ηI))")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    axes[0].set_ylabel("share of chains in the flat basin of U = −log p")
+    fig.suptitle("All chains start at the saddle (bands: ±2 standard errors)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_line_shares(line: Mapping, steps: int):
+    """Share of chains that end in the flat basin of U against their start on the segment from
+    the sharp mode (0) to the flat mode (1); solid θ, dashed θa."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    x = np.asarray(line["position"])
+    for i, (label, share) in enumerate(line["share"].items()):
+        ax.plot(x, share, "--" if "θa" in label else "-", color=f"C{i % 10}", marker=".", lw=1.2, label=label)
+    ax.axvline(line["saddle_position"], color="k", lw=0.8, ls=":", label="saddle")
+    ax.set(xlabel="start: position on the segment from the sharp mode (0) to the flat mode (1)",
+           ylabel=f"share in the flat basin of U after {steps} steps", ylim=(-0.02, 1.02))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right", ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def plot_smoothed_landscape(mixture: SharpFlatMixture, etas: Sequence[float], eta_grid: Sequence[float]):
+    """Exact facts of Gaussian smoothing: log p_η along the axis between the modes for each η
+    (left), and against η the mass of p_η in the flat basin of U, in its own flat basin, and the
+    flat component's mass (right)."""
+    plt = _plt()
+    fig, (ax, ax_mass) = plt.subplots(1, 2, figsize=(12, 4.4))
+    sharp, flat = mixture.sharp_loc, mixture.flat_loc
+    t = torch.linspace(-0.5, 1.5, 600)
+    along = sharp + t[:, None] * (flat - sharp)
+    for i, eta in enumerate((0.0, *etas)):
+        ax.plot(t, mixture.log_prob(along, eta=eta), color=f"C{i}", lw=1.4,
+                label="p (posterior)" if eta == 0 else f"p * N(0, {eta:g} I)")
+    ax.set(xlabel="position on the axis from the sharp mode (0) to the flat mode (1)", ylabel="log density",
+           title="smoothing lowers the sharp peak", ylim=(-8, None))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    grid = np.asarray(eta_grid, dtype=float)
+    merge = mixture.unimodal_beyond()
+    bimodal = grid[grid < merge]
+    in_u = [mixture.flat_basin_mass(eta=e) for e in grid]
+    own = [mixture.flat_basin_mass(eta=e, basin_eta=e) for e in bimodal]
+    ax_mass.plot(grid, in_u, "o-", ms=3, label="mass of p_η in the flat basin of U = −log p")
+    ax_mass.plot(bimodal, own, "s-", ms=3, label="mass of p_η in the flat basin of its own energy")
+    ax_mass.axvspan(merge, grid.max(), color="0.9", label=f"p_η unimodal (η > {merge:.2f})")
+    ax_mass.axhline(mixture.weights[int(np.argmax(mixture.scales))], color="k", lw=0.8,
+                    label="mass of the flat component (every η)")
+    ax_mass.axvline(mixture.peak_crossover(), color="k", ls=":", lw=0.8, label="flat peak highest beyond this η")
+    ax_mass.set(xlabel="η", ylabel="mass", title="smoothing keeps each component's mass", ylim=(0.5, 1.02))
+    ax_mass.grid(alpha=0.3)
+    ax_mass.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     return fig

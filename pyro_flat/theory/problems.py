@@ -213,7 +213,7 @@ class LogisticRegressionProblem(Problem):
         return self._constants
 
     def curvature_bounds(self) -> Tuple[np.ndarray, np.ndarray]:
-        """:math:`\Lambda \preceq \nabla^2 U \preceq X^\top X/4 + \Lambda` (:math:`\sigma' \le 1/4`)."""
+        r""":math:`\Lambda \preceq \nabla^2 U \preceq X^\top X/4 + \Lambda` (:math:`\sigma' \le 1/4`)."""
         X = self.X.double().numpy()
         prior = np.diag(self._precision.double().numpy())
         return prior, X.T @ X / 4 + prior
