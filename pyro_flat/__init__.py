@@ -10,13 +10,16 @@
   measures flatness (Hessian spectra and traces, loss curves, local entropy);
   :func:`check_convergence` and :mod:`pyro_flat.theory` test samplers against their
   2-Wasserstein bounds;
+- :class:`SAM_ELBO` and :class:`SABMA_ELBO` are flat-seeking ELBOs for ``pyro.infer.SVI``
+  (:mod:`pyro_flat.variational`, with :func:`transfer_model` for Bayesian transfer learning);
 - :func:`to_arviz` gives ArviZ diagnostics; :func:`bma_predict` and :mod:`pyro_flat.metrics` give
   Bayesian-model-averaged predictions and their calibration;
 - :mod:`pyro_flat.datasets` (MNIST 7-vs-9), :mod:`pyro_flat.mixtures` (sharp/flat mixtures and
-  their basins, exactly), :mod:`pyro_flat.models`, and the studies behind the ``pyro-flat`` command (:mod:`pyro_flat.experiments`).
+  their basins, exactly), :mod:`pyro_flat.models`, and the studies behind the ``pyro-flat``
+  command (:mod:`pyro_flat.experiments`).
 """
 
-from . import datasets, flatness, metrics, mixtures, models, schedules, theory
+from . import datasets, flatness, metrics, mixtures, models, schedules, theory, variational
 from .convergence import ConvergenceError, ConvergenceResult, check_convergence
 from .diagnostics import to_arviz
 from .flat import flat_posterior, flat_potential
@@ -33,6 +36,7 @@ from .kernels import (
 )
 from .mcmc import MCMC
 from .predictive import bma_predict
+from .variational import SABMA_ELBO, SAM_ELBO, transfer_model
 
 __version__ = "0.1.0"
 
@@ -59,6 +63,10 @@ __all__ = [
     "metrics",
     "datasets",
     "mixtures",
+    "variational",
+    "SAM_ELBO",
+    "SABMA_ELBO",
+    "transfer_model",
     "models",
     "schedules",
 ]

@@ -26,5 +26,5 @@ def test_notebook_runs(path, monkeypatch, tmp_path):
     assert figures >= 3, f"{path.name} drew {figures} figures"
 
 
-def test_there_are_five_tutorials():
-    assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05"]
+def test_there_are_six_tutorials():
+    assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05", "06"]

@@ -19,6 +19,7 @@ digits). It draws the eigenvalue densities (SLQ) and the interpolation and pertu
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional, Tuple
@@ -52,6 +53,25 @@ def make_bnn_kernel(name: str, config: "BNNConfig", model_or_potential, toy: boo
                         preconditioner=None if config.preconditioner == "none" else config.preconditioner)
     return make_kernel(name, **target, step_size=config.step(toy), temperature=config.temperature,
                        **settings)
+
+
+#: The compared variational methods (AutoNormal guides): Pyro's ELBO (BBB), SA-BBB and SA-BMA.
+VI_METHODS = ("bbb", "sam", "sabma")
+
+
+def make_elbo(key: str, config: "BNNConfig"):
+    """The ELBO of a variational method of the study, and its gradient evaluations per step."""
+    from pyro.infer import Trace_ELBO
+
+    from ..variational import SABMA_ELBO, SAM_ELBO
+
+    if key == "bbb":
+        return Trace_ELBO(), 1, "BBB (Trace_ELBO)"
+    if key == "sam":
+        return SAM_ELBO(config.sam_rho), 2, f"SAM_ELBO (ρ = {config.sam_rho:g})"
+    if key == "sabma":
+        return SABMA_ELBO(config.sabma_gamma), 2, f"SABMA_ELBO (γ = {config.sabma_gamma:g})"
+    raise StudyError(f"unknown variational method {key!r}: one of {', '.join(VI_METHODS)}")
 
 
 def sampler_label(name: str) -> str:
@@ -95,6 +115,10 @@ class BNNConfig:
     trace_probes: int = 30
     slq_probes: int = 3
     slq_steps: int = 60
+    svi_lr: float = 1e-3
+    svi_init_scale: float = 0.01
+    sam_rho: float = 0.05
+    sabma_gamma: float = 0.01
     toy_chains: int = 400
     toy_grad_evals: int = 6000
     toy_step_size: float = 0.004
@@ -131,7 +155,7 @@ class BNNConfig:
         if self.preconditioner not in ("none", "diagonal"):
             raise StudyError(f"--preconditioner {self.preconditioner!r} is not one of none, diagonal")
         for name in ("prior_scale", "step_size", "temperature", "eta", "rho", "sigma", "toy_step_size",
-                     "toy_eta", "toy_rho", "toy_sigma"):
+                     "toy_eta", "toy_rho", "toy_sigma", "svi_lr", "svi_init_scale", "sam_rho", "sabma_gamma"):
             require_positive(f"--{name.replace('_', '-')}", getattr(self, name))
         if not 0.0 <= self.warmup_fraction < 1.0:
             raise StudyError(f"--warmup-fraction must lie in [0, 1), got {self.warmup_fraction}")
@@ -160,13 +184,61 @@ def _sample(key: str, name: str, config: BNNConfig, model: BayesianMLP, data, lo
     return mcmc.get_samples(group_by_chain=True), seconds, kernel.num_grad_evals
 
 
+def _fit_variational(key: str, config: BNNConfig, model: BayesianMLP, data, log) -> Tuple[str, dict, float, int, dict]:
+    """SVI with an AutoNormal guide under the study's gradient budget; returns the label,
+    ``num_chains * num_draws`` draws of the guide ``{site: (draw, ...)}``, seconds, gradient
+    evaluations and the loss (per training image) over the last tenth of the steps and the tenth
+    before, which says whether the fit was still improving."""
+    from pyro.infer import SVI
+    from pyro.infer.autoguide import AutoNormal
+    from tqdm.auto import tqdm
+
+    elbo, grads_per_step, label = make_elbo(key, config)
+    steps = config.grad_evals // grads_per_step
+    pyro.clear_param_store()
+    pyro.set_rng_seed(config.seed)
+    guide = AutoNormal(model, init_scale=config.svi_init_scale)
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": config.svi_lr}), elbo)
+    start = time.perf_counter()
+    losses = [svi.step(data.X_train, data.y_train, batch_size=config.batch_size)
+              for _ in tqdm(range(steps), desc=label, disable=not config.progress)]
+    seconds = time.perf_counter() - start
+    tenth = max(1, steps // 10)  # has the loss stopped falling? the last tenth against the one before
+    last, before = float(np.mean(losses[-tenth:])), float(np.mean(losses[-2 * tenth:-tenth] or losses[-tenth:]))
+    latents = [n for n, site in guide.prototype_trace.nodes.items()
+               if site["type"] == "sample" and not site["is_observed"]]
+    with torch.no_grad():
+        draws = [guide(data.X_train, data.y_train, batch_size=config.batch_size)
+                 for _ in range(config.num_chains * config.num_draws)]
+    samples = {n: torch.stack([d[n] for d in draws]) for n in latents}
+    log(f"{label}: {steps} SVI steps ({steps * grads_per_step} gradient evaluations) in {seconds:.1f} s; "
+        f"loss per image over the last tenth of the steps {last / len(data.X_train):.4f}, the tenth before "
+        f"{before / len(data.X_train):.4f}")
+    trend = {"loss_last_tenth": last / len(data.X_train), "loss_tenth_before": before / len(data.X_train)}
+    return label, samples, seconds, steps * grads_per_step, trend
+
+
+def bma_by_ensemble_size(model: BayesianMLP, samples: dict, X: torch.Tensor, y: torch.Tensor) -> dict:
+    """Test accuracy and NLL of the average of the first m draws' probabilities, m = 1..S."""
+    num_layers = len(model.layers)
+    with torch.no_grad():
+        probs = torch.stack([
+            torch.softmax(model.logits(X, [(samples[f"layers.{l}.weight"][s], samples[f"layers.{l}.bias"][s])
+                                           for l in range(num_layers)]), -1)
+            for s in range(len(samples["layers.0.weight"]))])
+        running = probs.cumsum(0) / torch.arange(1, len(probs) + 1)[:, None, None]
+    return {"models": list(range(1, len(probs) + 1)),
+            "accuracy": [metrics.accuracy(p, y) for p in running],
+            "nll": [metrics.nll(p, y) for p in running]}
+
+
 def run_bnn_study(config: BNNConfig, *, log: Callable[[str], None] = print) -> dict:
     """Run the four samplers on the MNIST BNN and the 2-D toy problem; write ``report.md``,
     ``report.json``, ``flatness.png`` and ``toy.png`` to ``config.out``. Returns the report."""
     config.validate()
     with staged_output(config.out, "bnn", config.overwrite) as staging:
         report = _run_bnn_study(config, staging, log)
-    log(f"wrote {config.out}: report.md, report.json, flatness.png and toy.png")
+    log(f"wrote {config.out}: report.md, report.json, flatness.png, bma_vs_models.png and toy.png")
     return report
 
 
@@ -186,35 +258,53 @@ def _run_bnn_study(config: BNNConfig, out, log: Callable[[str], None]) -> dict:
         uses = ("theta", "aux", "both") if name == "EntropySGLD" else ("theta",)
         for use in uses:
             label = name if use == "theta" and name != "EntropySGLD" else f"{name} {'θ+θa' if use == 'both' else ('θa' if use == 'aux' else 'θ')}"
-            with torch.no_grad():
-                p_test = bma_predict(model, samples, data.X_test, use=use)
-                p_ood = bma_predict(model, samples, data.X_ood, use=use)
             row = {"sampler": label, "grad_evals": grad_evals, "seconds": seconds,
-                   **metrics.classification_metrics(p_test, data.y_test),
-                   "ood_auroc": metrics.ood_auroc(p_test, p_ood)}
+                   **_evaluate(model, samples, use, config, data, args, kwargs)}
             if use != "both":
-                flat = flatness.flatness_at_samples(model, samples, *args, use=use, k=1,
-                                                    num_probes=config.trace_probes,
-                                                    num_draws=config.flatness_draws, seed=config.seed,
-                                                    likelihood_only=True, **kwargs)
-                row.update(top_eigenvalue=float(flat["top_eigenvalues"][:, 0].mean()),
-                           top_eigenvalue_sd=float(flat["top_eigenvalues"][:, 0].std()),
-                           trace=float(flat["trace"].mean()),
-                           trace_stderr=float(np.sqrt((flat["trace_stderr"] ** 2).sum()) / len(flat["trace"])))
                 curves[label], densities[label] = _curves(model, by_chain, use, config, args, kwargs)
             rows.append(row)
             log(_row_text(row))
+    variational, ensembles = [], {}
+    for key in VI_METHODS:
+        label, samples, seconds, grad_evals, trend = _fit_variational(key, config, model, data, log)
+        row = {"sampler": label, "grad_evals": grad_evals, "seconds": seconds, **trend,
+               **_evaluate(model, samples, "theta", config, data, args, kwargs)}
+        ensembles[label] = bma_by_ensemble_size(model, samples, data.X_test, data.y_test)
+        variational.append(row)
+        log(_row_text(row))
     toy = run_toy_study(config, log=log)
-    report = {"config": asdict(config), "n_train": n_train, "rows": rows, "toy": toy["rows"]}
+    report = {"config": asdict(config), "n_train": n_train, "rows": rows, "variational": variational,
+              "ensembles": ensembles, "toy": toy["rows"]}
     import matplotlib.pyplot as plt
 
+    from .plots import plot_bma_by_ensemble_size
+
     for fig, name in ((_flatness_figure(curves, densities, n_train), "flatness.png"),
+                      (plot_bma_by_ensemble_size(ensembles, len(data.X_test)), "bma_vs_models.png"),
                       (toy["figure"], "toy.png")):
         fig.savefig(out / name, dpi=110)
         plt.close(fig)
     (out / "report.json").write_text(json.dumps(report, indent=2, default=float))
     (out / "report.md").write_text(_report_markdown(report))
     return report
+
+
+def _evaluate(model, samples, use, config, data, args, kwargs) -> dict:
+    """BMA accuracy, NLL, ECE and OOD AUROC of ``samples`` and, for one variable, the flatness of the
+    training NLL at ``flatness_draws`` of them."""
+    with torch.no_grad():
+        p_test = bma_predict(model, samples, data.X_test, use=use)
+        p_ood = bma_predict(model, samples, data.X_ood, use=use)
+    row = {**metrics.classification_metrics(p_test, data.y_test), "ood_auroc": metrics.ood_auroc(p_test, p_ood)}
+    if use != "both":
+        flat = flatness.flatness_at_samples(model, samples, *args, use=use, k=1, num_probes=config.trace_probes,
+                                            num_draws=config.flatness_draws, seed=config.seed,
+                                            likelihood_only=True, **kwargs)
+        row.update(top_eigenvalue=float(flat["top_eigenvalues"][:, 0].mean()),
+                   top_eigenvalue_sd=float(flat["top_eigenvalues"][:, 0].std()),
+                   trace=float(flat["trace"].mean()),
+                   trace_stderr=float(np.sqrt((flat["trace_stderr"] ** 2).sum()) / len(flat["trace"])))
+    return row
 
 
 def _curves(model, by_chain, use, config, args, kwargs):
@@ -290,32 +380,27 @@ def run_toy_study(config: BNNConfig, *, log: Callable[[str], None] = print) -> d
                             ("theta_aux", "EntropySGLD θa")):
             if site not in states[marks[-1]]:
                 continue
-            flat = torch.stack([mixture.in_flat_basin(states[k][site]).double() for k in marks]).mean()
+            flat_by_mark = torch.stack([mixture.in_flat_basin(states[k][site]).double() for k in marks])
+            flat = flat_by_mark.mean()
+            # chains are independent, draws of one chain are not: the error comes from per-chain means
+            flat_se = float(flat_by_mark.mean(0).std()) / math.sqrt(config.toy_chains)
             final = states[marks[-1]][site]
             top = np.mean([flatness.hessian_eigenvalues(energy, x.double())[0] for x in final[:100]])
             rows.append({"sampler": label, "iterations": iterations, "flat_basin": float(flat),
-                         "top_eigenvalue": float(top)})
+                         "flat_basin_se": flat_se, "top_eigenvalue": float(top)})
             finals[label] = final.numpy()
             log(f"toy {label}: {100 * float(flat):.0f}% of draws in the flat basin of U, "
                 f"mean top eigenvalue {top:.1f}")
-    return {"rows": rows, "figure": _toy_figure(mixture, finals)}
+    return {"rows": rows, "figure": _toy_figure(mixture, finals, rows)}
 
 
-def _toy_figure(mixture, finals):
-    import matplotlib.pyplot as plt
+def _toy_figure(mixture, finals, rows):
+    from .plots import plot_basin_endpoints
 
-    xs = np.linspace(-4, 5, 200)
-    ys = np.linspace(-3.5, 4, 200)
-    grid = torch.tensor(np.stack(np.meshgrid(xs, ys), -1), dtype=torch.float32)
-    density = mixture.log_prob(grid).exp().numpy()
-    fig, axes = plt.subplots(1, len(finals), figsize=(3.2 * len(finals), 3.2), sharey=True)
-    for ax, (label, points) in zip(np.atleast_1d(axes), finals.items()):
-        ax.contour(xs, ys, density, levels=8, colors="0.6", linewidths=0.7)
-        ax.scatter(points[:, 0], points[:, 1], s=4, alpha=0.5)
-        ax.set_title(label, fontsize=9)
-    fig.suptitle("final states, all chains started at the sharp mode", fontsize=10)
-    fig.tight_layout()
-    return fig
+    shares = [{"label": r["sampler"], "share": r["flat_basin"], "se": r["flat_basin_se"], "exact": None}
+              for r in rows]
+    return plot_basin_endpoints(mixture, {label: final[None] for label, final in finals.items()}, shares,
+                                paths_shown=0, start="the sharp mode")
 
 
 def _row_text(row: dict) -> str:
@@ -323,6 +408,13 @@ def _row_text(row: dict) -> str:
             f", top eigenvalue {row['top_eigenvalue']:.4g}, trace {row['trace']:.4g} ± {row['trace_stderr']:.2g}")
     return (f"{row['sampler']}: accuracy {row['accuracy']:.3f}, NLL {row['nll']:.3f}, ECE {row['ece']:.3f}, "
             f"OOD AUROC {row['ood_auroc']:.3f}{flat}")
+
+
+def _table_row(r: dict) -> str:
+    flat = ("– | –" if "trace" not in r else
+            f"{r['top_eigenvalue']:.4g} ± {r['top_eigenvalue_sd']:.2g} | {r['trace']:.4g} ± {r['trace_stderr']:.2g}")
+    return (f"| {r['sampler']} | {r['accuracy']:.3f} | {r['nll']:.3f} | {r['ece']:.3f} | "
+            f"{r['ood_auroc']:.3f} | {flat} |")
 
 
 def _report_markdown(report: dict) -> str:
@@ -341,19 +433,32 @@ def _report_markdown(report: dict) -> str:
         "| sampler | accuracy | NLL | ECE | OOD AUROC | top eigenvalue | trace |",
         "|---|---|---|---|---|---|---|",
     ]
-    for r in report["rows"]:
-        flat = ("– | –" if "trace" not in r else
-                f"{r['top_eigenvalue']:.4g} ± {r['top_eigenvalue_sd']:.2g} | {r['trace']:.4g} ± {r['trace_stderr']:.2g}")
-        lines.append(f"| {r['sampler']} | {r['accuracy']:.3f} | {r['nll']:.3f} | {r['ece']:.3f} | "
-                     f"{r['ood_auroc']:.3f} | {flat} |")
+    lines += [_table_row(r) for r in report["rows"]]
+    if report.get("variational"):
+        ens = report["ensembles"]
+        lines += ["", f"## Variational (SVI, AutoNormal, init scale {c['svi_init_scale']:g}, Adam lr "
+                      f"{c['svi_lr']:g}, the same gradient budget; BMA over "
+                      f"{c['num_chains'] * c['num_draws']} draws of q)", "",
+                  "| method | accuracy | NLL | ECE | OOD AUROC | top eigenvalue | trace |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [_table_row(r) for r in report["variational"]]
+        lines += ["", "Loss per training image (the negative ELBO, or its sharpness-aware version) over the last "
+                      "tenth of the steps against the tenth before: "
+                  + "; ".join(f"{r['sampler']} {r['loss_last_tenth']:.4f} against {r['loss_tenth_before']:.4f}"
+                              for r in report["variational"]) + "."]
+        lines += ["", "BMA test NLL against the number of averaged draws (`bma_vs_models.png`):", ""]
+        for label, e in ens.items():
+            picks = [m for m in (1, 2, 5, 10, 20, 40, 80) if m <= len(e["models"])]
+            lines.append(f"- {label}: " + ", ".join(f"{m}: {e['nll'][m - 1]:.3f}" for m in picks))
     lines += ["", "## 2-D sharp/flat energy (all chains start at the sharp mode)", "",
               "Share of the draws (second half of the run) in the flat basin of U = −log p: gradient descent "
               "from the draw ends at the flat mode.", "",
               "| sampler | iterations | in the flat basin of U | mean top eigenvalue |",
               "|---|---|---|---|"]
     for r in report["toy"]:
-        lines.append(f"| {r['sampler']} | {r['iterations']} | {r['flat_basin']:.2f} | {r['top_eigenvalue']:.1f} |")
+        lines.append(f"| {r['sampler']} | {r['iterations']} | {r['flat_basin']:.2f} ± {r['flat_basin_se']:.2f} | "
+                     f"{r['top_eigenvalue']:.1f} |")
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["BNNConfig", "BNN_SAMPLERS", "run_bnn_study", "run_toy_study"]
+__all__ = ["BNNConfig", "BNN_SAMPLERS", "VI_METHODS", "run_bnn_study", "run_toy_study", "bma_by_ensemble_size"]

@@ -57,8 +57,10 @@ def _add_mnist79(sub) -> None:
                    help=f"reference draws per chain (default {d.reference_samples})")
     p.add_argument("--reference-warmup", type=int, default=d.reference_warmup,
                    help=f"reference warm-up iterations (default {d.reference_warmup})")
-    p.add_argument("--num-samples", type=int, default=d.num_samples, help=f"draws per chain (default {d.num_samples})")
-    p.add_argument("--thin", type=int, default=d.thin, help=f"keep every n-th draw (default {d.thin})")
+    p.add_argument("--num-samples", type=int, default=d.num_samples,
+                   help=f"iterations per chain after warm-up, before thinning: num-samples // thin draws are "
+                        f"kept (default {d.num_samples})")
+    p.add_argument("--thin", type=int, default=d.thin, help=f"keep every n-th iteration (default {d.thin})")
     p.add_argument("--warmup", type=int, default=d.warmup, help=f"warm-up steps per chain (default {d.warmup})")
     p.add_argument("--chains", type=int, default=d.chains, help=f"number of chains (default {d.chains})")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"minibatch size (default {d.batch_size})")
@@ -100,10 +102,11 @@ def _add_bnn(sub) -> None:
     from .bnn import BNNConfig
 
     d = BNNConfig()
-    p = sub.add_parser("bnn", help="SGLD, EntropySGLD, SASGLD and FlatSGLD on a Bayesian MLP: flatness, "
-                                   "accuracy, calibration, OOD detection",
-                       description="Train a Bayesian MLP on some MNIST digits with four samplers under one "
-                                   "gradient budget; write report.md, report.json, flatness.png and toy.png.")
+    p = sub.add_parser("bnn", help="SGLD, EntropySGLD, SASGLD, FlatSGLD and flat-seeking SVI on a Bayesian MLP: "
+                                   "flatness, accuracy, calibration, OOD detection",
+                       description="Train a Bayesian MLP on some MNIST digits with four samplers and three "
+                                   "variational methods (Trace_ELBO, SAM_ELBO, SABMA_ELBO) under one gradient "
+                                   "budget; write report.md, report.json, flatness.png, bma_vs_models.png and toy.png.")
     p.add_argument("--data-dir", default=None, help="MNIST files (default: the embedded subset)")
     p.add_argument("--grad-evals", type=int, default=d.grad_evals,
                    help=f"gradient evaluations per chain and sampler (default {d.grad_evals})")
@@ -116,6 +119,10 @@ def _add_bnn(sub) -> None:
     p.add_argument("--eta", type=float, default=d.eta, help=f"EntropySGLD coupling (default {d.eta})")
     p.add_argument("--rho", type=float, default=d.rho, help=f"SASGLD radius (default {d.rho})")
     p.add_argument("--sigma", type=float, default=d.sigma, help=f"FlatSGLD perturbation sd (default {d.sigma})")
+    p.add_argument("--sam-rho", type=float, default=d.sam_rho, help=f"SAM_ELBO radius (default {d.sam_rho})")
+    p.add_argument("--sabma-gamma", type=float, default=d.sabma_gamma,
+                   help=f"SABMA_ELBO KL-ball size (default {d.sabma_gamma})")
+    p.add_argument("--svi-lr", type=float, default=d.svi_lr, help=f"Adam step of the SVI fits (default {d.svi_lr})")
     p.add_argument("--seed", type=int, default=d.seed)
     _add_out(p, d.out)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -126,8 +133,8 @@ def run_bnn_command(args: argparse.Namespace) -> int:
 
     config = BNNConfig(data_dir=args.data_dir, grad_evals=args.grad_evals, num_chains=args.num_chains,
                        step_size=args.step_size, preconditioner=args.preconditioner,
-                       eta=args.eta, rho=args.rho, sigma=args.sigma,
-                       seed=args.seed, out=args.out, overwrite=args.overwrite,
+                       eta=args.eta, rho=args.rho, sigma=args.sigma, sam_rho=args.sam_rho,
+                       sabma_gamma=args.sabma_gamma, svi_lr=args.svi_lr, seed=args.seed, out=args.out, overwrite=args.overwrite,
                        progress=not args.no_progress)
     run_bnn_study(config)
     return 0

@@ -62,6 +62,13 @@ def is_full_batch(name: str) -> bool:
     return kernel_class(name) is EntropyHMC
 
 
+def schedule_text(config: "MNIST79Config") -> str:
+    """``(500 warm-up + 10000 iterations, every 5th kept: 2000 draws per chain)``."""
+    every = "every iteration kept" if config.thin == 1 else f"every {config.thin}th kept"
+    return (f"({config.warmup} warm-up + {config.num_samples} iterations, {every}: "
+            f"{config.num_samples // config.thin} draws per chain)")
+
+
 @dataclass
 class MNIST79Config:
     """Settings of the MNIST 7-vs-9 study (the defaults are the CLI's).
@@ -354,8 +361,6 @@ def run_mnist79(config: MNIST79Config, *, log: Callable[[str], None] = print) ->
 
 
 def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None]) -> dict:
-    import arviz as az
-
     from ..diagnostics import to_arviz
     from .plots import plot_bma_curves, plot_reliability, plot_weight_comparison
 
@@ -369,7 +374,7 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None]) -
             f"batch ({batch_size})")
     log(f"{config.sampler}: eta = {config.eta}, step size = {config.step_size} "
         f"(preconditioner: {config.preconditioner}), minibatch {batch_size}, {config.chains} chain(s) x "
-        f"({config.warmup} warm-up + {config.num_samples} iterations, every {config.thin}th kept)")
+        f"{schedule_text(config)}")
 
     runs = {}
     names = [config.sampler, config.baseline, config.reference]
@@ -476,7 +481,7 @@ def _report_markdown(report: dict, config: MNIST79Config) -> str:
            f"test metrics on {report['data']['n_test']} images.",
            f"Sampler `{config.sampler}` (η = {config.eta}, step size {config.step_size}, preconditioner "
            f"{config.preconditioner}, minibatch {report['batch_size_used']}), {config.chains} chain(s) × "
-           f"({config.warmup} warm-up + {config.num_samples} iterations, every {config.thin}th kept), "
+           f"{schedule_text(config)}, "
            f"seed {config.seed}. Seconds: "
            + ", ".join(f"{k} {v}" for k, v in report["seconds"].items()) + ".", "",
            "## Bayesian model average on the test set", "",

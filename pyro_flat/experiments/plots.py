@@ -48,6 +48,25 @@ def plot_bma_curves(curves: Mapping[str, Mapping[str, np.ndarray]], *, title: st
     return fig
 
 
+def plot_bma_by_ensemble_size(ensembles: Mapping[str, Mapping[str, Sequence[float]]], num_test: int):
+    """Test NLL and accuracy of the average of the first m draws against m, one line per method
+    (``ensembles[label] = {"models", "accuracy", "nll"}``)."""
+    plt = _plt()
+    fig, (ax_nll, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    for i, (label, e) in enumerate(ensembles.items()):
+        ax_nll.plot(e["models"], e["nll"], color=f"C{i}", lw=1.5, label=label)
+        ax_acc.plot(e["models"], e["accuracy"], color=f"C{i}", lw=1.5, label=label)
+    ax_nll.set(xscale="log", xlabel="number of averaged draws of q (log scale)", ylabel="test NLL per image",
+               title="BMA negative log-likelihood (lower is better)")
+    ax_acc.set(xscale="log", xlabel="number of averaged draws of q (log scale)", ylabel="test accuracy",
+               title=f"BMA accuracy ({num_test} test images: one image = {1 / num_test:.4f})")
+    for ax in (ax_nll, ax_acc):
+        ax.grid(alpha=0.3)
+    ax_nll.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def plot_reliability(curves: Mapping[str, Mapping[str, np.ndarray]], *, title: str = ""):
     """Reliability diagram: accuracy against mean confidence per bin (marker area ∝ points in the
     bin), the diagonal being perfect calibration; ``curves[label]`` from
@@ -141,17 +160,17 @@ def _contours_2d(ax, mixture: SharpFlatMixture, limits=_LIMITS_2D) -> None:
 
 
 def plot_basin_endpoints(mixture: SharpFlatMixture, states: Mapping[str, np.ndarray], rows: Sequence[dict], *,
-                         paths_shown: int = 3):
+                         paths_shown: int = 3, start: str = "the saddle"):
     """One panel per sampler and variable: where its chains are at the last step (coloured by the
     basin of U = −log p they are in) and the first ``paths_shown`` chains' paths.
 
     ``states[label]`` is ``(steps, chains, 2)``; ``rows`` are the study's rows (label, share, se,
-    exact) for the panel titles.
+    exact, at_saddle) for the panel titles; ``start`` says where the chains started (legend).
     """
     plt = _plt()
     by_label = {r["label"]: r for r in rows}
     n = len(states)
-    cols = min(n, 5)
+    cols = 2 if n == 4 else min(n, 5)
     nrows = -(-n // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(3.3 * cols, 3.4 * nrows + 0.8), squeeze=False)
     for ax, (label, path) in zip(axes.flat, states.items()):
@@ -164,7 +183,7 @@ def plot_basin_endpoints(mixture: SharpFlatMixture, states: Mapping[str, np.ndar
             ax.plot(path[:, c, 0], path[:, c, 1], "-", color="k", lw=0.5, alpha=0.7)
         r = by_label[label]
         exact = "" if r["exact"] is None else f", exact {r['exact']:.2f}"
-        where = (f"{r['at_saddle']:.0%} still at the saddle" if r["at_saddle"] > 0.5
+        where = (f"{r['at_saddle']:.0%} still at the saddle" if r.get("at_saddle", 0) > 0.5
                  else f"flat basin: {r['share']:.2f} ± {r['se']:.2f}{exact}")
         ax.set_title(f"{label}\n{where}", fontsize=8)
         ax.tick_params(labelsize=7)
@@ -174,12 +193,17 @@ def plot_basin_endpoints(mixture: SharpFlatMixture, states: Mapping[str, np.ndar
         ax.axis("off")
     handles = [plt.Line2D([], [], color="0.7", lw=0.8, label="contours of log p (posterior)"),
                plt.Line2D([], [], color="k", ls="--", lw=0.9, label="basin boundary of U = −log p"),
-               plt.Line2D([], [], color="k", marker="x", ls="", label="saddle = every chain's start"),
+               plt.Line2D([], [], color="k", marker="x", ls="",
+                          label="saddle = every chain's start" if start == "the saddle" else "saddle"),
                plt.Line2D([], [], color="C0", marker="o", ls="", ms=4, label="last state, flat basin"),
-               plt.Line2D([], [], color="C3", marker="o", ls="", ms=4, label="last state, sharp basin"),
-               plt.Line2D([], [], color="k", lw=0.6, label=f"paths of {paths_shown} chains")]
-    fig.legend(handles=handles, loc="lower center", ncol=6, fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
+               plt.Line2D([], [], color="C3", marker="o", ls="", ms=4, label="last state, sharp basin")]
+    if paths_shown:
+        handles.append(plt.Line2D([], [], color="k", lw=0.6, label=f"paths of {paths_shown} chains"))
+    if start != "the saddle":
+        fig.suptitle(f"every chain starts at {start}", fontsize=10)
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles) if cols >= 4 else 2, fontsize=8,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.05 if cols >= 4 else 0.12, 1, 1))
     return fig
 
 

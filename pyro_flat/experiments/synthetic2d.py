@@ -202,7 +202,7 @@ def run_synthetic2d(config: Synthetic2DConfig, *, log: Callable[[str], None] = p
                 f"({exact_text}: {law})")
     saddle_position = float((mixture.saddle().float() - sharp) @ (flat - sharp) / ((flat - sharp) ** 2).sum())
     report = {"config": asdict(config), "mixture": asdict(mixture), "exact": exact, "marks": marks,
-              "ridge": ridge, "line": {"position": positions.tolist(), "saddle_position": saddle_position,
+              "ridge": ridge, "line": {"position": [round(x, 4) for x in positions.tolist()], "saddle_position": saddle_position,
                                        "share": line},
               "findings": findings(ridge, exact, config)}
     for line_text in report["findings"]:

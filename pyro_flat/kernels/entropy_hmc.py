@@ -3,7 +3,7 @@ r"""Entropy-HMC: Metropolis-corrected Hamiltonian Monte Carlo on the flat poster
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, Iterable, List, NamedTuple, Optional
+from typing import Callable, Dict, Iterable, NamedTuple, Optional
 
 import torch
 from pyro.infer.autoguide.initialization import init_to_sample

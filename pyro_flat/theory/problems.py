@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from ..models import LogisticRegressionPotential
 from ..validation import check_positive, to_numpy
 from .constants import logistic_gradient_noise, logistic_regression_constants
-from .gaussian import entropy_langevin_chain, gaussian_targets, langevin_chain, local_entropy_chain
+from .gaussian import gaussian_targets
 
 SITE = "theta"
 TARGETS = ("posterior", "flat", "joint", "mode")

@@ -1,0 +1,17 @@
+"""Flat-seeking variational inference for ``pyro.infer.SVI``.
+
+- :class:`SAM_ELBO`: the sharpness-aware posterior (SA-BBB): the likelihood after one SAM ascent
+  step in θ;
+- :class:`SABMA_ELBO`: SA-BMA: the ELBO's gradient at the worst variational parameters in a KL ball
+  (with SAM and Fisher-SAM as options);
+- :func:`transfer_model`: only named sites (or submodules) variational, the rest pre-trained;
+- :mod:`~pyro_flat.variational.fisher`: the Fisher information of Pyro's Gaussian autoguides.
+"""
+
+from .fisher import diagonal_fisher, gaussian_parameters
+from .minibatch import SameMinibatch
+from .sabma import SABMA_ELBO
+from .sam import SAM_ELBO
+from .transfer import transfer_model
+
+__all__ = ["SAM_ELBO", "SABMA_ELBO", "transfer_model", "SameMinibatch", "gaussian_parameters", "diagonal_fisher"]
