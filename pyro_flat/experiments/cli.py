@@ -123,6 +123,8 @@ def _add_bnn(sub) -> None:
     p.add_argument("--sabma-gamma", type=float, default=d.sabma_gamma,
                    help=f"SABMA_ELBO KL-ball size (default {d.sabma_gamma})")
     p.add_argument("--svi-lr", type=float, default=d.svi_lr, help=f"Adam step of the SVI fits (default {d.svi_lr})")
+    p.add_argument("--svi-grad-evals", type=int, default=None,
+                   help="gradient evaluations of each SVI fit (default: --grad-evals, the samplers' budget)")
     p.add_argument("--seed", type=int, default=d.seed)
     _add_out(p, d.out)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -134,7 +136,8 @@ def run_bnn_command(args: argparse.Namespace) -> int:
     config = BNNConfig(data_dir=args.data_dir, grad_evals=args.grad_evals, num_chains=args.num_chains,
                        step_size=args.step_size, preconditioner=args.preconditioner,
                        eta=args.eta, rho=args.rho, sigma=args.sigma, sam_rho=args.sam_rho,
-                       sabma_gamma=args.sabma_gamma, svi_lr=args.svi_lr, seed=args.seed, out=args.out, overwrite=args.overwrite,
+                       sabma_gamma=args.sabma_gamma, svi_lr=args.svi_lr,
+                       svi_grad_evals=args.svi_grad_evals, seed=args.seed, out=args.out, overwrite=args.overwrite,
                        progress=not args.no_progress)
     run_bnn_study(config)
     return 0

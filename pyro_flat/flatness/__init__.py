@@ -9,6 +9,9 @@ or a :class:`FlatLoss` that carries both, plus named blocks for ``per_site=True`
 - :func:`hessian_trace` (Hutchinson, with a standard error: :class:`TraceEstimate`);
 - :func:`interpolation_curve` and :func:`perturbation_curve` (:class:`Curve`, with ``.plot()``);
 - :func:`local_entropy`: :math:`F(\theta;\eta)`, the log density of the flat posterior;
+- :func:`minimum_energy_path` (NEB with a climbing image and AutoNEB's pivots, :class:`EnergyPath`),
+  :func:`straight_path`, :func:`curvature_along_path`, :func:`projected_dynamics` and
+  :func:`plot_path_profiles`;
 - :func:`flatness_at_samples`: top eigenvalues and traces of a Pyro model's potential at MCMC draws.
 
 Sources of losses: :meth:`FlatLoss.from_model` (a Pyro model's full-data potential at a draw, in
@@ -30,6 +33,14 @@ Example::
 from .curves import Curve, interpolation_curve, perturbation_curve
 from .local_entropy import LocalEntropyEstimate, local_entropy
 from .loss import FlatLoss, HessianOperator
+from .paths import (
+    EnergyPath,
+    curvature_along_path,
+    minimum_energy_path,
+    plot_path_profiles,
+    projected_dynamics,
+    straight_path,
+)
 from .samples import flatness_at_samples
 from .spectrum import (
     SpectralDensity,
@@ -58,4 +69,10 @@ __all__ = [
     "local_entropy",
     "LocalEntropyEstimate",
     "flatness_at_samples",
+    "EnergyPath",
+    "minimum_energy_path",
+    "straight_path",
+    "curvature_along_path",
+    "projected_dynamics",
+    "plot_path_profiles",
 ]

@@ -1,0 +1,106 @@
+"""Minimum-energy paths against potentials whose minima and saddles are known."""
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from pyro_flat.flatness import curvature_along_path, minimum_energy_path, straight_path
+from pyro_flat.mixtures import sharp_flat_2d
+
+# Müller & Brown (1979): minima and saddles tabulated in the NEB literature
+A = torch.tensor([-200.0, -100.0, -170.0, 15.0], dtype=torch.float64)
+a = torch.tensor([-1.0, -1.0, -6.5, 0.7], dtype=torch.float64)
+b = torch.tensor([0.0, 0.0, 11.0, 0.6], dtype=torch.float64)
+c = torch.tensor([-10.0, -10.0, -6.5, 0.7], dtype=torch.float64)
+X0 = torch.tensor([1.0, 0.0, -0.5, -1.0], dtype=torch.float64)
+Y0 = torch.tensor([0.0, 0.5, 1.5, 1.0], dtype=torch.float64)
+MIN_A, MIN_B, MIN_C = [-0.558, 1.442], [0.623, 0.028], [-0.050, 0.467]
+SADDLE_1, SADDLE_1_ENERGY = [-0.822, 0.624], -40.66
+
+
+def muller_brown(p):
+    dx, dy = p[0] - X0, p[1] - Y0
+    return (A * torch.exp(a * dx ** 2 + b * dx * dy + c * dy ** 2)).sum()
+
+
+def test_muller_brown_path_climbs_to_the_known_saddle_through_the_intermediate_minimum():
+    start, end = torch.tensor(MIN_A, dtype=torch.float64), torch.tensor(MIN_B, dtype=torch.float64)
+    path = minimum_energy_path(muller_brown, start, end, num_points=15, step_size=1e-4, spring=100.0,
+                               tol=0.1, max_steps=5000)
+    assert path.converged
+    assert torch.allclose(path.points[0], start) and torch.allclose(path.points[-1], end)
+    top = path.points[path.highest]
+    assert (top - torch.tensor(SADDLE_1, dtype=torch.float64)).norm() < 0.01
+    assert path.loss.max() == pytest.approx(SADDLE_1_ENERGY, abs=0.05)
+    # through the intermediate minimum (-0.050, 0.467), not along the straight line
+    assert float((path.points - torch.tensor(MIN_C, dtype=torch.float64)).norm(dim=-1).min()) < 0.1
+    assert straight_path(muller_brown, start, end, num_points=15).loss.max() > 0  # the line crosses a ridge
+    assert np.all(np.diff(path.arc_length) > 0)
+
+
+def test_mixture_path_passes_the_exact_saddle():
+    m = sharp_flat_2d()
+    energy = lambda x: -m.log_prob(x.double()).double()  # noqa: E731
+    path = minimum_energy_path(energy, m.sharp_loc.double(), m.flat_loc.double(), num_points=11, step_size=0.01,
+                               spring=5.0, tol=1e-3, max_steps=4000)
+    saddle = m.saddle()
+    assert path.converged
+    assert float((path.points[path.highest] - saddle).norm()) < 1e-2
+    assert path.barrier == pytest.approx(m.barriers()[1], abs=1e-3)  # above the higher end: the flat mode
+
+
+def test_curvature_along_a_quadratic_valley_is_its_hessian():
+    hessian = torch.diag(torch.tensor([1.0, 4.0, 9.0], dtype=torch.float64))
+    loss = lambda x: 0.5 * x @ hessian @ x  # noqa: E731
+    line = straight_path(loss, torch.tensor([-1.0, 0.0, 0.0], dtype=torch.float64),
+                         torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64), num_points=5)
+    profile = curvature_along_path(loss, line, num_probes=50)
+    assert np.allclose(profile["top_eigenvalue"], 9.0, atol=1e-4)
+    assert np.all(np.abs(profile["trace"] - 14.0) < 4 * profile["trace_stderr"] + 1e-9)
+    assert np.allclose(profile["position"], [0, 0.25, 0.5, 0.75, 1.0])
+    assert np.allclose(profile["loss"], [0.5, 0.125, 0.0, 0.125, 0.5])
+
+
+def test_bad_paths_are_refused():
+    f = lambda x: (x ** 2).sum()  # noqa: E731
+    x = torch.tensor([1.0, 0.0])
+    with pytest.raises(ValueError, match="start and end are the same point"):
+        minimum_energy_path(f, x, x.clone())
+    with pytest.raises(ValueError, match="num_points must be an integer >= 3"):
+        minimum_energy_path(f, x, -x, num_points=2)
+    with pytest.raises(ValueError, match="same shape"):
+        straight_path(f, x, torch.zeros(3))
+    hole = lambda x: torch.where(x[0].abs() < 0.2, torch.tensor(float("nan")), (x ** 2).sum())  # noqa: E731
+    with pytest.raises(ValueError, match="the loss is nan at image 2 of the path"):
+        minimum_energy_path(hole, x, -x, num_points=5)
+    with pytest.raises(ValueError, match="spring must be a positive finite number"):
+        minimum_energy_path(f, x, -x, spring=0.0)
+
+
+def test_unconverged_path_warns():
+    with pytest.warns(RuntimeWarning, match="did not converge"):
+        path = minimum_energy_path(muller_brown, torch.tensor(MIN_A, dtype=torch.float64),
+                                   torch.tensor(MIN_B, dtype=torch.float64), num_points=9, step_size=1e-5,
+                                   max_steps=20, insertion_rounds=0)
+    assert not path.converged and math.isfinite(path.max_force)
+
+
+def test_projected_sgld_samples_the_loss_restricted_to_the_path():
+    """SGLD along a straight path through a quadratic bowl: positions ~ N(middle, T/h), h = 2 the
+    curvature along the path (Euler's variance factor 1/(1 - αh/2) computed in)."""
+    from pyro_flat.flatness import projected_dynamics
+
+    line = straight_path(lambda x: (x ** 2).sum(), torch.tensor([-1.0, 0.5], dtype=torch.float64),
+                         torch.tensor([1.0, 0.5], dtype=torch.float64), num_points=9)
+    alpha, temperature, chains = 0.05, 0.01, 2000
+    positions = projected_dynamics(line, lambda x: 2 * x, start=0.8, step_size=alpha, num_steps=300,
+                                   temperature=temperature, num_chains=chains, seed=1)
+    end = (positions[-1] - 0.5) * 2.0  # arc length from the middle (the path has length 2)
+    sd = math.sqrt(temperature / 2.0 / (1 - alpha * 2.0 / 2))
+    assert abs(end.mean()) < 4 * sd / math.sqrt(chains)
+    assert end.std() == pytest.approx(sd, rel=4 / math.sqrt(2 * chains) + 0.01)
+    with pytest.raises(ValueError, match=r"start is a position along the path in \[0, 1\]"):
+        projected_dynamics(line, lambda x: 2 * x, start=1.5, step_size=0.1, num_steps=1)
