@@ -104,3 +104,10 @@ def test_projected_sgld_samples_the_loss_restricted_to_the_path():
     assert end.std() == pytest.approx(sd, rel=4 / math.sqrt(2 * chains) + 0.01)
     with pytest.raises(ValueError, match=r"start is a position along the path in \[0, 1\]"):
         projected_dynamics(line, lambda x: 2 * x, start=1.5, step_size=0.1, num_steps=1)
+
+
+def test_paths_command_refuses_bad_options(capsys):
+    from pyro_flat.experiments.cli import main
+
+    assert main(["paths", "--num-points", "2"]) == 2
+    assert "--num-points must be an integer >= 3, got 2" in capsys.readouterr().err

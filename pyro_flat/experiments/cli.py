@@ -4,7 +4,9 @@
 - ``pyro-flat synthetic2d``: chains started on the ridge of the 2-D sharp/flat energy, the share in
   each basin beside the exact one (:func:`~pyro_flat.experiments.synthetic2d.run_synthetic2d_study`);
 - ``pyro-flat bnn``: flat-seeking samplers on a Bayesian MLP, with flatness, calibration and
-  out-of-distribution metrics (:func:`~pyro_flat.experiments.bnn.run_bnn_study`).
+  out-of-distribution metrics (:func:`~pyro_flat.experiments.bnn.run_bnn_study`);
+- ``pyro-flat paths``: the minimum-energy path between two minima of that MLP and the curvature
+  along it (:func:`~pyro_flat.experiments.paths.run_path_study`).
 
 User errors (a bad or malformed option, missing data, an ``--out`` that is a file or a folder of
 other files) print one line naming the option and exit with code 2; Ctrl-C during sampling still
@@ -143,12 +145,44 @@ def run_bnn_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_paths(sub) -> None:
+    from .paths import PathConfig
+
+    d = PathConfig()
+    p = sub.add_parser("paths", help="the minimum-energy path between two minima of a Bayesian MLP, and the "
+                                     "curvature along it",
+                       description="Two SGLD draws of the BNN study's MLP descend to minima of the training NLL; "
+                                   "the straight line and the minimum-energy path (NEB) join them; write the loss, "
+                                   "top Hessian eigenvalue and trace along both to report.md, report.json, paths.png.")
+    p.add_argument("--data-dir", default=None, help="MNIST files (default: the embedded subset)")
+    p.add_argument("--grad-evals", type=int, default=d.grad_evals, help=f"SGLD iterations per chain (default {d.grad_evals})")
+    p.add_argument("--descent-steps", type=int, default=d.descent_steps,
+                   help=f"Adam steps from each draw to its minimum (default {d.descent_steps})")
+    p.add_argument("--num-points", type=int, default=d.num_points, help=f"images of the path (default {d.num_points})")
+    p.add_argument("--max-steps", type=int, default=d.max_steps, help=f"FIRE steps at most (default {d.max_steps})")
+    p.add_argument("--trace-probes", type=int, default=d.trace_probes,
+                   help=f"Hutchinson probes per image (default {d.trace_probes})")
+    p.add_argument("--seed", type=int, default=d.seed)
+    _add_out(p, d.out)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run_paths_command(args: argparse.Namespace) -> int:
+    from .paths import PathConfig, run_path_study
+
+    run_path_study(PathConfig(data_dir=args.data_dir, grad_evals=args.grad_evals, descent_steps=args.descent_steps,
+                              num_points=args.num_points, max_steps=args.max_steps, trace_probes=args.trace_probes,
+                              seed=args.seed, out=args.out, overwrite=args.overwrite, progress=not args.no_progress))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pyro-flat", description="Flatness-seeking Bayesian inference with Pyro")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_mnist79(sub)
     _add_synthetic2d(sub)
     _add_bnn(sub)
+    _add_paths(sub)
     return parser
 
 
@@ -183,7 +217,7 @@ def run_synthetic2d_command(args: argparse.Namespace) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     command = {"mnist79": run_mnist79_command, "synthetic2d": run_synthetic2d_command,
-               "bnn": run_bnn_command}[args.command]
+               "bnn": run_bnn_command, "paths": run_paths_command}[args.command]
     try:
         return command(args)
     except ValueError as err:  # StudyError, MNISTFileError and the kernels' argument checks
