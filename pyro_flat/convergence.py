@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from .kernels import KERNELS, SGD, SGLD, EntropySGLD, LocalEntropySGLD, kernel_class
 from .kernels.base import StochasticGradientKernel
 from .mcmc import run_chains
-from .theory import LinearGaussianChain, joint_hessian, preconditioned_constants
+from .theory import joint_hessian, preconditioned_constants
 from .theory import bounds as B
 from .theory.estimators import W2Estimate, W2Estimator
 from .references import exact_chain, reference_law
@@ -355,9 +355,7 @@ def check_convergence(
         if factor is None:
             exact = problem.exact_w2(chain, target, checkpoints, x0, getattr(kernel, "eta", None))
         else:  # the same chain seen in y = L⁻¹z, against the whitened reference
-            inv = np.linalg.inv(factor)
-            chain = LinearGaussianChain(inv @ chain.B @ factor, inv @ chain.c, inv @ chain.Q @ inv.T)
-            exact = chain.w2_trajectory(start, np.zeros((len(start),) * 2), checkpoints, reference)
+            exact = chain.whitened(factor).w2_trajectory(start, np.zeros((len(start),) * 2), checkpoints, reference)
 
     result = ConvergenceResult(
         sampler=type(kernel).__name__, target=target, estimator=estimator if target != "mode" else "rms distance",

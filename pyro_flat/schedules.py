@@ -64,9 +64,9 @@ class cyclical_cosine:
 
     Each cycle starts with large steps (exploration) and ends with small ones (sampling);
     :meth:`is_sampling` is true in the last ``1 - exploration`` fraction of each cycle, where
-    cSGMCMC collects samples. Passed as ``schedule=`` to a kernel built on SGLD's update (SGLD,
-    EntropySGLD, SASGLD, FlatSGLD), the exploration iterations inject no noise (optimisation steps)
-    and make no draw: ``MCMC(num_samples=n)`` counts sampling-phase iterations only, so a run makes
+    cSGMCMC collects samples. Passed as ``schedule=`` to a stochastic-gradient kernel, the
+    exploration iterations inject no noise (optimisation steps; for LocalEntropySGLD, no noise in
+    the outer step) and make no draw: ``MCMC(num_samples=n)`` counts sampling-phase iterations only, so a run makes
     about ``warmup + n / (1 - exploration)`` iterations; ``num_steps`` should cover them.
     """
 

@@ -22,7 +22,7 @@ MU = torch.tensor([1.0, -2.0])
 class NoisyEntropySGLD(EntropySGLD):
     """Entropy-MCMC with 4x the Langevin noise: targets a law 16x too wide."""
 
-    def update(self, params, grads, step_size):
+    def update(self, params, grads, step_size, temperature):
         return langevin_step(params, grads, step_size, 16.0 * self.temperature)
 
 

@@ -81,7 +81,7 @@ def test_entropy_sgld_matches_joint_gaussian():
 class SqrtTwoNoiseBug(EntropySGLD):
     """The update with noise sqrt(4αT) instead of sqrt(2αT): a classic convention slip."""
 
-    def update(self, params, grads, step_size):
+    def update(self, params, grads, step_size, temperature):
         return langevin_step(params, grads, step_size, 2 * self.temperature)
 
 

@@ -85,7 +85,7 @@ def test_preconditioned_entropy_sgld_has_the_exact_joint_law_of_its_update():
 class NoiseScaledByTheMetric(SGLD):
     """A wrong preconditioned update: the noise scaled by M⁻¹ instead of M^(-1/2)."""
 
-    def update(self, params, grads, step_size):
+    def update(self, params, grads, step_size, temperature):
         p = self.preconditioner
         z, g = p._pack(params), p._pack(grads)
         xi = torch.randn_like(z)

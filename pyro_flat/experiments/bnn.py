@@ -169,7 +169,7 @@ class BNNConfig:
             raise StudyError("--trace-probes must be >= 2 (the trace's standard error needs two)")
 
 
-def _sample(key: str, name: str, config: BNNConfig, model: BayesianMLP, data, log) -> Tuple[dict, float, int]:
+def sample_chains(key: str, name: str, config: BNNConfig, model: BayesianMLP, data, log) -> Tuple[dict, float, int]:
     """``num_chains`` vectorized chains; draws ``{site: (chain, draw, ...)}``, the seconds taken and
     the gradient evaluations per chain."""
     kernel = make_bnn_kernel(key, config, model)
@@ -256,7 +256,7 @@ def _run_bnn_study(config: BNNConfig, out, log: Callable[[str], None]) -> dict:
     rows, curves, densities = [], {}, {}
     for key in BNN_SAMPLERS:
         name = sampler_label(key)
-        by_chain, seconds, grad_evals = _sample(key, name, config, model, data, log)
+        by_chain, seconds, grad_evals = sample_chains(key, name, config, model, data, log)
         samples = {k: v.flatten(0, 1) for k, v in by_chain.items()}  # chain-major
         uses = ("theta", "aux", "both") if name == "EntropySGLD" else ("theta",)
         for use in uses:
@@ -466,4 +466,5 @@ def _report_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["BNNConfig", "BNN_SAMPLERS", "VI_METHODS", "run_bnn_study", "run_toy_study", "bma_by_ensemble_size"]
+__all__ = ["BNNConfig", "BNN_SAMPLERS", "VI_METHODS", "run_bnn_study", "run_toy_study", "bma_by_ensemble_size",
+           "sample_chains"]

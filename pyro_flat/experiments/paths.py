@@ -27,12 +27,8 @@ from typing import Callable, Optional, Tuple
 import numpy as np
 import torch
 
-import pyro
-
 from .. import flatness
 from ..datasets import load_mnist_ood
-from ..kernels import make_kernel
-from ..mcmc import MCMC
 from ..models import BayesianMLP
 from .output import require_int, require_positive, staged_output
 
@@ -76,14 +72,14 @@ class PathConfig:
 
 
 def _two_draws(config: PathConfig, model, data, log):
-    kernel = make_kernel("sgld", model, step_size=config.step_size)
-    half = config.grad_evals // 2
-    mcmc = MCMC(kernel, num_samples=half, warmup_steps=config.grad_evals - half, num_chains=2, thinning=half,
-                disable_progbar=not config.progress)
-    pyro.set_rng_seed(config.seed)
-    mcmc.run(data.X_train, data.y_train, batch_size=config.batch_size)
-    samples = mcmc.get_samples(group_by_chain=True)
-    log(f"SGLD: 2 chains x {config.grad_evals} iterations (step {config.step_size:g}, minibatch {config.batch_size})")
+    """The last draw of each of two SGLD chains, run as the BNN study runs its samplers."""
+    from .bnn import BNNConfig, sample_chains
+
+    bnn = BNNConfig(data_dir=config.data_dir, in_digits=config.in_digits, hidden=config.hidden,
+                    prior_scale=config.prior_scale, batch_size=config.batch_size, step_size=config.step_size,
+                    grad_evals=config.grad_evals, num_chains=2, num_draws=1, seed=config.seed,
+                    progress=config.progress)
+    samples, _, _ = sample_chains("sgld", "SGLD", bnn, model, data, log)
     return [{k: v[c, -1] for k, v in samples.items()} for c in (0, 1)]
 
 

@@ -176,6 +176,7 @@ def run_synthetic2d(config: Synthetic2DConfig, *, log: Callable[[str], None] = p
     sharp, flat = mixture.sharp_loc, mixture.flat_loc
     positions = torch.linspace(0.0, 1.0, config.line_points)
     starts = (sharp + positions[:, None] * (flat - sharp)).repeat_interleave(config.line_chains, 0)
+    early = marks.index(min(marks, key=lambda k: abs(k - config.num_steps // 10)))  # the step T/10
     ridge, line, states = [], {}, {}
     for sampler in _samplers(config):
         pyro.set_rng_seed(config.seed)
@@ -188,13 +189,12 @@ def run_synthetic2d(config: Synthetic2DConfig, *, log: Callable[[str], None] = p
             path = torch.stack([run[k][site] for k in marks])  # (marks, chains, 2)
             flat_path = mixture.in_flat_basin(path)
             share, se = _share(flat_path[-1])
-            early = marks.index(min(marks, key=lambda k: abs(k - config.num_steps // 10)))
+            by_step = flat_path.double().mean(1).tolist()
             at_saddle = float(((path[-1] - saddle).norm(dim=-1) < AT_SADDLE).double().mean())
             law, exact_share = _stationary_law(mixture, sampler, site, exact)
             ridge.append({"label": label, "sampler": sampler.name, "variable": site, "share": share, "se": se,
-                          "chains": config.num_chains, "early_step": marks[early],
-                          "early_share": float(flat_path[early].double().mean()), "at_saddle": at_saddle, "law": law, "exact": exact_share,
-                          "share_by_step": flat_path.double().mean(1).tolist()})
+                          "chains": config.num_chains, "early_step": marks[early], "early_share": by_step[early],
+                          "at_saddle": at_saddle, "law": law, "exact": exact_share, "share_by_step": by_step})
             states[label] = path.numpy()
             line[label] = mixture.in_flat_basin(ends[site]).reshape(config.line_points, -1).double().mean(1).tolist()
             exact_text = "no exact value" if exact_share is None else f"exact stationary {exact_share:.3f}"

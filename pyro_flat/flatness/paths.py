@@ -155,7 +155,22 @@ def _neb_forces(points, energies, grads, spring: float, climbing: bool) -> torch
     return forces
 
 
-def _relax(loss: FlatLoss, points: torch.Tensor, gradient_fn: GradientFn, *, spring: float, step_size: float,
+def _value_and_gradient(loss: FlatLoss, gradient_fn: Optional[GradientFn]):
+    """``x -> (loss, gradient)`` at one image: one forward and backward pass, or the loss and the
+    user's (e.g. minibatch) gradient."""
+    def evaluate(x: torch.Tensor):
+        if gradient_fn is not None:
+            with torch.no_grad():
+                value = loss(x)
+            return value.detach(), gradient_fn(x)
+        x = x.detach().requires_grad_(True)
+        value = loss.fn(x)
+        return value.detach(), torch.autograd.grad(value, x)[0]
+
+    return evaluate
+
+
+def _relax(loss: FlatLoss, points: torch.Tensor, evaluate, *, spring: float, step_size: float,
            max_steps: int, tol: float, climb: bool):
     """FIRE on the interior images; returns the points, whether converged, the largest force, steps."""
     x = points[1:-1].clone()
@@ -163,10 +178,14 @@ def _relax(loss: FlatLoss, points: torch.Tensor, gradient_fn: GradientFn, *, spr
     dt, dt_max, alpha, since_negative = step_size, 10 * step_size, 0.1, 0
     max_move = 0.2 * float((points[-1] - points[0]).norm()) / (len(points) - 1)
     force_norm = float("inf")
+    ends = torch.tensor(_losses(loss, points[[0, -1]]), dtype=x.dtype, device=x.device)  # fixed
     for step in range(1, max_steps + 1):
         full = torch.cat([points[:1], x, points[-1:]])
-        energies = torch.tensor(_losses(loss, full), dtype=x.dtype, device=x.device)
-        grads = torch.stack([gradient_fn(p) for p in x])
+        values, grads = zip(*(evaluate(p) for p in x))
+        energies = torch.cat([ends[:1], torch.stack(values).to(x.dtype), ends[1:]])
+        if not bool(torch.isfinite(energies).all()):
+            _losses(loss, full)  # raises the ValueError that names the image
+        grads = torch.stack(grads)
         climbing = climb and step > max_steps // 10
         forces = _neb_forces(full, energies, grads, spring, climbing)
         force_norm = float(forces.norm(dim=-1).max())
@@ -215,15 +234,12 @@ def minimum_energy_path(loss_fn: Union[FlatLoss, LossFn], start: torch.Tensor, e
     for name, value in (("spring", spring), ("step_size", step_size), ("tol", tol)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
             raise ValueError(f"{name} must be a positive finite number, got {value!r}.")
-    if gradient_fn is None:
-        def gradient_fn(x: torch.Tensor) -> torch.Tensor:
-            x = x.detach().requires_grad_(True)
-            return torch.autograd.grad(loss.fn(x), x)[0]
+    evaluate = _value_and_gradient(loss, gradient_fn)
     max_points = 2 * num_points if max_points is None else int(max_points)
     path = straight_path(loss, loss.params, end, num_points=num_points).points
     total_steps = 0
     for round_ in range(insertion_rounds + 1):
-        path, converged, force, steps = _relax(loss, path, gradient_fn, spring=spring, step_size=step_size,
+        path, converged, force, steps = _relax(loss, path, evaluate, spring=spring, step_size=step_size,
                                                max_steps=max_steps, tol=tol, climb=climbing)
         total_steps += steps
         if round_ == insertion_rounds or len(path) >= max_points:

@@ -335,8 +335,6 @@ class StochasticGradientKernel(TargetKernel):
         else:
             self.temperature = check_positive("temperature", temperature)
         self.schedule = as_schedule(schedule)
-        #: the temperature of the current iteration: 0 in a cyclical schedule's exploration phase
-        self.step_temperature = self.temperature
 
     #: gradient evaluations of the potential per iteration (per chain)
     grads_per_iteration = 1
@@ -346,8 +344,7 @@ class StochasticGradientKernel(TargetKernel):
     def after_setup(self, params: Params) -> None:
         if self.preconditioner is not None:  # a Hessian-vector product costs about two gradients
             self.num_grad_evals += 2 * self.preconditioner.setup(
-                self.target, params, num_chains=self.num_chains, warmup_steps=self._warmup_steps,
-                eta=getattr(self, "eta", None))
+                self.target, params, num_chains=self.num_chains, warmup_steps=self._warmup_steps)
 
     def langevin(self, params: Params, grads: Params, step_size: float, temperature: float) -> Params:
         """The shared Langevin step, preconditioned when the kernel has a preconditioner."""
@@ -371,9 +368,9 @@ class StochasticGradientKernel(TargetKernel):
             if self.preconditioner is not None and not sampling:
                 self.num_grad_evals += 2 * self.preconditioner.adapt(k, params)
             explore = not self.in_sampling_phase(k)
-            self.step_temperature = 0.0 if explore else self.temperature
+            temperature = 0.0 if explore else self.temperature  # exploration: optimisation steps
             step_size = self.step_size * float(self.schedule(k))
-            new_params, energy, grads = self.transition(params, step_size)
+            new_params, energy, grads = self.transition(params, step_size, temperature)
             self.num_grad_evals += self.grads_per_iteration
             if not all_finite(energy, new_params):
                 self._raise_divergence(params, grads, new_params, energy, step_size)
@@ -400,10 +397,11 @@ class StochasticGradientKernel(TargetKernel):
         is_sampling = getattr(self.schedule, "is_sampling", None)
         return True if is_sampling is None else bool(is_sampling(iteration))
 
-    def transition(self, params: Params, step_size: float):
-        """One iteration: ``(new_params, energy at params, gradient at params)``."""
+    def transition(self, params: Params, step_size: float, temperature: float):
+        """One iteration at this step's size and temperature (0 in a cyclical schedule's
+        exploration phase): ``(new_params, energy at params, gradient at params)``."""
         energy, grads = self.target.potential_and_grad(params)
-        return self.update(params, grads, step_size), energy, grads
+        return self.update(params, grads, step_size, temperature), energy, grads
 
     def logging(self) -> Dict[str, str]:
         return {"step size": f"{self._last_stats.get('step_size', self.step_size):.2e}"}
@@ -423,7 +421,7 @@ class StochasticGradientKernel(TargetKernel):
         for name, value in state_stats.items():
             self._stats[name].append(value)
 
-    def update(self, params: Params, grads: Params, step_size: float) -> Params:
+    def update(self, params: Params, grads: Params, step_size: float, temperature: float) -> Params:
         raise NotImplementedError
 
     def _raise_divergence(self, params, grads, new_params, energy, step_size) -> None:

@@ -65,23 +65,29 @@ def hessian_diagonal(energy_fn: EnergyFn, x: torch.Tensor, *, num_probes: int = 
     return (total / num_probes).detach()
 
 
+def _floored_spectrum(H: torch.Tensor, floor: float):
+    """Eigenvectors of ``H`` and its eigenvalues in absolute value, floored at ``floor`` of the
+    largest (and at 1e-8)."""
+    eigenvalues, vectors = torch.linalg.eigh(H)
+    magnitude = eigenvalues.abs()
+    return torch.maximum(magnitude, (magnitude.amax(-1, keepdim=True) * floor).clamp(min=1e-8)), vectors
+
+
+def _symmetric(matrix: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (matrix + matrix.mT)
+
+
 def inverse_curvature(H: torch.Tensor, floor: float = FLOOR) -> torch.Tensor:
     r""":math:`|H|^{-1}` per chain, ``(C, D, D)``: eigenvalues in absolute value, floored at ``floor``
     of the largest (and at 1e-8), so the result is a covariance."""
-    eigenvalues, vectors = torch.linalg.eigh(H)
-    magnitude = eigenvalues.abs()
-    magnitude = torch.maximum(magnitude, (magnitude.amax(-1, keepdim=True) * floor).clamp(min=1e-8))
-    cov = (vectors / magnitude.unsqueeze(-2)) @ vectors.mT
-    return 0.5 * (cov + cov.mT)
+    magnitude, vectors = _floored_spectrum(H, floor)
+    return _symmetric((vectors / magnitude.unsqueeze(-2)) @ vectors.mT)
 
 
 def absolute_curvature(H: torch.Tensor, floor: float = FLOOR) -> torch.Tensor:
     r""":math:`|H|`, the precision whose inverse is :func:`inverse_curvature`, ``(C, D, D)``."""
-    eigenvalues, vectors = torch.linalg.eigh(H)
-    magnitude = eigenvalues.abs()
-    magnitude = torch.maximum(magnitude, (magnitude.amax(-1, keepdim=True) * floor).clamp(min=1e-8))
-    precision = (vectors * magnitude.unsqueeze(-2)) @ vectors.mT
-    return 0.5 * (precision + precision.mT)
+    magnitude, vectors = _floored_spectrum(H, floor)
+    return _symmetric((vectors * magnitude.unsqueeze(-2)) @ vectors.mT)
 
 
 #: a diagonal entry below this fraction of the median entry is raised to it (see :func:`inverse_diagonal`)

@@ -324,15 +324,15 @@ class EntropyHMC(TargetKernel):
         return min(MAX_NUM_STEPS, max(1, math.ceil(length / float(self._step.min()))))
 
     def _statistics(self, x, a, f, step, move: "_Move") -> Dict[str, torch.Tensor]:
-        coupling_distance = (x[:, : self._num_coupled] - a).norm(dim=-1)
+        terms = coupling([x[:, : self._num_coupled] - a], self.eta, batch_dims=1)
         stats = {
-            "potential_energy": f + coupling_distance.square() / (2 * self.eta),
+            "potential_energy": f + terms.energy,
             "energy": move.hamiltonian,
             "acceptance_rate": move.accept_prob,
             "step_size": step[:, 0],
             "n_steps": torch.full_like(f, move.num_steps),
             "diverging": move.diverging.to(f.dtype),
-            "coupling_distance": coupling_distance,
+            "coupling_distance": terms.distance,
         }
         if move.tree_depth is not None:
             stats["tree_depth"] = torch.full_like(f, move.tree_depth)

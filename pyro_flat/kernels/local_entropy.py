@@ -118,7 +118,7 @@ class LocalEntropySGLD(StochasticGradientKernel):
     def grads_per_iteration(self) -> int:
         return self.num_inner_steps
 
-    def transition(self, params: Params, step_size: float):
+    def transition(self, params: Params, step_size: float, temperature: float):
         names = list(params)
         theta = [params[n] for n in names]
         inner, mean = params, theta
@@ -138,7 +138,7 @@ class LocalEntropySGLD(StochasticGradientKernel):
         torch._foreach_div_(local_grad, self.eta)
         # a divergence in the inner chain reaches the new point through the mean
         new = langevin_step(params, dict(zip(names, local_grad)), step_size,
-                            self.temperature if self.outer_noise else 0.0)
+                            temperature if self.outer_noise else 0.0)
         return new, energy, grads
 
 

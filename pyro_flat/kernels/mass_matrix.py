@@ -3,8 +3,8 @@ r"""Mass matrices for HMC, each given by a factor :math:`L` of the inverse mass 
 Three operations are all HMC needs: the momentum draw :math:`r = L^{-\top}\xi`
 (:math:`r \sim \mathcal N(0, M)`), the velocity :math:`M^{-1} r` (one product with the stored
 :math:`M^{-1}`) and the kinetic energy :math:`\tfrac12 r^\top M^{-1} r`. Preconditioned Langevin
-(:mod:`~pyro_flat.kernels.preconditioning`) uses the velocity as its drift :math:`M^{-1}\nabla U`
-and ``scale`` (:math:`L\xi`, a draw of covariance :math:`M^{-1}`) as its noise. Every tensor has a leading
+(:mod:`~pyro_flat.kernels.preconditioning`) uses ``increment``, the drift :math:`M^{-1}\nabla U`
+and the noise :math:`L\xi` (a draw of covariance :math:`M^{-1}`) of one step in one pass. Every tensor has a leading
 chain dimension, so each chain has its own matrix.
 
 :class:`CoupledFactor` is the metric of Entropy-HMC's joint move. Under the flat posterior
@@ -40,9 +40,6 @@ class DiagonalFactor:
     def velocity(self, r: torch.Tensor) -> torch.Tensor:
         return self.variance * r
 
-    def scale(self, xi: torch.Tensor) -> torch.Tensor:
-        return self.sd * xi
-
     def increment(self, g: torch.Tensor, xi: torch.Tensor, a: float, c: float) -> torch.Tensor:
         return self.sd * (c * xi - a * self.sd * g)
 
@@ -63,9 +60,6 @@ class PrecisionFactor:
     def velocity(self, r: torch.Tensor) -> torch.Tensor:
         half = torch.linalg.solve_triangular(self.tril, r.unsqueeze(-1), upper=False)
         return torch.linalg.solve_triangular(self.triu, half, upper=True).squeeze(-1)
-
-    def scale(self, xi: torch.Tensor) -> torch.Tensor:
-        return torch.linalg.solve_triangular(self.triu, xi.unsqueeze(-1), upper=True).squeeze(-1)
 
     def increment(self, g: torch.Tensor, xi: torch.Tensor, a: float, c: float) -> torch.Tensor:
         r""":math:`K^{-\top}(c\,\xi - a K^{-1} g)`: two triangular solves."""
@@ -97,12 +91,6 @@ class CoupledFactor:
         r2 = r[..., dim:]
         x = self.inner.velocity(r[..., :dim] + self._pad(r2, dim))
         return torch.cat([x, x[..., : self.num_coupled] + self.eta * r2], -1)
-
-    def scale(self, xi: torch.Tensor) -> torch.Tensor:
-        r""":math:`L\xi = (S\xi_1,\ E^\top S\xi_1 + \sqrt\eta\,\xi_2)`: a draw of covariance :math:`M^{-1}`."""
-        dim = xi.shape[-1] - self.num_coupled
-        x = self.inner.scale(xi[..., :dim])
-        return torch.cat([x, x[..., : self.num_coupled] + math.sqrt(self.eta) * xi[..., dim:]], -1)
 
     def increment(self, g: torch.Tensor, xi: torch.Tensor, a: float, c: float) -> torch.Tensor:
         r""":math:`c\,L\xi - a M^{-1} g` with one use of the inner metric: both share

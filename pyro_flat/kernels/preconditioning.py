@@ -108,8 +108,7 @@ class Preconditioner:
     def adaptive(self) -> bool:
         return isinstance(self.spec, str)
 
-    def setup(self, target, params: Params, *, num_chains: Optional[int], warmup_steps: int,
-              eta: Optional[float] = None) -> int:
+    def setup(self, target, params: Params, *, num_chains: Optional[int], warmup_steps: int) -> int:
         """Lay out the sites, then estimate the metric at ``params`` (or install the fixed one);
         returns the Hessian-vector products spent (per chain)."""
         batched = num_chains is not None
@@ -120,7 +119,7 @@ class Preconditioner:
         self.theta = ChainLayout({n: base.sites[n].shape for n in names}, names, batched)
         self.aux = (ChainLayout({n: target.sites[n].shape for n in target.pairs}, list(target.pairs), batched)
                     if self.coupled else None)
-        self.eta = eta
+        self.eta = target.eta if self.coupled else None
         full = getattr(base, "full_data", None)
         evaluate = full if full is not None else base
         self._energy = lambda x: evaluate(self.theta.unpack(x)).reshape(-1)
@@ -178,9 +177,10 @@ class Preconditioner:
     def step(self, params: Params, grads: Params, step_size: float, temperature: float) -> Params:
         r""":math:`z - \alpha M^{-1}\nabla U + \sqrt{2\alpha T} L\xi` for every chain."""
         z, g = self._pack(params), self._pack(grads)
+        if temperature == 0:  # SGD, or a cyclical schedule's exploration phase: the drift alone
+            return self._unpack(z - step_size * self.factor.velocity(g))
         noise = (2.0 * step_size * temperature) ** 0.5
-        xi = torch.randn_like(z) if noise > 0 else torch.zeros_like(z)
-        return self._unpack(z + self.factor.increment(g, xi, step_size, noise))
+        return self._unpack(z + self.factor.increment(g, torch.randn_like(z), step_size, noise))
 
     def covariance(self, chain: int = 0) -> torch.Tensor:
         """The current :math:`M^{-1}` of ``chain`` as a dense matrix over the target's flat vector."""

@@ -72,10 +72,10 @@ class SASGLD(SGLD):
         super().__init__(model, **kwargs)
         self.rho = check_positive("rho", rho, hint="It is the SAM radius; try 0.01-0.1 of the weight norm.")
 
-    def transition(self, params: Params, step_size: float):
+    def transition(self, params: Params, step_size: float, temperature: float):
         indices = self.target.draw_indices()  # one minibatch for both gradients
         energy, grads = self.target.potential_and_grad(params, indices)
         scale = self.rho / (per_chain_norm(grads, self.num_chains) + 1e-12)
         ascent = {n: params[n] + expand_like(scale, g) * g for n, g in grads.items()}
         _, sharp_grads = self.target.potential_and_grad(ascent, indices)
-        return self.update(params, sharp_grads, step_size), energy, grads
+        return self.update(params, sharp_grads, step_size, temperature), energy, grads

@@ -41,5 +41,5 @@ class SGLD(StochasticGradientKernel):
         torch.Size([200])
     """
 
-    def update(self, params: Params, grads: Params, step_size: float) -> Params:
-        return self.langevin(params, grads, step_size, self.step_temperature)
+    def update(self, params: Params, grads: Params, step_size: float, temperature: float) -> Params:
+        return self.langevin(params, grads, step_size, temperature)

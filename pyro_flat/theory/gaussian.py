@@ -85,6 +85,12 @@ class LinearGaussianChain:
     def step(self, mean: np.ndarray, cov: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         return self.B @ mean + self.c, self.B @ cov @ self.B.T + self.Q
 
+    def whitened(self, factor: np.ndarray) -> "LinearGaussianChain":
+        r"""The same chain seen in :math:`y = L^{-1} z` (``factor`` is :math:`L`): a preconditioned
+        kernel's chain in the coordinates where its metric is the identity."""
+        inv = np.linalg.inv(factor)
+        return LinearGaussianChain(inv @ self.B @ factor, inv @ self.c, inv @ self.Q @ inv.T)
+
     def stationary(self) -> Tuple[np.ndarray, np.ndarray]:
         r"""The chain's own stationary law: mean :math:`(I - B)^{-1}c` and the covariance solving
         the discrete Lyapunov equation :math:`\Sigma = B\Sigma B^\top + Q` (needs

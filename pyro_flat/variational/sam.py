@@ -115,7 +115,7 @@ class SAM_ELBO(ELBO):
         directions, transforms = [], []
         for name, value, grad in zip(latents, values, grads):
             support = trace.nodes[name]["fn"].support
-            transform = None if support is constraints.real or _is_real(support) else biject_to(support)
+            transform = None if _is_real(support) else biject_to(support)
             grad = torch.zeros_like(value) if grad is None else grad
             if transform is not None:  # chain rule to the unconstrained coordinates: a vector-Jacobian product
                 u = transform.inv(value.detach()).requires_grad_()
@@ -152,6 +152,7 @@ class SAM_ELBO(ELBO):
 
 
 def _is_real(support) -> bool:
+    """Whether the support is the real line (also wrapped in `independent`): no transform needed."""
     base = getattr(support, "base_constraint", support)
     return base is constraints.real
 
