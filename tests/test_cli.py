@@ -111,6 +111,14 @@ def test_synthetic2d_writes_report_and_figures(tmp_path, capsys):
     assert report["exact"]["smoothed"]["0.5"]["flat_basin_of_U"] == pytest.approx(0.79, abs=0.01)
     for row in report["ridge"]:
         assert 0 <= row["share"] <= 1 and len(row["share_by_step"]) == len(report["marks"])
+    by = {row["label"]: row for row in report["ridge"]}
+    aux = by["EntropySGLD θa (η = 2)"]
+    assert aux["variable"] == "theta_aux" and aux["exact"] == pytest.approx(0.876, abs=2e-3)  # p * N(0, 2I)
+    assert by["EntropySGLD θ (η = 2)"]["exact"] == pytest.approx(0.700, abs=2e-3)  # p itself
+    assert by["FlatSGLD (σ = 0.3) θ"]["exact"] == pytest.approx(0.989, abs=2e-3)
+    assert by["SGD θ"]["at_saddle"] == 1.0 and by["SGLD θ"]["at_saddle"] == 0.0  # every chain starts at the saddle
+    assert report["exact"]["smoothed"]["0.5"]["own_flat_basin"] == pytest.approx(0.698, abs=2e-3)
+    assert report["line"]["share"]["SGD θ"][0] == 0 and report["line"]["share"]["SGD θ"][-1] == 1  # sharp -> flat
     printed = capsys.readouterr().out
     assert "EntropySGLD θa (η = 0.5)" in printed and "Smoothing keeps each component's mass" in printed
 

@@ -95,17 +95,19 @@ def _descend(m, x, eta=0.0, dt=0.02, steps=2000):
     return dist.argmin(1) == int(np.argmax(m.scales))
 
 
-def test_flat_basin_agrees_with_brute_force_gradient_descent():
+@pytest.mark.parametrize("eta", [0.0, 1.0])
+def test_flat_basin_agrees_with_brute_force_gradient_descent(eta):
+    """The basins of U_η, for the posterior (η = 0) and a smoothed posterior (η = 1)."""
     m = sharp_flat_2d()
     rng = np.random.default_rng(0)
     x = rng.uniform([-5.0, -4.0], [3.0, 3.0], size=(600, 2))
-    edge = basin_boundary(m)
+    edge = basin_boundary(m, eta)
     dense = np.vstack([np.interp(np.linspace(0, len(edge) - 1, 20000), np.arange(len(edge)), edge[:, k])
                        for k in range(2)]).T
     far = np.sqrt(((x[:, None] - dense[None]) ** 2).sum(-1)).min(1) > 0.05
     assert far.sum() > 500 and (~far).sum() > 0
-    fast = m.in_flat_basin(torch.as_tensor(x)).numpy()
-    slow = _descend(m, x)
+    fast = m.in_flat_basin(torch.as_tensor(x), eta=eta).numpy()
+    slow = _descend(m, x, eta=eta)
     assert 0.1 < slow.mean() < 0.9  # both basins are sampled
     assert (fast[far] == slow[far]).all()
 
@@ -126,6 +128,9 @@ def test_flat_basin_mass_matches_exact_draws(eta):
 def test_flat_basin_mass_is_the_closed_form_in_one_dimension():
     m = sharp_flat_1d()
     saddle = float(m.saddle())
+    # in 1-D the flat basin is the side of the saddle towards the flat mode
+    points = torch.tensor([[-1.5], [saddle - 0.01], [saddle + 0.01], [1.5]])
+    assert m.in_flat_basin(points).tolist() == [False, False, True, True]
     for eta in (0.0, 0.5):
         s = m.component_scales(eta)
         exact = sum(w * 0.5 * math.erfc((saddle - loc[0]) / (sd * math.sqrt(2)))

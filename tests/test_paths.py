@@ -39,6 +39,19 @@ def test_muller_brown_path_climbs_to_the_known_saddle_through_the_intermediate_m
     assert float((path.points - torch.tensor(MIN_C, dtype=torch.float64)).norm(dim=-1).min()) < 0.1
     assert straight_path(muller_brown, start, end, num_points=15).loss.max() > 0  # the line crosses a ridge
     assert np.all(np.diff(path.arc_length) > 0)
+    spacing = np.diff(path.arc_length)
+    assert spacing.max() / spacing.min() < 1.5  # the springs keep the images evenly spaced
+
+
+def test_autoneb_inserts_pivots_where_the_loss_rises_between_neighbours():
+    """With 7 images the band between Müller-Brown's A and B has segments over which the loss rises
+    above both ends (around the intermediate minimum's barriers): one round inserts pivots there."""
+    start, end = torch.tensor(MIN_A, dtype=torch.float64), torch.tensor(MIN_B, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        paths = [minimum_energy_path(muller_brown, start, end, num_points=7, step_size=1e-4, spring=100.0,
+                                     tol=0.1, max_steps=3000, insertion_rounds=rounds) for rounds in (0, 1)]
+    assert len(paths[0].points) == 7 and len(paths[1].points) > 7
 
 
 def test_mixture_path_passes_the_exact_saddle():
@@ -50,6 +63,8 @@ def test_mixture_path_passes_the_exact_saddle():
     assert path.converged
     assert float((path.points[path.highest] - saddle).norm()) < 1e-2
     assert path.barrier == pytest.approx(m.barriers()[1], abs=1e-3)  # above the higher end: the flat mode
+    spacing = np.diff(path.arc_length)
+    assert spacing.max() / spacing.min() < 1.5
 
 
 def test_curvature_along_a_quadratic_valley_is_its_hessian():
@@ -62,6 +77,18 @@ def test_curvature_along_a_quadratic_valley_is_its_hessian():
     assert np.all(np.abs(profile["trace"] - 14.0) < 4 * profile["trace_stderr"] + 1e-9)
     assert np.allclose(profile["position"], [0, 0.25, 0.5, 0.75, 1.0])
     assert np.allclose(profile["loss"], [0.5, 0.125, 0.0, 0.125, 0.5])
+
+
+def test_curvature_along_a_line_is_measured_at_each_image():
+    """A quartic: the Hessian diag(3x²) changes along the line, so each image has its own values."""
+    loss = lambda x: (x ** 4).sum() / 4  # noqa: E731
+    line = straight_path(loss, torch.tensor([0.2, 1.0, -0.5], dtype=torch.float64),
+                         torch.tensor([1.5, -0.3, 0.4], dtype=torch.float64), num_points=5)
+    profile = curvature_along_path(loss, line, num_probes=50)
+    for i, point in enumerate(line.points):
+        exact = torch.linalg.eigvalsh(torch.autograd.functional.hessian(loss, point))
+        assert profile["top_eigenvalue"][i] == pytest.approx(float(exact[-1]), rel=1e-4)
+        assert abs(profile["trace"][i] - float(exact.sum())) < 4 * profile["trace_stderr"][i] + 1e-9
 
 
 def test_bad_paths_are_refused():

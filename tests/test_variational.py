@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import pyro
 import pyro.distributions as dist
 from pyro.infer import SVI, Trace_ELBO
-from pyro.infer.autoguide import AutoDelta, AutoLowRankMultivariateNormal, AutoNormal
+from pyro.infer.autoguide import AutoDelta, AutoDiagonalNormal, AutoLowRankMultivariateNormal, AutoNormal
 from pyro.infer.autoguide.initialization import init_to_value
 
 from pyro_flat import SABMA_ELBO, SAM_ELBO, transfer_model
@@ -64,20 +64,24 @@ def test_sam_elbo_step_is_the_hand_computed_update():
     assert (plain_loc - g_loc).abs().max() > 0.1
 
 
+def _family(guide, p):
+    """The guide's Gaussian written out from its unconstrained parameters ``p`` (by name)."""
+    name = guide._pyro_name
+    if isinstance(guide, AutoNormal):
+        return dist.Normal(p[f"{name}.locs.theta"], F.softplus(p[f"{name}.scales.theta"]))
+    if isinstance(guide, AutoDiagonalNormal):
+        return dist.Normal(p[f"{name}.loc"], F.softplus(p[f"{name}.scale"]))
+    sigma = F.softplus(p[f"{name}.scale"])
+    return torch.distributions.LowRankMultivariateNormal(p[f"{name}.loc"], p[f"{name}.cov_factor"] * sigma[:, None],
+                                                         sigma ** 2)
+
+
 def _kl_curvature(guide, delta):
     """½ d²/dt² KL(q_{φ+tδ} || q_φ) at t = 0, from the exact KL of the guide's family (autograd)."""
     names = list(delta)
     params = {n: pyro.get_param_store().get_param(n).unconstrained().detach() for n in names}
     t = torch.zeros((), requires_grad=True)
-
-    def family(shift):
-        p = {n: params[n] + shift * delta[n] for n in names}
-        if isinstance(guide, AutoNormal):
-            return dist.Normal(p["AutoNormal.locs.theta"], F.softplus(p["AutoNormal.scales.theta"]))
-        sigma = F.softplus(p[f"{guide._pyro_name}.scale"])
-        return torch.distributions.LowRankMultivariateNormal(
-            p[f"{guide._pyro_name}.loc"], p[f"{guide._pyro_name}.cov_factor"] * sigma[:, None], sigma ** 2)
-
+    family = lambda shift: _family(guide, {n: params[n] + shift * delta[n] for n in names})  # noqa: E731
     kl = lambda shift: torch.distributions.kl_divergence(family(shift), family(torch.zeros(()))).sum()  # noqa: E731
     first, = torch.autograd.grad(kl(t), t, create_graph=True)
     second, = torch.autograd.grad(first, t)
@@ -93,12 +97,7 @@ def _dense_natural_direction(guide, grads):
 
     def family(flat):
         parts = dict(zip(names, torch.split(flat, sizes)))
-        p = {n: parts[n].reshape(params[n].shape) for n in names}
-        if isinstance(guide, AutoNormal):
-            return dist.Normal(p["AutoNormal.locs.theta"], F.softplus(p["AutoNormal.scales.theta"]))
-        sigma = F.softplus(p[f"{guide._pyro_name}.scale"])
-        return torch.distributions.LowRankMultivariateNormal(
-            p[f"{guide._pyro_name}.loc"], p[f"{guide._pyro_name}.cov_factor"] * sigma[:, None], sigma ** 2)
+        return _family(guide, {n: parts[n].reshape(params[n].shape) for n in names})
 
     fisher = torch.autograd.functional.hessian(
         lambda x: torch.distributions.kl_divergence(family(x), family(flat0)).sum(), flat0)
@@ -107,35 +106,54 @@ def _dense_natural_direction(guide, grads):
     return dict(zip(names, [v.reshape(params[n].shape) for n, v in zip(names, torch.split(x, sizes))])), float(g @ x)
 
 
-@pytest.mark.parametrize("guide_cls", [AutoNormal, AutoLowRankMultivariateNormal])
+def _ascent_gradient(guide, seed):
+    """The gradient SABMA_ELBO's first evaluation takes, from the same random numbers."""
+    names = list(pyro.get_param_store().keys())
+    pyro.set_rng_seed(seed)
+    loss = Trace_ELBO().differentiable_loss(quadratic_model, guide)
+    tensors = [pyro.get_param_store().get_param(n).unconstrained() for n in names]
+    return dict(zip(names, torch.autograd.grad(loss, tensors)))
+
+
+@pytest.mark.parametrize("guide_cls", [AutoNormal, AutoDiagonalNormal, AutoLowRankMultivariateNormal])
 def test_sabma_perturbation_is_the_natural_gradient_on_the_kl_ball(guide_cls):
     gamma = 0.01
     kwargs = {"rank": 2} if guide_cls is AutoLowRankMultivariateNormal else {}
     guide = _initialised(guide_cls, **kwargs)
-    if guide_cls is AutoLowRankMultivariateNormal:  # a generic covariance, not the initial one
-        store = pyro.get_param_store()
-        with torch.no_grad():
+    store = pyro.get_param_store()
+    with torch.no_grad():  # generic scales (and covariance), not the initial ones
+        store.get_param(f"{guide._pyro_name}.{'scales.theta' if guide_cls is AutoNormal else 'scale'}"
+                        ).unconstrained().copy_(torch.linspace(-0.5, 1.0, DIM))
+        if guide_cls is AutoLowRankMultivariateNormal:
             store.get_param(f"{guide._pyro_name}.cov_factor").unconstrained().copy_(torch.randn(DIM, 2))
-            store.get_param(f"{guide._pyro_name}.scale").unconstrained().copy_(torch.linspace(-0.5, 1.0, DIM))
-    names = [n for n in pyro.get_param_store().keys()]
-    pyro.set_rng_seed(2)
-    loss = Trace_ELBO().differentiable_loss(quadratic_model, guide)
-    tensors = [pyro.get_param_store().get_param(n).unconstrained() for n in names]
-    grads = dict(zip(names, torch.autograd.grad(loss, tensors)))
+    grads = _ascent_gradient(guide, seed=2)
     elbo = SABMA_ELBO(gamma)
     pyro.set_rng_seed(2)
     SVI(quadratic_model, guide, pyro.optim.SGD({"lr": 0.0}), elbo).step()
     direction, quadratic = _dense_natural_direction(guide, grads)
-    for n in names:
+    for n in grads:
         expected = math.sqrt(2 * gamma) * direction[n] / math.sqrt(quadratic)
         assert torch.allclose(elbo.last_perturbation[n].double(), expected, rtol=1e-3, atol=1e-6), n
     second_order, exact = _kl_curvature(guide, elbo.last_perturbation)
     assert second_order == pytest.approx(gamma, rel=1e-4)  # on the ball, to second order
     assert float(elbo.last_kl_radius) == pytest.approx(gamma, rel=1e-4)
-    if guide_cls is AutoNormal:  # the exact KL is close: O(γ^{3/2}) apart
+    if guide_cls is not AutoLowRankMultivariateNormal:  # the exact KL is close: O(γ^{3/2}) apart
         assert exact == pytest.approx(gamma, rel=0.2)
     # (the low-rank family's (s, W) coordinates are badly conditioned: there the exact KL of the
     # second-order step was 1.4 γ at γ = 1e-5 but 4 γ at 1e-4 and 1,400 γ at 1e-2; see SABMA_ELBO)
+
+
+def test_fisher_sam_perturbation_is_the_diagonal_empirical_fisher_step():
+    gamma, fisher_eta = 0.01, 2.0
+    guide = _initialised(AutoNormal)
+    grads = _ascent_gradient(guide, seed=5)
+    elbo = SABMA_ELBO(gamma, ball="fisher-sam", fisher_eta=fisher_eta)
+    pyro.set_rng_seed(5)
+    SVI(quadratic_model, guide, pyro.optim.SGD({"lr": 0.0}), elbo).step()
+    direction = {n: g / (1 + fisher_eta * g ** 2) for n, g in grads.items()}
+    norm = math.sqrt(sum(float((g * direction[n]).sum()) for n, g in grads.items()))
+    for n in grads:
+        assert torch.allclose(elbo.last_perturbation[n], math.sqrt(2 * gamma) * direction[n] / norm, atol=1e-6), n
 
 
 def _one_step_perturbation(elbo, guide_cls=AutoNormal, **kwargs):
@@ -288,3 +306,71 @@ def test_bma_by_ensemble_size_ends_at_the_full_average():
     assert curve["models"] == [1, 2, 3, 4, 5, 6]
     assert curve["nll"][-1] == pytest.approx(metrics.nll(full, y), rel=1e-5)
     assert curve["nll"][0] == pytest.approx(metrics.nll(first, y), rel=1e-5)
+
+
+@pytest.mark.parametrize("make_elbo", [lambda: SAM_ELBO(0.1), lambda: SABMA_ELBO(0.01)], ids=["sam", "sabma"])
+def test_both_evaluations_of_a_step_see_one_minibatch(make_elbo):
+    seen = []
+    data = torch.randn(100)
+
+    def model():
+        mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", 100, subsample_size=5) as idx:
+            seen.append(idx.clone())
+            pyro.sample("y", dist.Normal(mu, 1.0), obs=data[idx])
+
+    pyro.clear_param_store()
+    guide = AutoNormal(model)
+    guide()
+    for _ in range(3):
+        seen.clear()
+        SVI(model, guide, pyro.optim.SGD({"lr": 0.01}), make_elbo()).step()
+        assert len(seen) >= 2 and all(torch.equal(idx, seen[0]) for idx in seen)
+    steps = [seen[0]]
+    seen.clear()
+    SVI(model, guide, pyro.optim.SGD({"lr": 0.01}), make_elbo()).step()
+    assert not torch.equal(seen[0], steps[0])  # a new step, a new minibatch
+
+
+def test_sam_perturbs_a_constrained_latent_in_its_unconstrained_coordinates():
+    """s ~ LogNormal: the ascent step is taken in log s, s' = s exp(ρ g_u / ‖g‖), g_u = s ∂ℓ/∂s."""
+    from pyro import poutine
+
+    def model():
+        t = pyro.sample("t", dist.Normal(0.0, 1.0))
+        s = pyro.sample("s", dist.LogNormal(0.0, 1.0))
+        pyro.sample("y", dist.Normal(t, s), obs=torch.tensor([1.5, -0.2, 0.7]))
+
+    t0, s0 = torch.tensor(0.3, requires_grad=True), torch.tensor(0.7, requires_grad=True)
+
+    def delta_guide():
+        pyro.sample("t", dist.Delta(t0))
+        pyro.sample("s", dist.Delta(s0))
+
+    trace = poutine.trace(poutine.replay(model, trace=poutine.trace(delta_guide).get_trace())).get_trace()
+    trace.compute_log_prob()
+    nll = -trace.nodes["y"]["log_prob_sum"]
+    rho = 0.2
+    out = SAM_ELBO(rho)._perturbed_values(trace, ["t", "s"], nll)
+    g_t, g_s = torch.autograd.grad(-dist.Normal(t0, s0).log_prob(torch.tensor([1.5, -0.2, 0.7])).sum(), (t0, s0))
+    g_u = s0.detach() * g_s
+    norm = torch.sqrt(g_t ** 2 + g_u ** 2)
+    assert torch.allclose(out["t"], t0 + rho * g_t / norm, atol=1e-6)
+    assert torch.allclose(out["s"], s0 * torch.exp(rho * g_u / norm), atol=1e-6)
+
+
+def test_transfer_model_matches_whole_submodule_names_and_takes_a_module():
+    def model():
+        pyro.sample("fc.weight", dist.Normal(torch.zeros(2, 3), 1.0).to_event(2))
+        pyro.sample("fc2.weight", dist.Normal(torch.zeros(2, 3), 1.0).to_event(2))
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc2 = torch.nn.Linear(3, 2, bias=False)
+
+    net = Net()
+    fitted = transfer_model(model, net, variational=["fc"])  # "fc" is not a prefix of "fc2"
+    trace = pyro.poutine.trace(fitted).get_trace()
+    assert not trace.nodes["fc.weight"]["is_observed"] and trace.nodes["fc2.weight"]["is_observed"]
+    assert torch.equal(trace.nodes["fc2.weight"]["value"], net.fc2.weight.detach())
