@@ -281,8 +281,10 @@ def all_finite(energy: torch.Tensor, params: Params) -> bool:
 class StochasticGradientKernel(TargetKernel):
     """Base class: one gradient of the (minibatch) potential per iteration.
 
-    Subclasses implement :meth:`update` (the rule) and may override :meth:`build_target`
-    (what is sampled; a target's ``last_stats`` become per-draw statistics).
+    Subclasses implement :meth:`update` ``(params, grads, step_size, temperature)``, the rule at
+    this iteration's step size and temperature (0 in a cyclical schedule's exploration phase), and
+    may override :meth:`build_target` (what is sampled; a target's ``last_stats`` become per-draw
+    statistics).
 
     :param step_size: base step :math:`\\alpha > 0`.
     :param temperature: :math:`T > 0`; the target is :math:`\\propto \\exp(-U/T)`.
