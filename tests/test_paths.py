@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from pyro_flat.flatness import curvature_along_path, minimum_energy_path, straight_path
+from pyro_flat.flatness import curvature_along_path, minimum_energy_path, projected_dynamics, straight_path
 from pyro_flat.mixtures import sharp_flat_2d
 
 # Müller & Brown (1979): minima and saddles tabulated in the NEB literature
@@ -118,19 +118,73 @@ def test_unconverged_path_warns():
 def test_projected_sgld_samples_the_loss_restricted_to_the_path():
     """SGLD along a straight path through a quadratic bowl: positions ~ N(middle, T/h), h = 2 the
     curvature along the path (Euler's variance factor 1/(1 - αh/2) computed in)."""
-    from pyro_flat.flatness import projected_dynamics
-
     line = straight_path(lambda x: (x ** 2).sum(), torch.tensor([-1.0, 0.5], dtype=torch.float64),
                          torch.tensor([1.0, 0.5], dtype=torch.float64), num_points=9)
     alpha, temperature, chains = 0.05, 0.01, 2000
-    positions = projected_dynamics(line, lambda x: 2 * x, start=0.8, step_size=alpha, num_steps=300,
-                                   temperature=temperature, num_chains=chains, seed=1)
-    end = (positions[-1] - 0.5) * 2.0  # arc length from the middle (the path has length 2)
+    run = projected_dynamics(line, lambda x: 2 * x, start=0.8, step_size=alpha, num_steps=300,
+                             temperature=temperature, num_chains=chains, seed=1, constrained=True)
+    end = (run.position[-1] - 0.5) * 2.0  # arc length from the middle (the path has length 2)
     sd = math.sqrt(temperature / 2.0 / (1 - alpha * 2.0 / 2))
     assert abs(end.mean()) < 4 * sd / math.sqrt(chains)
     assert end.std() == pytest.approx(sd, rel=4 / math.sqrt(2 * chains) + 0.01)
+    assert not run.distance.any() and run.position.shape == (301, chains)
     with pytest.raises(ValueError, match=r"start is a position along the path in \[0, 1\]"):
         projected_dynamics(line, lambda x: 2 * x, start=1.5, step_size=0.1, num_steps=1)
+    with pytest.raises(ValueError, match="num_chains must be a positive integer"):
+        projected_dynamics(line, lambda x: 2 * x, start=0.5, step_size=0.1, num_steps=1, num_chains=0)
+
+
+def _entropic_valley(x):
+    """Flat along y = 0 for |x| <= 1, walls beyond; curvature across, k(x) = 1 + 8 exp(-4x²), peaks
+    in the middle. Returns the loss and its gradient, rows of x ``(C, 2)``."""
+    k = 1 + 8 * torch.exp(-4 * x[:, 0] ** 2)
+    over = (x[:, 0].abs() - 1).clamp_min(0.0)
+    loss = 0.5 * k * x[:, 1] ** 2 + WALL * over ** 2
+    dk = -64 * x[:, 0] * torch.exp(-4 * x[:, 0] ** 2)
+    grad = torch.stack([0.5 * dk * x[:, 1] ** 2 + 2 * WALL * over * x[:, 0].sign(), k * x[:, 1]], dim=-1)
+    return loss, grad
+
+
+WALL = 50.0
+
+
+def test_noise_drives_projected_sgld_to_the_flat_ends_by_the_exact_entropic_force():
+    """SGLD in the plane, read off as a position on the flat path from (-1, 0) to (1, 0). The loss
+    along the path is flat, but the stationary law of x is p(x) ∝ k(x)^{-1/2} e^{-wall/T} (the
+    Gaussian across the path integrated out; Euler's factor (1 - αk/2)^{-1/2} computed in), so the
+    chains leave the sharp middle. The constrained dynamics, blind to k, spread evenly instead."""
+    from scipy.integrate import quad
+
+    alpha, temperature, chains = 2e-3, 0.5, 4000
+    line = straight_path(lambda x: _entropic_valley(x[None])[0][0], torch.tensor([-1.0, 0.0], dtype=torch.float64),
+                         torch.tensor([1.0, 0.0], dtype=torch.float64), num_points=5)
+    kwargs = dict(start=0.5, step_size=alpha, num_steps=3000, temperature=temperature, num_chains=chains,
+                  seed=2, vectorized=True, record_every=1000)
+    free = projected_dynamics(line, lambda x: _entropic_valley(x)[1], **kwargs)
+    along = projected_dynamics(line, lambda x: _entropic_valley(x)[1], constrained=True, **kwargs)
+
+    def density(x):
+        k = 1 + 8 * math.exp(-4 * x * x)
+        return (k * (1 - alpha * k / 2)) ** -0.5 * math.exp(-WALL * max(abs(x) - 1, 0.0) ** 2 / temperature)
+
+    middle = quad(density, -0.5, 0.5)[0] / quad(density, -3, 3, points=[-1, 1])[0]   # about 0.30
+    for run, exact in ((free, middle), (along, 0.5)):
+        share = np.mean(np.abs(run.position[-1] - 0.5) < 0.25)
+        assert share == pytest.approx(exact, abs=4 * math.sqrt(exact * (1 - exact) / chains) + 0.01)
+    assert free.steps.tolist() == [0, 1000, 2000, 3000]
+    assert free.to_nearer_end[-1].mean() < free.to_nearer_end[0].mean() - 0.1
+    # the distance from the path is |y| for chains inside the ends: E|y| = sqrt(2T/(π k)) at stationarity
+    assert np.median(free.distance[-1]) < 1.0
+
+
+def test_a_path_projects_points_onto_its_nearest_segment():
+    path = straight_path(lambda x: (x ** 2).sum(), torch.tensor([0.0, 0.0]), torch.tensor([2.0, 0.0]), num_points=3)
+    position, distance = path.project(torch.tensor([[0.5, 1.0], [3.0, 0.0], [1.0, -2.0]]))
+    assert position.tolist() == pytest.approx([0.25, 1.0, 0.5])
+    assert distance.tolist() == pytest.approx([1.0, 1.0, 2.0])
+    assert path.at(0.75).tolist() == pytest.approx([1.5, 0.0])
+    with pytest.raises(ValueError, match=r"position along the path lies in \[0, 1\]"):
+        path.at(1.5)
 
 
 def test_paths_command_refuses_bad_options(capsys):
@@ -138,3 +192,37 @@ def test_paths_command_refuses_bad_options(capsys):
 
     assert main(["paths", "--num-points", "2"]) == 2
     assert "--num-points must be an integer >= 3, got 2" in capsys.readouterr().err
+    assert main(["paths", "--samplers", "flat-sgld"]) == 2
+    assert "--samplers must include sgld" in capsys.readouterr().err
+    assert main(["paths", "--dynamics-step-sizes", "0"]) == 2
+    assert "--dynamics-step-sizes" in capsys.readouterr().err
+
+
+def _study_report(toward_noisy, distance_noisy):
+    """A path study's report with made-up numbers, to check the sentences computed from them."""
+    profile = {"position": [0, 0.25, 0.5, 0.75, 1], "loss": [1e-4, 5e-4, 8e-4, 5e-4, 1e-4],
+               "top_eigenvalue": [0.01, 0.05, 0.1, 0.05, 0.01], "trace": [0.2, 0.5, 1.0, 0.5, 0.2],
+               "trace_stderr": [0.01] * 5}
+    draw = {"loss": 0.2, "top_eigenvalue": 3.0, "trace": 50.0, "trace_stderr": 1.0, "position": 0.5, "distance": 30.0}
+    run = {"step_size": 1.0, "steps": [0, 100], "diverged": False}
+    return {"n_train": 100, "path_length": 40.0, "endpoints_loss": [1e-4, 1e-4],
+            "config": {"dynamics_start": 0.25}, "profiles": {"minimum-energy path": profile, "straight line": profile},
+            "draws": {"SGLD": [dict(draw, distance=10.0), draw], "FlatSGLD": [dict(draw, top_eigenvalue=1.0)] * 2},
+            "dynamics": [dict(run, batch_size=100, toward_end=0.001, final_distance=1.0),
+                         dict(run, batch_size=10, toward_end=toward_noisy, final_distance=distance_noisy)]}
+
+
+def test_path_study_findings_follow_the_numbers():
+    from pyro_flat.experiments.paths import findings
+
+    seen = " ".join(findings(_study_report(toward_noisy=0.2, distance_noisy=1.5)))
+    assert "Minibatch noise drives SGD back toward the ends" in seen and "moved 0.199 of the path" in seen
+    assert "curvature rises away from both endpoints" in seen
+    assert "FlatSGLD's have the lowest mean top eigenvalue (1; highest: SGLD's, 3)" in seen
+    assert " FlatSGLD: farther from the path than half its length" in seen  # SGLD has a draw 10 from it
+    assert "SGLD, FlatSGLD: farther" not in seen and "FlatSGLD, SGLD: farther" not in seen
+    assert "2000x the path's highest" not in seen and "250x the path's highest" in seen
+    not_seen = " ".join(findings(_study_report(toward_noisy=0.001, distance_noisy=1.2)))
+    assert "drift back toward the ends is not seen here" in not_seen and "within 20% of its distance" in not_seen
+    thrown = " ".join(findings(_study_report(toward_noisy=0.3, distance_noisy=30.0)))
+    assert "no minibatch run stays near the path; 1 run(s) with small batches were thrown" in thrown

@@ -153,7 +153,9 @@ def _add_paths(sub) -> None:
                                      "curvature along it",
                        description="Two SGLD draws of the BNN study's MLP descend to minima of the training NLL; "
                                    "the straight line and the minimum-energy path (NEB) join them; write the loss, "
-                                   "top Hessian eigenvalue and trace along both to report.md, report.json, paths.png.")
+                                   "top Hessian eigenvalue and trace along both (paths.png), where each sampler's "
+                                   "draws sit (draws.png) and SGD started on the path (dynamics.png), with "
+                                   "report.md and report.json.")
     p.add_argument("--data-dir", default=None, help="MNIST files (default: the embedded subset)")
     p.add_argument("--grad-evals", type=int, default=d.grad_evals, help=f"SGLD iterations per chain (default {d.grad_evals})")
     p.add_argument("--descent-steps", type=int, default=d.descent_steps,
@@ -162,6 +164,16 @@ def _add_paths(sub) -> None:
     p.add_argument("--max-steps", type=int, default=d.max_steps, help=f"FIRE steps at most (default {d.max_steps})")
     p.add_argument("--trace-probes", type=int, default=d.trace_probes,
                    help=f"Hutchinson probes per image (default {d.trace_probes})")
+    p.add_argument("--samplers", nargs="+", default=list(d.samplers),
+                   help=f"samplers whose draws are placed against the path; sgld gives the endpoints (default "
+                        f"{' '.join(d.samplers)})")
+    p.add_argument("--dynamics-step-sizes", type=float, nargs="+", default=list(d.dynamics_step_sizes),
+                   help=f"SGD step sizes started on the path (default {' '.join(map(str, d.dynamics_step_sizes))})")
+    p.add_argument("--dynamics-batch-sizes", type=int, nargs="+", default=list(d.dynamics_batch_sizes),
+                   help="their minibatch sizes; the full batch always runs as the noise-free control (default "
+                        f"{' '.join(map(str, d.dynamics_batch_sizes))})")
+    p.add_argument("--dynamics-steps", type=int, default=d.dynamics_steps,
+                   help=f"SGD steps from the path (default {d.dynamics_steps})")
     p.add_argument("--seed", type=int, default=d.seed)
     _add_out(p, d.out)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -172,7 +184,9 @@ def run_paths_command(args: argparse.Namespace) -> int:
 
     run_path_study(PathConfig(data_dir=args.data_dir, grad_evals=args.grad_evals, descent_steps=args.descent_steps,
                               num_points=args.num_points, max_steps=args.max_steps, trace_probes=args.trace_probes,
-                              seed=args.seed, out=args.out, overwrite=args.overwrite, progress=not args.no_progress))
+                              samplers=tuple(args.samplers), dynamics_step_sizes=tuple(args.dynamics_step_sizes),
+                              dynamics_batch_sizes=tuple(args.dynamics_batch_sizes),
+                              dynamics_steps=args.dynamics_steps, seed=args.seed, out=args.out, overwrite=args.overwrite, progress=not args.no_progress))
     return 0
 
 

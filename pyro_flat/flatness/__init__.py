@@ -38,6 +38,7 @@ from .paths import (
     curvature_along_path,
     minimum_energy_path,
     plot_path_profiles,
+    PathDynamics,
     projected_dynamics,
     straight_path,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "minimum_energy_path",
     "straight_path",
     "curvature_along_path",
+    "PathDynamics",
     "projected_dynamics",
     "plot_path_profiles",
 ]

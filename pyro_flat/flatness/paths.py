@@ -20,8 +20,8 @@ what Di Carlo et al. (and Draxler et al.) used on networks.
 :func:`curvature_along_path` measures the top Hessian eigenvalue (Lanczos) and the trace
 (Hutchinson, with its standard error) at every image, for a path or a straight line
 (:func:`straight_path`), so both profiles share one figure (:func:`plot_path_profiles`).
-:func:`projected_dynamics` runs SGD or SGLD restricted to a path, to watch noise drive the weights
-back toward the ends where the curvature is low.
+:func:`projected_dynamics` runs SGD or SGLD started on a path and reads the weights off as a
+position along it, to watch noise drive them back toward the ends where the curvature is low.
 
 >>> import torch
 >>> double_well = lambda x: (x[0] ** 2 - 1) ** 2 + 2 * x[1] ** 2
@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Dict, Mapping, Optional, Union
+from typing import Callable, Dict, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -76,6 +76,34 @@ class EnergyPath:
     def barrier(self) -> float:
         """Height of the highest image above the higher of the two ends."""
         return float(self.loss.max() - max(self.loss[0], self.loss[-1]))
+
+    def at(self, position: Union[float, torch.Tensor]) -> torch.Tensor:
+        """The point at ``position`` in [0, 1] (fraction of the arc length) of the piecewise-linear path;
+        a tensor of positions ``(...,)`` gives points ``(..., d)``."""
+        position = torch.as_tensor(position, dtype=torch.float64)
+        if not bool(((position >= 0) & (position <= 1)).all()):
+            raise ValueError(f"a position along the path lies in [0, 1], got {position.tolist()!r}.")
+        knots = torch.as_tensor(self.arc_length / self.arc_length[-1])
+        segment = torch.clamp(torch.searchsorted(knots, position, right=True) - 1, 0, len(knots) - 2)
+        t = ((position - knots[segment]) / (knots[segment + 1] - knots[segment])).to(self.points)
+        return self.points[segment] + t[..., None] * (self.points[segment + 1] - self.points[segment])
+
+    def project(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The nearest point of the piecewise-linear path to each row of ``x`` ``(..., d)``: its
+        position in [0, 1] and the distance to it, each ``(...,)`` (in float64)."""
+        p = self.points.double()
+        x = torch.as_tensor(x).to(p)
+        a, seg = p[:-1], p[1:] - p[:-1]                                    # (K-1, d)
+        seg_sq = (seg * seg).sum(-1)
+        # |x - a - t seg|^2 = |x - a|^2 - 2 t (x - a).seg + t^2 |seg|^2, without a (..., K-1, d) tensor
+        x_seg = x @ seg.T - (a * seg).sum(-1)                              # (x - a).seg
+        t = (x_seg / seg_sq).clamp(0.0, 1.0)
+        x_a = (x * x).sum(-1, keepdim=True) - 2 * x @ a.T + (a * a).sum(-1)
+        dist_sq = (x_a - 2 * t * x_seg + t * t * seg_sq).clamp_min(0.0)
+        best = dist_sq.argmin(-1, keepdim=True)
+        s = torch.as_tensor(self.arc_length).to(p)
+        position = (s[best] + t.gather(-1, best) * seg_sq[best].sqrt()) / s[-1]
+        return position.squeeze(-1), dist_sq.gather(-1, best).squeeze(-1).sqrt()
 
     def plot(self, ax=None, *, label: Optional[str] = None, normalized: bool = True, **style):
         """Loss against arc length (divided by the total when ``normalized``)."""
@@ -282,24 +310,69 @@ def curvature_along_path(loss_fn: Union[FlatLoss, LossFn], path: EnergyPath, *, 
             "trace": np.array(trace), "trace_stderr": np.array(stderr)}
 
 
+@dataclass(frozen=True)
+class PathDynamics:
+    """Where dynamics started on a path went: at each recorded iteration ``steps`` ``(T,)``, the
+    ``position`` along the path (in [0, 1]) of the nearest path point to each chain, and the
+    ``distance`` from the path, both ``(T, C)``. ``diverged`` is True when a chain's weights became
+    non-finite (the record stops at the last finite state)."""
+
+    steps: np.ndarray
+    position: np.ndarray
+    distance: np.ndarray
+    step_size: float
+    temperature: float
+    diverged: bool = False
+
+    @property
+    def to_nearer_end(self) -> np.ndarray:
+        """Distance along the path (as a fraction of its length) to the nearer end, ``(T, C)``:
+        falling means drifting back toward an endpoint."""
+        return np.minimum(self.position, 1.0 - self.position)
+
+    def plot(self, ax=None, *, label: Optional[str] = None, color=None):
+        """The chains' positions against the iteration (thin lines) and their mean (thick)."""
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(5, 3.2))
+        ax.plot(self.steps, self.position, color=color, alpha=0.25, lw=0.7)
+        ax.plot(self.steps, self.position.mean(axis=1), color=color, lw=2, label=label)
+        ax.set(xlabel="iteration", ylabel="position along the path (0: start, 1: end)", ylim=(-0.02, 1.02))
+        return ax
+
+
 def projected_dynamics(path: EnergyPath, gradient_fn: GradientFn, *, start: float, step_size: float,
                        num_steps: int, temperature: float = 0.0, num_chains: int = 1,
-                       seed: Optional[int] = 0) -> np.ndarray:
-    r"""SGD (``temperature=0``) or SGLD restricted to a path (Di Carlo et al.'s projected dynamics).
+                       seed: Optional[int] = 0, constrained: bool = False, vectorized: bool = False,
+                       record_every: int = 1) -> PathDynamics:
+    r"""SGD (``temperature=0``) or SGLD started on a path, read off as a position along it
+    (Di Carlo et al.'s projected dynamics).
 
-    The state is the arc length :math:`s` along the piecewise-linear path :math:`x(s)`; with
-    :math:`\tau(s)` the direction of the segment :math:`s` lies on,
+    The chains start at the point ``start`` (a position in [0, 1]) of the piecewise-linear path
+    :math:`x(s)` and move in the full space,
 
-    .. math:: s \leftarrow s - \alpha\, g(x(s)) \cdot \tau(s) + \sqrt{2\alpha T}\,\xi,
+    .. math:: x \leftarrow x - \alpha\, g(x) + \sqrt{2\alpha T}\,\xi,
 
-    kept in :math:`[0, L]`, where ``gradient_fn`` gives :math:`g` (a minibatch gradient carries
-    its own noise: pass one per batch size to compare them). ``start`` is the position in [0, 1].
-    Returns the positions in [0, 1], shape ``(num_steps + 1, num_chains)``.
+    with ``gradient_fn`` giving :math:`g` (a minibatch gradient carries its own noise: pass one per
+    batch size to compare them). Each recorded state is projected on the path
+    (:meth:`EnergyPath.project`): noise that meets curvature rising away from the ends, across the
+    path, pushes the chains back toward the ends even where the loss along the path is flat, the
+    entropic force :math:`-\partial_s \tfrac{T}{2}\sum_i \log \lambda_i(s)`.
+
+    With ``constrained=True`` the state is the arc length :math:`s` itself and the chains move along
+    the path only, :math:`s \leftarrow s - \alpha\, g(x(s)) \cdot \tau(s) + \sqrt{2\alpha T}\,\xi`,
+    kept in :math:`[0, L]` (:math:`\tau` the direction of the segment): they feel the loss along the
+    path but no curvature across it.
+
+    :param vectorized: ``gradient_fn`` takes all chains at once, ``(C, d) -> (C, d)``; otherwise it
+        is called once per chain with ``(d,)``.
+    :param record_every: record every this many iterations (and the first and last).
 
     >>> import torch
     >>> line = straight_path(lambda x: (x ** 2).sum(), torch.tensor([-1.0]), torch.tensor([1.0]), num_points=5)
-    >>> trace = projected_dynamics(line, lambda x: 2 * x, start=0.9, step_size=0.1, num_steps=50)
-    >>> round(float(trace[-1, 0]), 3)    # SGD slides to the minimum in the middle
+    >>> run = projected_dynamics(line, lambda x: 2 * x, start=0.9, step_size=0.1, num_steps=50)
+    >>> round(float(run.position[-1, 0]), 3)    # SGD slides to the minimum in the middle
     0.5
     """
     if not 0.0 <= start <= 1.0:
@@ -308,21 +381,64 @@ def projected_dynamics(path: EnergyPath, gradient_fn: GradientFn, *, start: floa
         raise ValueError(f"step_size must be a positive finite number, got {step_size!r}.")
     if not (math.isfinite(temperature) and temperature >= 0):
         raise ValueError(f"temperature must be >= 0, got {temperature!r}.")
+    for name, value in (("num_steps", num_steps), ("num_chains", num_chains), ("record_every", record_every)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
     points = path.points
-    s_knots = torch.as_tensor(path.arc_length, dtype=points.dtype)
-    length = float(s_knots[-1])
-    directions = (points[1:] - points[:-1]) / (s_knots[1:] - s_knots[:-1])[:, None]
-    generator = torch.Generator().manual_seed(seed) if seed is not None else None
-    s = torch.full((num_chains,), start * length, dtype=points.dtype)
-    out = [s.clone()]
-    for _ in range(num_steps):
-        segment = torch.clamp(torch.searchsorted(s_knots, s, right=True) - 1, 0, len(directions) - 1)
-        x = points[segment] + (s - s_knots[segment])[:, None] * directions[segment]
-        drift = torch.stack([gradient_fn(xi) @ directions[k] for xi, k in zip(x, segment)])
-        noise = torch.randn(num_chains, generator=generator, dtype=points.dtype) if temperature > 0 else 0.0
-        s = torch.clamp(s - step_size * drift + math.sqrt(2 * step_size * temperature) * noise, 0.0, length)
-        out.append(s.clone())
-    return (torch.stack(out) / length).cpu().numpy()
+    generator = torch.Generator(device=points.device)
+    generator.manual_seed(torch.seed() if seed is None else seed)
+    noise_scale = math.sqrt(2 * step_size * temperature)
+
+    def gradients(x: torch.Tensor) -> torch.Tensor:
+        g = gradient_fn(x) if vectorized else torch.stack([gradient_fn(xi) for xi in x])
+        return g.detach()
+
+    if constrained:
+        s_knots = torch.as_tensor(path.arc_length, dtype=points.dtype, device=points.device)
+        length = float(s_knots[-1])
+        directions = (points[1:] - points[:-1]) / (s_knots[1:] - s_knots[:-1])[:, None]
+        s = torch.full((num_chains,), start * length, dtype=points.dtype, device=points.device)
+
+        def advance():
+            nonlocal s
+            segment = torch.clamp(torch.searchsorted(s_knots, s, right=True) - 1, 0, len(directions) - 1)
+            x = points[segment] + (s - s_knots[segment])[:, None] * directions[segment]
+            drift = (gradients(x) * directions[segment]).sum(-1)
+            noise = torch.randn(num_chains, generator=generator, dtype=points.dtype, device=points.device)
+            s = torch.clamp(s - step_size * drift + noise_scale * noise, 0.0, length)
+            return torch.isfinite(s).all()
+
+        def record():
+            return (s / length).double().cpu().numpy(), np.zeros(num_chains)
+    else:
+        x = path.at(start).expand(num_chains, -1).clone()
+
+        def advance():
+            nonlocal x
+            x = x - step_size * gradients(x)
+            if noise_scale > 0:
+                x = x + noise_scale * torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
+            return torch.isfinite(x).all()
+
+        def record():
+            position, distance = path.project(x)
+            return position.cpu().numpy(), distance.cpu().numpy()
+
+    steps, positions, distances = [0], *([v] for v in record())
+    diverged = False
+    for k in range(1, num_steps + 1):
+        if not advance():
+            diverged = True
+            warnings.warn(f"projected_dynamics diverged at iteration {k} (non-finite weights); the record stops "
+                          f"at iteration {steps[-1]}. Lower step_size (now {step_size:g}).", RuntimeWarning,
+                          stacklevel=2)
+            break
+        if k % record_every == 0 or k == num_steps:
+            steps.append(k)
+            for store, value in zip((positions, distances), record()):
+                store.append(value)
+    return PathDynamics(np.array(steps), np.stack(positions), np.stack(distances), step_size, temperature,
+                        diverged)
 
 
 def plot_path_profiles(profiles: Mapping[str, Mapping[str, np.ndarray]]):
@@ -346,5 +462,5 @@ def plot_path_profiles(profiles: Mapping[str, Mapping[str, np.ndarray]]):
     return fig
 
 
-__all__ = ["EnergyPath", "minimum_energy_path", "straight_path", "curvature_along_path", "projected_dynamics",
+__all__ = ["EnergyPath", "PathDynamics", "minimum_energy_path", "straight_path", "curvature_along_path", "projected_dynamics",
            "plot_path_profiles"]
