@@ -43,19 +43,22 @@ def joint_truth(eta):
     return torch.cat([MU, MU]).numpy(), cov.numpy()
 
 
-def run_gaussian(eta, aux_update, full_mass=False, chains=16, draws=400, warmup=300):
-    kernel = EntropyHMC(gaussian_model, eta=eta, aux_update=aux_update, full_mass=full_mass)
+def run_gaussian(eta, aux_update, full_mass=False, chains=16, draws=400, warmup=300, jit_compile=False):
+    kernel = EntropyHMC(gaussian_model, eta=eta, aux_update=aux_update, full_mass=full_mass,
+                        jit_compile=jit_compile)
     mcmc = MCMC(kernel, draws, warmup, num_chains=chains, disable_progbar=True)
     mcmc.run()
     assert mcmc.chain_method == "vectorized"
+    assert type(kernel.target.base).__name__ == ("CompiledTarget" if jit_compile else "ModelPotential")
     s = mcmc.get_samples(group_by_chain=True)
     return torch.cat([s["theta"], s["theta_aux"]], -1).numpy(), mcmc
 
 
-@pytest.mark.parametrize("aux_update", ["joint", "gibbs"])
-@pytest.mark.parametrize("eta", [0.1, 10.0])
-def test_gaussian_joint_moments(eta, aux_update):
-    x, mcmc = run_gaussian(eta, aux_update)
+@pytest.mark.parametrize("aux_update,eta,jit_compile", [("joint", 0.1, False), ("joint", 10.0, False),
+                                                        ("gibbs", 0.1, False), ("gibbs", 10.0, False),
+                                                        ("joint", 0.1, True)])
+def test_gaussian_joint_moments(eta, aux_update, jit_compile):
+    x, mcmc = run_gaussian(eta, aux_update, jit_compile=jit_compile)
     mean, cov = joint_truth(eta)
     assert_moments(x, mean, cov)
     stats = mcmc.diagnostics()
@@ -223,7 +226,8 @@ def test_divergent_trajectories_are_rejected_and_counted():
     mcmc = MCMC(kernel, 300, 0, initial_params={"x": torch.ones(4, 1)}, num_chains=4,
                 disable_progbar=True)
     mcmc.run()
-    assert mcmc.chain_method == "vectorized"  # potential_fn maps (4, 1) to (4,)
+    assert mcmc.chain_method == "vectorized"
+    assert type(kernel.target.base).__name__ == ("CompiledTarget" if jit_compile else "ModelPotential")  # potential_fn maps (4, 1) to (4,)
     samples = mcmc.get_samples()
     assert torch.isfinite(samples["x"]).all() and (samples["x"] > 0).all()
     divergences = mcmc.diagnostics()["divergences"]

@@ -71,8 +71,11 @@ def test_sgld_matches_gaussian():
     assert_moments(s["theta"].double().numpy(), MU.numpy(), COV.numpy(), known_bias=discrete_bias(A))
 
 
-def test_entropy_sgld_matches_joint_gaussian():
-    s = run(EntropySGLD(gaussian_model, eta=ETA, step_size=STEP))
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_entropy_sgld_matches_joint_gaussian(jit_compile):
+    kernel = EntropySGLD(gaussian_model, eta=ETA, step_size=STEP, jit_compile=jit_compile)
+    s = run(kernel)
+    assert type(kernel.target.base).__name__ == ("CompiledTarget" if jit_compile else "ModelPotential")
     x = torch.cat([s["theta"], s["theta_aux"]], -1).double().numpy()
     mean, cov = joint_truth()
     assert_moments(x, mean, cov, known_bias=discrete_bias(joint_hessian()))

@@ -7,6 +7,7 @@ this gives the sampler's known bias, which must stay below one Monte-Carlo sd (s
 """
 
 import numpy as np
+import pytest
 import scipy.linalg
 import torch
 
@@ -66,16 +67,19 @@ def test_sgld_minibatch_matches_analytic_posterior():
     assert np.allclose(sd, np.sqrt(np.diag(cov)), rtol=0.2)  # a readable cross-check
 
 
-def test_entropy_sgld_minibatch_theta_marginal_and_coupling():
-    """θ keeps the posterior; θa - θ ~ N(0, η) per coordinate, independent of the minibatch."""
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_entropy_sgld_minibatch_theta_marginal_and_coupling(jit_compile):
+    """θ keeps the posterior; θa - θ ~ N(0, η) per coordinate, independent of the minibatch; the
+    same through the compiled graph (the minibatch indices are its input)."""
     X, y = data()
     mean, cov, P = posterior(X, y)
     eta = 1e-3
     pyro.set_rng_seed(2)
-    mcmc = MCMC(EntropySGLD(model, eta=eta, step_size=STEP,
-                            init_strategy=pyro.infer.autoguide.init_to_median),
-                num_samples=12_000, warmup_steps=1_000, num_chains=2, disable_progbar=True)
+    kernel = EntropySGLD(model, eta=eta, step_size=STEP, init_strategy=pyro.infer.autoguide.init_to_median,
+                         jit_compile=jit_compile)
+    mcmc = MCMC(kernel, num_samples=12_000, warmup_steps=1_000, num_chains=2, disable_progbar=True)
     mcmc.run(X, y)
+    assert type(kernel.target.base).__name__ == ("CompiledTarget" if jit_compile else "ModelPotential")
     s = mcmc.get_samples(group_by_chain=True)
     w, w_aux = s["w"].numpy(), s["w_aux"].numpy()
     # theta marginal: SGLD bias on the joint is computed the same way, on the joint Hessian

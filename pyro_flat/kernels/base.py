@@ -14,6 +14,8 @@ leading chain dimension.
 from __future__ import annotations
 
 import math
+import time
+import warnings
 from collections import defaultdict
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
@@ -26,7 +28,7 @@ from ..validation import check_positive, check_positive_int
 from .errors import DivergenceError
 from .integrators import langevin_step
 from .preconditioning import DEFAULT_STEP_SIZE, Preconditioner
-from ..targets import CallablePotential, CoupledPotential, ModelPotential, Params
+from ..targets import CallablePotential, CoupledPotential, ModelPotential, Params, compile_target
 
 
 class TargetKernel(MCMCKernel):
@@ -39,6 +41,10 @@ class TargetKernel(MCMCKernel):
     :param init_strategy: Pyro init strategy for models (default: a draw from the prior).
     :param record_draws: keep each chain's draws so that an error or a Ctrl-C can hand them back
         (costs one more reference per draw; set ``False`` for very large models).
+    :param jit_compile: after setup, trace the potential's energy and gradient into one graph
+        (:func:`~pyro_flat.targets.compile_target`, Pyro's option name); a model that cannot be
+        traced, or whose control flow depends on values, runs eagerly after one warning that says
+        why. ``"inductor"`` also fuses the graph with ``torch.compile`` (slow to compile).
     """
 
     def __init__(
@@ -48,6 +54,7 @@ class TargetKernel(MCMCKernel):
         potential_fn: Optional[Callable[[Params], torch.Tensor]] = None,
         init_strategy: Callable = init_to_sample,
         record_draws: bool = True,
+        jit_compile: Union[bool, str] = False,
     ):
         if (model is None) == (potential_fn is None):
             raise ValueError(
@@ -58,6 +65,10 @@ class TargetKernel(MCMCKernel):
         self.potential_fn = potential_fn
         self.init_strategy = init_strategy
         self.record_draws = record_draws
+        if jit_compile not in (False, True, "fx", "inductor"):
+            raise ValueError(f"jit_compile must be True, False or 'inductor', got {jit_compile!r}.")
+        self.jit_compile = jit_compile
+        self.compile_seconds = 0.0  # time spent tracing (and compiling) the potential
         self.num_chains: Optional[int] = None  # vectorized chains (set by pyro_flat.MCMC)
         self._pending_initial_params: Optional[Params] = None
         self._initial_params: Optional[Params] = None
@@ -128,11 +139,23 @@ class TargetKernel(MCMCKernel):
                 f"{float(energy.reshape(-1)[bad][0])}; pass finite initial_params or a different "
                 "init_strategy (e.g. init_to_median)."
             )
+        if self.jit_compile:  # after the eager checks above: the model's own errors surface eagerly
+            self._compile_target(params)
         self._initial_params = params
         self.after_setup(params)
 
     def after_setup(self, params: Params) -> None:
         """Hook: per-chain state that needs the target and the initial point."""
+
+    def _compile_target(self, params: Params) -> None:
+        start = time.perf_counter()
+        backend = "inductor" if self.jit_compile == "inductor" else "fx"
+        self.target, reason = compile_target(self.target, params, backend=backend)
+        self.compile_seconds += time.perf_counter() - start
+        if reason is not None and not getattr(self, "_jit_warned", False):
+            self._jit_warned = True
+            warnings.warn(f"{type(self).__name__}(jit_compile={self.jit_compile!r}) runs eagerly: {reason}.",
+                          RuntimeWarning, stacklevel=3)
 
     def logging(self) -> Dict[str, str]:
         return {}
@@ -296,8 +319,8 @@ class StochasticGradientKernel(TargetKernel):
         the metric's units (default :data:`~pyro_flat.kernels.preconditioning.DEFAULT_STEP_SIZE`);
         without one it is required.
 
-    ``model``, ``potential_fn``, ``init_strategy`` and ``record_draws`` are those of
-    :class:`TargetKernel`. ``diagnostics()`` gives Pyro's divergence list (always empty: a
+    ``model``, ``potential_fn``, ``init_strategy``, ``record_draws`` and ``jit_compile`` are those
+    of :class:`TargetKernel`. ``diagnostics()`` gives Pyro's divergence list (always empty: a
     divergence stops the chain) and the per-draw ``sample_stats``: ``step_size`` (the step that
     produced the draw), ``potential_energy`` (the minibatch estimate of U at the draw) and the
     target's own statistics, and ``grad_evals``: the gradient evaluations of the potential each
@@ -319,9 +342,10 @@ class StochasticGradientKernel(TargetKernel):
         preconditioner: Union[None, str, torch.Tensor] = None,
         init_strategy: Callable = init_to_sample,
         record_draws: bool = True,
+        jit_compile: Union[bool, str] = False,
     ):
         super().__init__(model, potential_fn=potential_fn, init_strategy=init_strategy,
-                         record_draws=record_draws)
+                         record_draws=record_draws, jit_compile=jit_compile)
         self.preconditioner = None if preconditioner is None else Preconditioner(preconditioner)
         if step_size is None and self.preconditioner is None:
             raise ValueError(f"{type(self).__name__} needs step_size= (try a value such that step_size "

@@ -3,7 +3,7 @@ r"""Entropy-HMC: Metropolis-corrected Hamiltonian Monte Carlo on the flat poster
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, Iterable, NamedTuple, Optional
+from typing import Callable, Dict, Iterable, NamedTuple, Optional, Union
 
 import torch
 from pyro.infer.autoguide.initialization import init_to_sample
@@ -85,6 +85,8 @@ class EntropyHMC(TargetKernel):
         (:mod:`~pyro_flat.kernels.nuts`; one chain at a time, ``tree_depth`` in ``sample_stats``).
     :param max_tree_depth: NUTS stops doubling after ``2**max_tree_depth`` steps.
     :param sites, suffix: coupled sites and the auxiliary names, as in :class:`~pyro_flat.EntropySGLD`.
+    :param jit_compile: the trajectories' gradients from one traced graph, as in
+        :class:`~pyro_flat.kernels.base.TargetKernel`.
 
     ``sample_stats`` (ArviZ names): ``potential_energy`` (:math:`U`), ``energy`` (the Hamiltonian),
     ``acceptance_rate``, ``step_size``, ``n_steps``, ``diverging``, ``coupling_distance``.
@@ -127,9 +129,10 @@ class EntropyHMC(TargetKernel):
         suffix: str = "_aux",
         init_strategy: Callable = init_to_sample,
         record_draws: bool = True,
+        jit_compile: Union[bool, str] = False,
     ):
         super().__init__(model, potential_fn=potential_fn, init_strategy=init_strategy,
-                         record_draws=record_draws)
+                         record_draws=record_draws, jit_compile=jit_compile)
         self.eta = check_eta(eta)
         self.step_size = 1.0 if step_size is None else check_positive("step_size", step_size)
         if num_steps is not None and trajectory_length is not None:

@@ -10,7 +10,9 @@ subsampled plates and the support transforms. Nothing here imports a kernel.
   written once (:mod:`~pyro_flat.targets.coupling`);
 - :class:`SiteInfo`, :func:`support_transform`, :func:`is_subsample_site`: sites
   (:mod:`~pyro_flat.targets.sites`); :class:`SiteLayout`: sites <-> one flat vector
-  (:mod:`~pyro_flat.targets.layout`); :class:`EpochBatcher`: minibatch indices.
+  (:mod:`~pyro_flat.targets.layout`); :class:`EpochBatcher`: minibatch indices;
+- :func:`compile_target`, :class:`CompiledTarget`: the energy and gradient as one traced graph,
+  the kernels' ``jit_compile=True`` (:mod:`~pyro_flat.targets.compiled`).
 """
 
 from .coupling import CouplingTerms, coupling
@@ -26,9 +28,12 @@ from .potential import (
     potential_and_grad,
 )
 from .sites import SiteInfo, is_subsample_site, support_transform
+from .compiled import CompiledTarget, compile_target
 
 __all__ = [
     "ModelPotential",
+    "CompiledTarget",
+    "compile_target",
     "CallablePotential",
     "CoupledPotential",
     "coupling",

@@ -152,7 +152,8 @@ class _LogJoint(Messenger):
                 mask = keep if mask is None else mask & keep
         if mask is None:  # scale the sum, not every term
             log_prob = self._reduce(name, fn.log_prob(value))
-            self.terms.append(log_prob if scale == 1.0 else log_prob * scale)
+            unscaled = not torch.is_tensor(scale) and scale == 1.0  # no value read: traceable
+            self.terms.append(log_prob if unscaled else log_prob * scale)
         else:
             self.terms.append(self._reduce(name, scale_and_mask(fn.log_prob(value), scale, mask)))
 

@@ -1,0 +1,188 @@
+"""The compiled fast path (``jit_compile=True``) against eager kernels, hand-written loops and the floor.
+
+Every number is measured in this run, on one thread unless said otherwise:
+
+1. One chain, Bayesian logistic regression N = 12,000, d = 784 + bias, minibatch 100 (the
+   ``bench_kernels.py`` problem): µs per iteration of
+   - the floor: a hand-fused step with the gradient written out (no autograd): gather, two
+     matvecs, the Gaussians;
+   - hand-written eager torch loops with autograd (SGLD, Entropy-MCMC);
+   - SGLD / EntropySGLD in ``pyro.infer.MCMC``, eager and compiled;
+   and the compile time and the iterations after which compiling pays. Target: compiled
+   EntropySGLD <= 1.2x the hand-written Entropy loop.
+2. 128 vectorized chains (``bench_vectorized.py``'s problem: the embedded MNIST 7-vs-9 training
+   images, EntropySGLD): chain-iterations per second, eager and compiled, 2 threads.
+3. The BNN study's network (``BayesianMLP`` 784-100-5, 2,000 images, minibatch 100), one chain, SGLD:
+   compiled against a hand-written loop with autograd on the same network. Target: <= 1.1x.
+
+Run:  python benchmarks/bench_compiled.py [--iters 1000] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+
+os.environ.setdefault("CI", "1")  # no progress bar: it would be timed too
+
+import torch  # noqa: E402
+
+import pyro  # noqa: E402
+from pyro.infer import MCMC  # noqa: E402
+from pyro_flat import MCMC as VectorizedMCMC  # noqa: E402
+from pyro_flat import SGLD, EntropySGLD  # noqa: E402
+from pyro_flat.datasets import load_mnist79, load_mnist_ood  # noqa: E402
+from pyro_flat.models import BayesianMLP  # noqa: E402
+from pyro_flat.models import logistic_regression as model  # noqa: E402
+
+from bench_kernels import B, D, ETA, N, STEP, hand_loop, make_data  # noqa: E402
+
+
+def floor_loop(X, y, iters: int, entropy: bool) -> float:
+    """The step with its gradient written out: what any implementation must at least do."""
+    w, b = torch.zeros(D), torch.zeros(())
+    wa, ba = w.clone(), b.clone()
+    noise = math.sqrt(2 * STEP)
+    perm, pos = torch.randperm(N), 0
+    start = time.perf_counter()
+    for _ in range(iters):
+        if pos + B > N:
+            perm, pos = torch.randperm(N), 0
+        idx = perm[pos: pos + B]
+        pos += B
+        Xb = X.index_select(0, idx)
+        r = torch.sigmoid(Xb @ w + b) - y.index_select(0, idx)   # d(-log lik)/d logits
+        gw = w + (N / B) * (r @ Xb)
+        gb = b + (N / B) * r.sum()
+        if entropy:
+            gw, gb = gw + (w - wa) / ETA, gb + (b - ba) / ETA
+            wa = wa - STEP * (wa - w) / ETA + noise * torch.randn(D)
+            ba = ba - STEP * (ba - b) / ETA + noise * torch.randn(())
+        w = w - STEP * gw + noise * torch.randn(D)
+        b = b - STEP * gb + noise * torch.randn(())
+    return (time.perf_counter() - start) / iters * 1e6
+
+
+def kernel_run(kernel_fn, iters: int, *args, **kwargs) -> tuple:
+    """(µs per iteration, compile seconds) of one chain in Pyro's driver; setup not timed."""
+    kernel = kernel_fn()
+    mcmc = MCMC(kernel, num_samples=iters, warmup_steps=0, disable_progbar=True)
+    pyro.set_rng_seed(0)
+    start = time.perf_counter()
+    mcmc.run(*args, **kwargs)
+    seconds = time.perf_counter() - start - kernel.compile_seconds
+    return seconds / iters * 1e6, kernel.compile_seconds
+
+
+def vectorized_rate(jit: bool, X, y, chains: int, iters: int) -> float:
+    kernel = EntropySGLD(model, eta=0.01, step_size=5e-4, record_draws=False, jit_compile=jit)
+    mcmc = VectorizedMCMC(kernel, iters, 0, num_chains=chains, disable_progbar=True)
+    pyro.set_rng_seed(0)
+    start = time.perf_counter()
+    mcmc.run(X, y, batch_size=100, prior_scale=0.5)
+    return chains * iters / (time.perf_counter() - start - kernel.compile_seconds)
+
+
+def mlp_hand_loop(net: BayesianMLP, X, y, iters: int, step: float) -> float:
+    """SGLD on the MLP's potential written directly: prior, N/B-scaled minibatch likelihood."""
+    sizes = [(layer.out_features, layer.in_features) for layer in net.layers]
+    params = [t for o, i in sizes for t in (0.1 * torch.randn(o, i), torch.zeros(o))]
+    n, noise = len(X), math.sqrt(2 * step)
+    perm, pos = torch.randperm(n), 0
+    start = time.perf_counter()
+    for _ in range(iters):
+        if pos + B > n:
+            perm, pos = torch.randperm(n), 0
+        idx = perm[pos: pos + B]
+        pos += B
+        leaves = [p.requires_grad_(True) for p in params]
+        logits = net.logits(X.index_select(0, idx), list(zip(leaves[::2], leaves[1::2])))
+        nll = torch.nn.functional.cross_entropy(logits, y.index_select(0, idx), reduction="sum")
+        U = (n / B) * nll + sum(0.5 * (p / 0.1).pow(2).sum() for p in leaves)
+        grads = torch.autograd.grad(U, leaves)
+        with torch.no_grad():
+            params = [p - step * g + noise * torch.randn_like(p) for p, g in zip(leaves, grads)]
+    return (time.perf_counter() - start) / iters * 1e6
+
+
+def best(fn, repeats: int):
+    return min((fn() for _ in range(repeats)), key=lambda r: r[0] if isinstance(r, tuple) else r)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iters", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=3, help="best of this many runs")
+    parser.add_argument("--chains", type=int, default=128)
+    args = parser.parse_args()
+    iters, repeats = args.iters, args.repeats
+
+    torch.set_num_threads(1)
+    X, y = make_data()
+    rows = {}
+    for _ in range(repeats):  # interleaved, best of each: the load on a shared machine drifts
+        for name, fn in {
+            "floor SGLD": lambda: floor_loop(X, y, iters, False),
+            "floor Entropy": lambda: floor_loop(X, y, iters, True),
+            "hand SGLD (autograd)": lambda: hand_loop(X, y, iters, False),
+            "hand Entropy (autograd)": lambda: hand_loop(X, y, iters, True),
+            "SGLD eager": lambda: kernel_run(lambda: SGLD(model, step_size=STEP), iters, X, y)[0],
+            "SGLD compiled": lambda: kernel_run(lambda: SGLD(model, step_size=STEP, jit_compile=True), iters, X, y),
+            "EntropySGLD eager": lambda: kernel_run(lambda: EntropySGLD(model, eta=ETA, step_size=STEP), iters, X, y)[0],
+            "EntropySGLD compiled": lambda: kernel_run(
+                lambda: EntropySGLD(model, eta=ETA, step_size=STEP, jit_compile=True), iters, X, y),
+        }.items():
+            value = fn()
+            us = value[0] if isinstance(value, tuple) else value
+            if name not in rows or us < rows[name][0]:
+                rows[name] = value if isinstance(value, tuple) else (value, None)
+    print(f"1. One chain: logistic regression N={N} d={D}+1 B={B}, 1 thread, {iters} iterations, best of {repeats}")
+    for name, (us, compile_s) in rows.items():
+        extra = "" if compile_s is None else f"   (compile {compile_s:.2f} s)"
+        print(f"  {name:<26s} {us:8.0f} us/iteration{extra}")
+    for kind in ("SGLD", "EntropySGLD"):
+        eager, (fast, compile_s) = rows[f"{kind} eager"][0], rows[f"{kind} compiled"]
+        pays = compile_s / max(1e-12, (eager - fast) * 1e-6)
+        print(f"  {kind}: compiled is {eager / fast:.2f}x faster than eager; compiling ({compile_s:.2f} s) "
+              f"pays after {pays:,.0f} iterations")
+    ratios = [
+        ("EntropySGLD compiled / hand Entropy", rows["EntropySGLD compiled"][0] / rows["hand Entropy (autograd)"][0], 1.2),
+        ("SGLD compiled / hand SGLD", rows["SGLD compiled"][0] / rows["hand SGLD (autograd)"][0], 1.2),
+        ("EntropySGLD compiled / floor Entropy", rows["EntropySGLD compiled"][0] / rows["floor Entropy"][0], None),
+        ("SGLD compiled / floor SGLD", rows["SGLD compiled"][0] / rows["floor SGLD"][0], None),
+    ]
+    for name, ratio, target in ratios:
+        verdict = "" if target is None else ("  ok" if ratio <= target else "  MISSED") + f" (target <= {target})"
+        print(f"  {name:<40s} {ratio:5.2f}{verdict}")
+
+    torch.set_num_threads(2)
+    X79, y79 = load_mnist79(None, split="train")
+    rates = {jit: max(vectorized_rate(jit, X79, y79, args.chains, 200) for _ in range(repeats)) for jit in (False, True)}
+    print(f"\n2. {args.chains} vectorized chains: EntropySGLD, logistic regression d=785, N={len(X79)}, minibatch 100, "
+          "2 threads")
+    print(f"  eager     {rates[False]:10.0f} chain-iterations/s")
+    print(f"  compiled  {rates[True]:10.0f} chain-iterations/s  ({rates[True] / rates[False]:.2f}x)")
+
+    torch.set_num_threads(1)
+    data = load_mnist_ood(None)
+    net = BayesianMLP(data.X_train.shape[1], [100], len(data.in_digits))
+    mlp_iters = max(100, iters // 2)
+    mlp = {
+        "hand SGLD (autograd)": best(lambda: mlp_hand_loop(net, data.X_train, data.y_train, mlp_iters, 5e-5), repeats),
+        "SGLD eager": best(lambda: kernel_run(lambda: SGLD(net, step_size=5e-5), mlp_iters, data.X_train,
+                                              data.y_train, batch_size=100)[0], repeats),
+        "SGLD compiled": best(lambda: kernel_run(lambda: SGLD(net, step_size=5e-5, jit_compile=True), mlp_iters,
+                                                 data.X_train, data.y_train, batch_size=100)[0], repeats),
+    }
+    print(f"\n3. One chain: BayesianMLP 784-100-5 (79,005 weights), N={len(data.X_train)}, minibatch 100, 1 thread, "
+          f"{mlp_iters} iterations")
+    for name, us in mlp.items():
+        print(f"  {name:<26s} {us:8.0f} us/iteration")
+    ratio = mlp["SGLD compiled"] / mlp["hand SGLD (autograd)"]
+    print(f"  SGLD compiled / hand SGLD {ratio:5.2f}  {'ok' if ratio <= 1.1 else 'MISSED'} (target <= 1.1)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""The compiled fast path (jit_compile=True): the traced graph against the eager target, the same
+random stream, and the fallback for models a trace cannot capture."""
+
+import warnings
+
+import pytest
+import torch
+
+import pyro
+import pyro.distributions as dist
+from pyro.infer import MCMC
+from pyro_flat import MCMC as VectorizedMCMC
+from pyro_flat import EntropyHMC, EntropySGLD, SGLD
+from pyro_flat.models import BayesianMLP, logistic_regression
+from pyro_flat.targets import CompiledTarget, CoupledPotential, ModelPotential, compile_target
+
+
+def _data(n=300, d=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, d, generator=g)
+    y = torch.bernoulli(torch.sigmoid(X @ torch.randn(d, generator=g)), generator=g)
+    return X, y
+
+
+@pytest.mark.parametrize("num_chains", [None, 3])
+def test_the_graph_gives_the_eager_energy_and_gradient(num_chains):
+    X, y = _data()
+    eager = CoupledPotential(ModelPotential(logistic_regression, (X, y), {"batch_size": 50}, num_chains=num_chains),
+                             eta=0.5)
+    params = eager.initial_params()
+    compiled, reason = compile_target(CoupledPotential(eager.base, eta=0.5), params)
+    assert reason is None and isinstance(compiled.base, CompiledTarget)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):  # new points and new minibatches: nothing of the trace's own is baked in
+        point = {k: v + torch.randn(v.shape, generator=g) for k, v in params.items()}
+        indices = eager.base.draw_indices()
+        want_energy, want_grads = eager.base.potential_and_grad({k: point[k] for k in ("w", "b")}, indices)
+        energy, grads = compiled.base.potential_and_grad({k: point[k] for k in ("w", "b")}, indices)
+        assert energy.shape == want_energy.shape == (() if num_chains is None else (num_chains,))
+        torch.testing.assert_close(energy, want_energy, rtol=1e-5, atol=1e-3)
+        for name in want_grads:
+            torch.testing.assert_close(grads[name], want_grads[name], rtol=1e-5, atol=1e-3)
+
+
+def test_a_network_compiles_and_matches():
+    X, y = torch.randn(64, 5), torch.randint(0, 3, (64,))
+    eager = ModelPotential(BayesianMLP(5, [8], 3), (X, y), {"batch_size": 16}, num_chains=2)
+    params = eager.initial_params()
+    compiled, reason = compile_target(eager, params)
+    assert reason is None
+    indices = eager.draw_indices()
+    want, want_grads = eager.potential_and_grad(params, indices)
+    got, grads = compiled.potential_and_grad(params, indices)
+    torch.testing.assert_close(got, want)
+    for name in want_grads:
+        torch.testing.assert_close(grads[name], want_grads[name])
+
+
+def test_compiled_and_eager_runs_draw_the_same_stream():
+    X, y = _data()
+    draws = []
+    for jit in (False, True):
+        pyro.set_rng_seed(3)
+        kernel = EntropySGLD(logistic_regression, eta=0.1, step_size=1e-3, jit_compile=jit)
+        mcmc = VectorizedMCMC(kernel, num_samples=200, warmup_steps=50, num_chains=2, disable_progbar=True)
+        mcmc.run(X, y, batch_size=30)
+        assert isinstance(kernel.target.base, CompiledTarget) == jit
+        draws.append(mcmc.get_samples())
+    for name in draws[0]:
+        torch.testing.assert_close(draws[1][name], draws[0][name], rtol=1e-4, atol=1e-5)
+
+
+def test_hmc_trajectories_use_the_graph_and_keep_the_stream():
+    """With a fixed step: adaptation's trial trajectories with too large a step are unstable and
+    amplify the graph's round-off (1e-6) until a Metropolis decision flips."""
+    X, y = _data(n=80)
+    draws = []
+    for jit in (False, True):
+        pyro.set_rng_seed(4)
+        kernel = EntropyHMC(logistic_regression, eta=0.5, num_steps=4, step_size=0.05, adapt_step_size=False,
+                            adapt_mass_matrix=False, jit_compile=jit)
+        mcmc = MCMC(kernel, num_samples=50, warmup_steps=30, disable_progbar=True)
+        mcmc.run(X, y, batch_size=None)
+        assert isinstance(kernel.target.base, CompiledTarget) == jit
+        draws.append(mcmc.get_samples())
+    for name in draws[0]:
+        torch.testing.assert_close(draws[1][name], draws[0][name], rtol=1e-4, atol=1e-4)
+
+
+def _branchy(y):
+    mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+    scale = 1.0 if mu > 0 else 2.0  # reads mu's value in Python: a trace cannot follow this
+    with pyro.plate("data", len(y)):
+        pyro.sample("y", dist.Normal(mu, scale), obs=y)
+
+
+def test_a_model_that_reads_values_runs_eagerly_after_one_warning():
+    y = torch.randn(50) + 1.0
+    draws = []
+    for jit in (False, True):
+        pyro.set_rng_seed(5)
+        kernel = SGLD(_branchy, step_size=1e-3, jit_compile=jit)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mcmc = MCMC(kernel, num_samples=30, warmup_steps=0, num_chains=2, disable_progbar=True)
+            mcmc.run(y)
+        messages = [str(w.message) for w in caught if "jit_compile" in str(w.message)]
+        assert len(messages) == (1 if jit else 0)  # once for the kernel, not once per chain
+        if jit:
+            assert "runs eagerly" in messages[0] and "torch.where" in messages[0]
+            assert isinstance(kernel.target, ModelPotential)
+        draws.append(mcmc.get_samples()["mu"])
+    torch.testing.assert_close(draws[1], draws[0])
+
+
+def test_a_model_with_python_state_is_caught_by_the_comparison():
+    calls = {"n": 0}
+
+    def stateful(y):  # a different constant at every call: the trace would freeze the first one
+        calls["n"] += 1
+        mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", len(y)):
+            pyro.sample("y", dist.Normal(mu + calls["n"], 1.0), obs=y)
+
+    target = ModelPotential(stateful, (torch.zeros(5),))
+    same, reason = compile_target(target, target.initial_params())
+    assert same is target and "control flow depends on values" in reason
+
+
+def test_bad_jit_compile_is_refused():
+    with pytest.raises(ValueError, match="jit_compile must be True, False or 'inductor'"):
+        SGLD(logistic_regression, step_size=1e-3, jit_compile="yes")
+    with pytest.raises(ValueError, match="backend must be 'fx' or 'inductor'"):
+        compile_target(ModelPotential(_branchy, (torch.zeros(3),)), {"mu": torch.zeros(())}, backend="xla")
