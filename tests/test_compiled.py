@@ -56,18 +56,44 @@ def test_a_network_compiles_and_matches():
         torch.testing.assert_close(grads[name], want_grads[name])
 
 
-def test_compiled_and_eager_runs_draw_the_same_stream():
+def _entropy_run(jit, seed, X, y, **kwargs):
+    pyro.set_rng_seed(seed)
+    kernel = EntropySGLD(logistic_regression, eta=0.1, step_size=1e-3, jit_compile=jit, **kwargs)
+    mcmc = VectorizedMCMC(kernel, num_samples=200, warmup_steps=50, num_chains=2, disable_progbar=True)
+    mcmc.run(X, y, batch_size=30)
+    assert kernel.is_compiled == bool(jit)
+    return mcmc.get_samples(), kernel
+
+
+def test_fx_compiled_and_eager_runs_draw_the_same_stream():
+    """The replayed graph draws its noise from the global generator in the eager order."""
     X, y = _data()
-    draws = []
-    for jit in (False, True):
-        pyro.set_rng_seed(3)
-        kernel = EntropySGLD(logistic_regression, eta=0.1, step_size=1e-3, jit_compile=jit)
-        mcmc = VectorizedMCMC(kernel, num_samples=200, warmup_steps=50, num_chains=2, disable_progbar=True)
-        mcmc.run(X, y, batch_size=30)
-        assert isinstance(kernel.target.base, CompiledTarget) == jit
-        draws.append(mcmc.get_samples())
-    for name in draws[0]:
-        torch.testing.assert_close(draws[1][name], draws[0][name], rtol=1e-4, atol=1e-5)
+    eager, _ = _entropy_run(False, 3, X, y)
+    fx, kernel = _entropy_run("fx", 3, X, y)
+    assert kernel.compile_seconds > 0
+    for name in eager:
+        torch.testing.assert_close(fx[name], eager[name], rtol=1e-4, atol=1e-5)
+
+
+def test_inductor_runs_are_reproducible():
+    X, y = _data()
+    first, kernel = _entropy_run(True, 3, X, y)
+    second, _ = _entropy_run(True, 3, X, y)
+    other, _ = _entropy_run(True, 4, X, y)
+    assert len(kernel._steps.graphs) == 1
+    for name in first:
+        torch.testing.assert_close(second[name], first[name])
+        assert not torch.allclose(other[name], first[name])
+
+
+def test_each_step_size_gets_its_graph_up_to_a_limit():
+    from pyro_flat.kernels.compiled_step import MAX_GRAPHS
+
+    X, y = _data()
+    with pytest.warns(RuntimeWarning, match=f"{MAX_GRAPHS} graphs compiled already"):
+        draws, kernel = _entropy_run("fx", 0, X, y, schedule=lambda k: 1.0 / (1 + k // 10))
+    assert len(kernel._steps.graphs) == MAX_GRAPHS
+    assert all(torch.isfinite(v).all() for v in draws.values())
 
 
 def test_hmc_trajectories_use_the_graph_and_keep_the_stream():
@@ -78,10 +104,10 @@ def test_hmc_trajectories_use_the_graph_and_keep_the_stream():
     for jit in (False, True):
         pyro.set_rng_seed(4)
         kernel = EntropyHMC(logistic_regression, eta=0.5, num_steps=4, step_size=0.05, adapt_step_size=False,
-                            adapt_mass_matrix=False, jit_compile=jit)
+                            adapt_mass_matrix=False, jit_compile="fx" if jit else False)
         mcmc = MCMC(kernel, num_samples=50, warmup_steps=30, disable_progbar=True)
         mcmc.run(X, y, batch_size=None)
-        assert isinstance(kernel.target.base, CompiledTarget) == jit
+        assert kernel.is_compiled == jit
         draws.append(mcmc.get_samples())
     for name in draws[0]:
         torch.testing.assert_close(draws[1][name], draws[0][name], rtol=1e-4, atol=1e-4)
@@ -108,7 +134,7 @@ def test_a_model_that_reads_values_runs_eagerly_after_one_warning():
         assert len(messages) == (1 if jit else 0)  # once for the kernel, not once per chain
         if jit:
             assert "runs eagerly" in messages[0] and "torch.where" in messages[0]
-            assert isinstance(kernel.target, ModelPotential)
+            assert not kernel.is_compiled
         draws.append(mcmc.get_samples()["mu"])
     torch.testing.assert_close(draws[1], draws[0])
 
@@ -128,7 +154,7 @@ def test_a_model_with_python_state_is_caught_by_the_comparison():
 
 
 def test_bad_jit_compile_is_refused():
-    with pytest.raises(ValueError, match="jit_compile must be True, False or 'inductor'"):
+    with pytest.raises(ValueError, match="jit_compile must be True, False, 'fx' or 'inductor'"):
         SGLD(logistic_regression, step_size=1e-3, jit_compile="yes")
     with pytest.raises(ValueError, match="backend must be 'fx' or 'inductor'"):
         compile_target(ModelPotential(_branchy, (torch.zeros(3),)), {"mu": torch.zeros(())}, backend="xla")

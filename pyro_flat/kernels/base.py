@@ -25,10 +25,11 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from ..schedules import Schedule, as_schedule
 from ..validation import check_positive, check_positive_int
+from .compiled_step import CompiledSteps
 from .errors import DivergenceError
 from .integrators import langevin_step
 from .preconditioning import DEFAULT_STEP_SIZE, Preconditioner
-from ..targets import CallablePotential, CoupledPotential, ModelPotential, Params, compile_target
+from ..targets import CallablePotential, CompiledTarget, CoupledPotential, ModelPotential, Params, compile_target
 
 
 class TargetKernel(MCMCKernel):
@@ -41,10 +42,12 @@ class TargetKernel(MCMCKernel):
     :param init_strategy: Pyro init strategy for models (default: a draw from the prior).
     :param record_draws: keep each chain's draws so that an error or a Ctrl-C can hand them back
         (costs one more reference per draw; set ``False`` for very large models).
-    :param jit_compile: after setup, trace the potential's energy and gradient into one graph
-        (:func:`~pyro_flat.targets.compile_target`, Pyro's option name); a model that cannot be
-        traced, or whose control flow depends on values, runs eagerly after one warning that says
-        why. ``"inductor"`` also fuses the graph with ``torch.compile`` (slow to compile).
+    :param jit_compile: Pyro's option name. After setup, trace what each iteration computes into
+        one graph and fuse it with ``torch.compile`` (inductor): for the stochastic-gradient kernels
+        the whole iteration (:mod:`~pyro_flat.kernels.compiled_step`), for HMC the energy and
+        gradient (:func:`~pyro_flat.targets.compile_target`). ``"fx"`` replays the traced graph
+        without ``torch.compile`` (no compile time, the eager random stream). A model that cannot be
+        traced, or whose control flow depends on values, runs eagerly after one warning that says why.
     """
 
     def __init__(
@@ -66,9 +69,9 @@ class TargetKernel(MCMCKernel):
         self.init_strategy = init_strategy
         self.record_draws = record_draws
         if jit_compile not in (False, True, "fx", "inductor"):
-            raise ValueError(f"jit_compile must be True, False or 'inductor', got {jit_compile!r}.")
+            raise ValueError(f"jit_compile must be True, False, 'fx' or 'inductor', got {jit_compile!r}.")
         self.jit_compile = jit_compile
-        self.compile_seconds = 0.0  # time spent tracing (and compiling) the potential
+        self._compile_seconds = 0.0  # time spent tracing (and compiling)
         self.num_chains: Optional[int] = None  # vectorized chains (set by pyro_flat.MCMC)
         self._pending_initial_params: Optional[Params] = None
         self._initial_params: Optional[Params] = None
@@ -147,11 +150,26 @@ class TargetKernel(MCMCKernel):
     def after_setup(self, params: Params) -> None:
         """Hook: per-chain state that needs the target and the initial point."""
 
+    @property
+    def jit_backend(self) -> str:
+        """``"fx"`` (replay the traced graph) or ``"inductor"`` (``torch.compile`` it; ``True``)."""
+        return "fx" if self.jit_compile == "fx" else "inductor"
+
+    @property
+    def compile_seconds(self) -> float:
+        """Seconds spent tracing and compiling for ``jit_compile`` (0 without it)."""
+        return self._compile_seconds
+
+    @property
+    def is_compiled(self) -> bool:
+        """Whether the last setup's iterations run through a compiled graph."""
+        return isinstance(getattr(self.target, "base", self.target), CompiledTarget)
+
     def _compile_target(self, params: Params) -> None:
+        """``jit_compile``: the target's energy and gradient as one graph (the trajectories of HMC)."""
         start = time.perf_counter()
-        backend = "inductor" if self.jit_compile == "inductor" else "fx"
-        self.target, reason = compile_target(self.target, params, backend=backend)
-        self.compile_seconds += time.perf_counter() - start
+        self.target, reason = compile_target(self.target, params, backend=self.jit_backend)
+        self._compile_seconds += time.perf_counter() - start
         if reason is not None and not getattr(self, "_jit_warned", False):
             self._jit_warned = True
             warnings.warn(f"{type(self).__name__}(jit_compile={self.jit_compile!r}) runs eagerly: {reason}.",
@@ -367,6 +385,27 @@ class StochasticGradientKernel(TargetKernel):
 
     supports_thinning = True
 
+    def _compile_target(self, params: Params) -> None:
+        """``jit_compile``: the whole iteration as one graph, built at its first use."""
+        self._steps = CompiledSteps(self, self.jit_backend)
+
+    @property
+    def compile_seconds(self) -> float:
+        steps = getattr(self, "_steps", None)
+        return self._compile_seconds + (0.0 if steps is None else steps.compile_seconds)
+
+    @property
+    def is_compiled(self) -> bool:
+        steps = getattr(self, "_steps", None)
+        return steps is not None and steps.disabled is None and bool(steps.graphs)
+
+    def _transition(self, params: Params, step_size: float, temperature: float):
+        steps = getattr(self, "_steps", None)
+        adapting = (self.preconditioner is not None and self.preconditioner.adaptive
+                    and self._iteration < self._warmup_steps)  # the metric changes: stay eager
+        out = None if steps is None or adapting else steps(params, step_size, temperature)
+        return self.transition(params, step_size, temperature) if out is None else out
+
     def after_setup(self, params: Params) -> None:
         if self.preconditioner is not None:  # a Hessian-vector product costs about two gradients
             self.num_grad_evals += 2 * self.preconditioner.setup(
@@ -396,7 +435,7 @@ class StochasticGradientKernel(TargetKernel):
             explore = not self.in_sampling_phase(k)
             temperature = 0.0 if explore else self.temperature  # exploration: optimisation steps
             step_size = self.step_size * float(self.schedule(k))
-            new_params, energy, grads = self.transition(params, step_size, temperature)
+            new_params, energy, grads = self._transition(params, step_size, temperature)
             self.num_grad_evals += self.grads_per_iteration
             if not all_finite(energy, new_params):
                 self._raise_divergence(params, grads, new_params, energy, step_size)

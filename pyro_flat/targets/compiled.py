@@ -72,15 +72,30 @@ class CompiledTarget:
 
 
 @contextmanager
-def _no_sample_validation():
-    """Distributions built with validation on (a ``PyroSample`` prior made at import) check each
-    value's support, a branch on values; the eager setup has run those checks already."""
+def tracing_context():
+    """What a trace needs: Pyro's argument checks off, and the support checks of distributions built
+    with validation on (a ``PyroSample`` prior made at import) off too. Both branch on values; the
+    eager setup has run them already."""
     original = torch.distributions.Distribution._validate_sample
     torch.distributions.Distribution._validate_sample = lambda self, value: None
     try:
-        yield
+        with pyro.validation_enabled(False):
+            yield
     finally:
         torch.distributions.Distribution._validate_sample = original
+
+
+def untraceable_reason(err: Exception) -> str:
+    """Why a trace failed, in words that say what to change."""
+    if "_local_scalar_dense" in str(err) or "data-dependent" in str(err):
+        return ("tracing failed: the model reads a tensor's value in Python (an `if` on data or parameters, "
+                ".item(), float(...)), which a trace cannot record; write the branch with torch.where to "
+                "compile it")
+    return f"tracing failed: {type(err).__name__}: {first_line(err)}"
+
+
+def first_line(err: Exception) -> str:
+    return (str(err).splitlines() or [""])[0].rstrip(".")
 
 
 def _trace(target, params: Params, indices: Dict[str, torch.Tensor]):
@@ -93,7 +108,7 @@ def _trace(target, params: Params, indices: Dict[str, torch.Tensor]):
         u = target(dict(zip(names, values)), dict(zip(plates, index_values)))
         return u.sum(), u.detach().reshape(expected)
 
-    with pyro.validation_enabled(False), _no_sample_validation():  # checks branch on values; eager ran them
+    with tracing_context():
         graph = make_fx(torch.func.grad_and_value(energy, has_aux=True))(
             [params[n].detach() for n in names], [indices[p] for p in plates])
     graph.graph.eliminate_dead_code()
@@ -141,11 +156,7 @@ def compile_target(target, params: Params, *, backend: str = "fx"):
     try:
         graph, names, plates = _trace(target, params, indices)
     except Exception as err:  # any failure to trace means: stay eager, and say why
-        if "_local_scalar_dense" in str(err) or "data-dependent" in str(err):
-            return target, ("tracing failed: the model reads a tensor's value in Python (an `if` on data or "
-                            "parameters, .item(), float(...)), which a trace cannot record; write the branch "
-                            "with torch.where to compile it")
-        return target, f"tracing failed: {type(err).__name__}: {_first_line(err)}"
+        return target, untraceable_reason(err)
     if backend == "inductor":
         graph = torch.compile(graph, backend="inductor", dynamic=False)
     compiled = CompiledTarget(target, graph, names, plates, backend)
@@ -158,12 +169,8 @@ def compile_target(target, params: Params, *, backend: str = "fx"):
             if reason is not None:
                 return target, reason
     except Exception as err:
-        return target, f"the traced graph failed: {type(err).__name__}: {_first_line(err)}"
+        return target, f"the traced graph failed: {type(err).__name__}: {first_line(err)}"
     return compiled, None
-
-
-def _first_line(err: Exception) -> str:
-    return (str(err).splitlines() or [""])[0].rstrip(".")
 
 
 def _plate_size(target, plate: str, indices: torch.Tensor) -> int:

@@ -1,0 +1,198 @@
+r"""A stochastic-gradient kernel's whole iteration as one compiled graph (``jit_compile=True``).
+
+After setup a kernel knows its target's structure; :class:`CompiledSteps` then traces the
+kernel's own :meth:`~pyro_flat.kernels.base.StochasticGradientKernel.transition`: gradient,
+coupling, preconditioner, noise and update, for SGLD, EntropySGLD, SASGLD, FlatSGLD, the
+local-entropy kernels or a user's subclass alike, with ``make_fx`` (autograd's backward pass
+included), and hands the graph to ``torch.compile`` (inductor), which fuses it into generated
+C++. Each call then draws the iteration's minibatch indices eagerly (the graph's inputs) and runs
+the graph: Pyro's handlers, the distributions' Python code and autograd's tape are gone from the
+loop.
+
+A graph bakes in what was constant when it was traced: the step size and temperature (one graph
+per pair, at most :data:`MAX_GRAPHS`; a schedule that changes the step at every iteration runs
+eagerly beyond them) and a preconditioner's frozen metric (a new metric, after warm-up
+adaptation, gets a new graph).
+
+Random numbers: the ``"fx"`` backend replays the traced ATen operations, so its noise comes from
+the global generator in the eager order (the minibatch indices of an iteration are drawn before
+its noise, as eagerly, except that a kernel drawing several minibatches per iteration draws them
+all first). The inductor backend generates its Gaussians with its own Philox stream seeded from
+the global generator: seeded compiled runs are reproducible, but not draw-for-draw equal to eager
+runs. Both are checked against the exact Gaussian laws in the tests.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from ..targets import Params
+from ..targets.compiled import first_line, tracing_context, untraceable_reason
+
+#: graphs kept per kernel (one per step size, temperature and metric)
+MAX_GRAPHS = 4
+
+
+def _index_sources(target) -> list:
+    """The objects whose ``draw_indices`` make the minibatches (a coupled target and its base)."""
+    out, seen = [], set()
+    while target is not None and id(target) not in seen:
+        seen.add(id(target))
+        if hasattr(target, "draw_indices"):
+            out.append(target)
+        target = getattr(target, "base", None)
+    return out
+
+
+class _GivenIndices:
+    """Makes the target's ``draw_indices`` hand out given minibatches in order (for tracing), or
+    count how many an iteration draws."""
+
+    def __init__(self, target, given: Optional[List[Dict[str, torch.Tensor]]] = None):
+        self.sources, self.given, self.count = _index_sources(target), given, 0
+        self.fixed = self.sources[-1].fixed_batch() if self.sources and hasattr(self.sources[-1], "fixed_batch") else {}
+
+    def __call__(self) -> Dict[str, torch.Tensor]:
+        self.count += 1
+        return self.fixed if self.given is None else self.given[self.count - 1]
+
+    def __enter__(self):
+        for source in self.sources:
+            source.draw_indices = self
+        return self
+
+    def __exit__(self, *exc):
+        for source in self.sources:
+            source.__dict__.pop("draw_indices", None)
+
+
+class CompiledSteps:
+    """``kernel.transition`` compiled per (step size, temperature, metric); ``None`` where a step must
+    run eagerly. ``compile_seconds`` is the time spent tracing and compiling."""
+
+    def __init__(self, kernel, backend: str = "inductor"):
+        self.kernel, self.backend = kernel, backend
+        self.graphs: Dict[tuple, object] = {}
+        self.compile_seconds = 0.0
+        self.disabled: Optional[str] = None  # why the kernel runs eagerly
+        self.full = False  # MAX_GRAPHS reached
+
+    def _key(self, step_size: float, temperature: float) -> tuple:
+        preconditioner = self.kernel.preconditioner
+        factor = None if preconditioner is None else preconditioner.factor
+        return (float(step_size), float(temperature), id(factor)), factor
+
+    def __call__(self, params: Params, step_size: float, temperature: float):
+        if self.disabled is not None:
+            return None
+        key, keep_alive = self._key(step_size, temperature)
+        entry = self.graphs.get(key)
+        if entry is None:
+            if len(self.graphs) >= MAX_GRAPHS:  # e.g. a schedule that changes the step at every iteration
+                if not self.full:
+                    self.full = True
+                    warnings.warn(f"{type(self.kernel).__name__}(jit_compile={self.kernel.jit_compile!r}): "
+                                  f"{MAX_GRAPHS} graphs compiled already (one per step size and temperature); "
+                                  "iterations at other step sizes run eagerly. A schedule that changes the "
+                                  "step at every iteration gains nothing from jit_compile.",
+                                  RuntimeWarning, stacklevel=4)
+                return None
+            start = time.perf_counter()
+            entry = self._build(params, step_size, temperature)
+            self.compile_seconds += time.perf_counter() - start
+            if entry is None:
+                return None
+            self.graphs[key] = (*entry, keep_alive)
+            entry = self.graphs[key]
+        graph, names, num_draws, stat_names, _ = entry
+        target = self.kernel.target
+        batches = [_index_sources(target)[-1].draw_indices() for _ in range(num_draws)]
+        new, energy, grads, stats = graph([params[n] for n in names], batches)
+        target.last_stats = dict(zip(stat_names, stats))
+        return dict(zip(names, new)), energy, dict(zip(names, grads))
+
+    # ----------------------------------------------------------------- building a graph
+    def _traceable(self, names, step_size, temperature):
+        kernel = self.kernel
+
+        def step(values, batches):
+            with _GivenIndices(kernel.target, batches):
+                new, energy, grads = kernel.transition(dict(zip(names, values)), step_size, temperature)
+            stats = getattr(kernel.target, "last_stats", {}) or {}
+            return [new[n] for n in names], energy, [grads[n] for n in names], list(stats.values())
+
+        return step
+
+    def _build(self, params: Params, step_size: float, temperature: float):
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        kernel, names = self.kernel, list(params)
+        values = [params[n].detach() for n in names]
+        devices = [v.device for v in values if v.device.type == "cuda"]
+        try:
+            with torch.random.fork_rng(devices=devices), tracing_context():
+                with _GivenIndices(kernel.target) as counter:  # how many minibatches one iteration draws
+                    kernel.transition(dict(zip(names, values)), step_size, temperature)
+                batches = [counter.fixed] * counter.count
+                stat_names = list((getattr(kernel.target, "last_stats", {}) or {}).keys())
+                step = self._traceable(names, step_size, temperature)
+                graph = make_fx(step)(values, batches)
+                graph.graph.eliminate_dead_code()
+                graph.recompile()
+                self._check(graph, step, values, batches)
+        except Exception as err:  # any failure to trace means: stay eager, and say why
+            self._disable(_reason(err))
+            return None
+        if self.backend == "inductor":
+            try:
+                with torch.random.fork_rng(devices=devices):
+                    compiled = torch.compile(graph, backend="inductor", dynamic=False)
+                    compiled(values, batches)  # compile now, so that compile_seconds says what it cost
+                graph = compiled
+            except Exception as err:
+                warnings.warn(f"{type(kernel).__name__}(jit_compile=True): torch.compile failed "
+                              f"({type(err).__name__}: {first_line(err)}); the traced graph runs without "
+                              "it (jit_compile='fx').", RuntimeWarning, stacklevel=4)
+                self.backend = "fx"
+        return graph, names, len(batches), stat_names
+
+    def _check(self, graph, step, values, batches) -> None:
+        """The traced graph against the eager iteration, on the same random numbers."""
+        seed = int(torch.randint(0, 2**31 - 1, ()))
+        outputs = []
+        for fn in (step, graph):
+            torch.manual_seed(seed)
+            outputs.append(fn(values, batches))
+        (new_eager, energy_eager, grads_eager, _), (new, energy, grads, _) = outputs
+        for what, want, got in [("the energy", energy_eager, energy)] + [
+                ("the new value", a, b) for a, b in zip(new_eager, new)] + [
+                ("the gradient", a, b) for a, b in zip(grads_eager, grads)]:
+            scale = max(1.0, float(want.abs().max()))
+            if want.shape != got.shape or float((want - got).abs().max()) > 1e-4 * scale:
+                raise _Mismatch(f"the traced graph gives {what} {float(got.reshape(-1)[0]):.6g} where the "
+                                f"kernel gives {float(want.reshape(-1)[0]):.6g}: the model's Python control "
+                                "flow depends on values (an `if` on data or parameters), which a trace records "
+                                "only one way")
+
+    def _disable(self, reason: str) -> None:
+        self.disabled = reason
+        if getattr(self.kernel, "_jit_warned", False):  # once per kernel, not once per chain
+            return
+        self.kernel._jit_warned = True
+        warnings.warn(f"{type(self.kernel).__name__}(jit_compile={self.kernel.jit_compile!r}) runs eagerly: "
+                      f"{reason}.", RuntimeWarning, stacklevel=5)
+
+
+class _Mismatch(Exception):
+    pass
+
+
+def _reason(err: Exception) -> str:
+    return str(err) if isinstance(err, _Mismatch) else untraceable_reason(err)
+
+
+__all__ = ["CompiledSteps", "MAX_GRAPHS"]
