@@ -5,7 +5,7 @@ kernel's own :meth:`~pyro_flat.kernels.base.StochasticGradientKernel.transition`
 coupling, preconditioner, noise and update, for SGLD, EntropySGLD, SASGLD, FlatSGLD, the
 local-entropy kernels or a user's subclass alike, with ``make_fx`` (autograd's backward pass
 included), and hands the graph to ``torch.compile`` (inductor), which fuses it into generated
-C++. Each call then draws the iteration's minibatch indices eagerly (the graph's inputs) and runs
+C++ (a few seconds per graph; ``jit_compile="fx"`` skips this and replays the traced graph). Each call then draws the iteration's minibatch indices eagerly (the graph's inputs) and runs
 the graph: Pyro's handlers, the distributions' Python code and autograd's tape are gone from the
 loop.
 
@@ -14,12 +14,12 @@ per pair, at most :data:`MAX_GRAPHS`; a schedule that changes the step at every 
 eagerly beyond them) and a preconditioner's frozen metric (a new metric, after warm-up
 adaptation, gets a new graph).
 
-Random numbers: the ``"fx"`` backend replays the traced ATen operations, so its noise comes from
-the global generator in the eager order (the minibatch indices of an iteration are drawn before
-its noise, as eagerly, except that a kernel drawing several minibatches per iteration draws them
-all first). The inductor backend generates its Gaussians with its own Philox stream seeded from
-the global generator: seeded compiled runs are reproducible, but not draw-for-draw equal to eager
-runs. Both are checked against the exact Gaussian laws in the tests.
+Random numbers: the graph keeps the eager random operations (``torch.randn`` and friends, also
+under inductor, whose own Philox generator is switched off: on the CPU it is several times slower
+than ATen's for large tensors), in the eager order, so a seeded compiled run repeats the eager run
+up to floating-point round-off. The one exception: a kernel that draws several minibatches per
+iteration (the local-entropy kernels) draws them all before the iteration's noise. The tests check
+both the stream and the exact Gaussian laws.
 """
 
 from __future__ import annotations
@@ -108,22 +108,26 @@ class CompiledSteps:
                 return None
             self.graphs[key] = (*entry, keep_alive)
             entry = self.graphs[key]
-        graph, names, num_draws, stat_names, _ = entry
-        target = self.kernel.target
-        batches = [_index_sources(target)[-1].draw_indices() for _ in range(num_draws)]
-        new, energy, grads, stats = graph([params[n] for n in names], batches)
-        target.last_stats = dict(zip(stat_names, stats))
-        return dict(zip(names, new)), energy, dict(zip(names, grads))
+        graph, names, plates, num_draws, stat_names, _ = entry
+        source = _index_sources(self.kernel.target)[-1] if num_draws else None
+        indices = [batch[p] for _ in range(num_draws) for batch in (source.draw_indices(),) for p in plates]
+        outputs = graph(*(params[n] for n in names), *indices)
+        n = len(names)
+        self.kernel.target.last_stats = dict(zip(stat_names, outputs[2 * n + 1:]))
+        return dict(zip(names, outputs[:n])), outputs[n], dict(zip(names, outputs[n + 1: 2 * n + 1]))
 
     # ----------------------------------------------------------------- building a graph
-    def _traceable(self, names, step_size, temperature):
-        kernel = self.kernel
+    def _traceable(self, names, plates, num_draws, step_size, temperature):
+        """The iteration as a function of flat tensors: the values, then each draw's minibatch
+        indices; it returns the new values, the energy, the gradients and the target's statistics."""
+        kernel, n, k = self.kernel, len(names), len(plates)
 
-        def step(values, batches):
+        def step(*inputs):
+            batches = [dict(zip(plates, inputs[n + d * k: n + (d + 1) * k])) for d in range(num_draws)]
             with _GivenIndices(kernel.target, batches):
-                new, energy, grads = kernel.transition(dict(zip(names, values)), step_size, temperature)
+                new, energy, grads = kernel.transition(dict(zip(names, inputs[:n])), step_size, temperature)
             stats = getattr(kernel.target, "last_stats", {}) or {}
-            return [new[n] for n in names], energy, [grads[n] for n in names], list(stats.values())
+            return [*(new[m] for m in names), energy, *(grads[m] for m in names), *stats.values()]
 
         return step
 
@@ -137,40 +141,39 @@ class CompiledSteps:
             with torch.random.fork_rng(devices=devices), tracing_context():
                 with _GivenIndices(kernel.target) as counter:  # how many minibatches one iteration draws
                     kernel.transition(dict(zip(names, values)), step_size, temperature)
-                batches = [counter.fixed] * counter.count
+                plates, num_draws = list(counter.fixed), counter.count
+                inputs = values + [counter.fixed[p] for _ in range(num_draws) for p in plates]
                 stat_names = list((getattr(kernel.target, "last_stats", {}) or {}).keys())
-                step = self._traceable(names, step_size, temperature)
-                graph = make_fx(step)(values, batches)
+                step = self._traceable(names, plates, num_draws, step_size, temperature)
+                graph = make_fx(step)(*inputs)
                 graph.graph.eliminate_dead_code()
                 graph.recompile()
-                self._check(graph, step, values, batches)
+                self._check(graph, step, inputs, len(names))
         except Exception as err:  # any failure to trace means: stay eager, and say why
             self._disable(_reason(err))
             return None
         if self.backend == "inductor":
             try:
-                with torch.random.fork_rng(devices=devices):
-                    compiled = torch.compile(graph, backend="inductor", dynamic=False)
-                    compiled(values, batches)  # compile now, so that compile_seconds says what it cost
-                graph = compiled
+                from torch._inductor import config
+
+                with torch.random.fork_rng(devices=devices), config.patch(fallback_random=True):
+                    graph = torch._inductor.compile(graph, inputs)  # no dynamo: the graph is traced already
             except Exception as err:
                 warnings.warn(f"{type(kernel).__name__}(jit_compile=True): torch.compile failed "
                               f"({type(err).__name__}: {first_line(err)}); the traced graph runs without "
                               "it (jit_compile='fx').", RuntimeWarning, stacklevel=4)
                 self.backend = "fx"
-        return graph, names, len(batches), stat_names
+        return graph, names, plates, num_draws, stat_names
 
-    def _check(self, graph, step, values, batches) -> None:
+    def _check(self, graph, step, inputs, n: int) -> None:
         """The traced graph against the eager iteration, on the same random numbers."""
         seed = int(torch.randint(0, 2**31 - 1, ()))
         outputs = []
         for fn in (step, graph):
             torch.manual_seed(seed)
-            outputs.append(fn(values, batches))
-        (new_eager, energy_eager, grads_eager, _), (new, energy, grads, _) = outputs
-        for what, want, got in [("the energy", energy_eager, energy)] + [
-                ("the new value", a, b) for a, b in zip(new_eager, new)] + [
-                ("the gradient", a, b) for a, b in zip(grads_eager, grads)]:
+            outputs.append(fn(*inputs))
+        labels = ["the new value"] * n + ["the energy"] + ["the gradient"] * n
+        for what, want, got in zip(labels, *outputs):
             scale = max(1.0, float(want.abs().max()))
             if want.shape != got.shape or float((want - got).abs().max()) > 1e-4 * scale:
                 raise _Mismatch(f"the traced graph gives {what} {float(got.reshape(-1)[0]):.6g} where the "

@@ -158,7 +158,7 @@ def compile_target(target, params: Params, *, backend: str = "fx"):
     except Exception as err:  # any failure to trace means: stay eager, and say why
         return target, untraceable_reason(err)
     if backend == "inductor":
-        graph = torch.compile(graph, backend="inductor", dynamic=False)
+        graph = torch.compile(graph, backend="inductor", dynamic=False, options={"fallback_random": True})
     compiled = CompiledTarget(target, graph, names, plates, backend)
     generator = torch.Generator().manual_seed(0)  # leaves the global random stream alone
     moved = {k: v + 0.1 * (1 + v.abs()) * torch.randn(v.shape, generator=generator).to(v) for k, v in params.items()}
