@@ -8,10 +8,12 @@ Every number is measured in this run, on one thread unless said otherwise:
      matvecs, the Gaussians;
    - hand-written eager torch loops with autograd (SGLD, Entropy-MCMC);
    - SGLD / EntropySGLD in ``pyro.infer.MCMC``, eager and compiled;
-   and the compile time and the iterations after which compiling pays. Target: compiled
-   EntropySGLD <= 1.2x the hand-written Entropy loop.
+   - the same Entropy-MCMC step in JAX (``lax.scan``, ``jit``), when JAX is installed;
+   and the compile time and the iterations after which compiling pays. Targets: compiled
+   EntropySGLD <= 1.2x the hand-written Entropy loop and <= 3x the JAX step.
 2. 128 vectorized chains (``bench_vectorized.py``'s problem: the embedded MNIST 7-vs-9 training
-   images, EntropySGLD): chain-iterations per second, eager and compiled, 2 threads.
+   images, EntropySGLD): chain-iterations per second, eager and compiled (2 threads), and JAX
+   ``vmap`` when installed (XLA's default threads: the 2 cores). Target: compiled >= JAX.
 3. The BNN study's network (``BayesianMLP`` 784-100-5, 2,000 images, minibatch 100), one chain, SGLD,
    20 kept draws: compiled against a hand-written loop with autograd on the same network. Target:
    <= 1.1x.
@@ -122,6 +124,63 @@ def mlp_hand_loop(net: BayesianMLP, X, y, iters: int, step: float) -> float:
     return (time.perf_counter() - start) / iters * 1e6
 
 
+def jax_rates(X, y, iters: int, chains: int, X79, y79, vector_iters: int):
+    """(µs per iteration of one JAX Entropy-MCMC chain, chain-iterations/s of ``chains`` vmapped
+    chains), the same step as EntropySGLD under ``lax.scan`` and ``jit``; ``None`` without JAX."""
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        return None
+
+    def make_run(Xt, yt, step, eta, prior_var):
+        Xj, yj = jnp.asarray(Xt.numpy()), jnp.asarray(yt.numpy())
+        n, d = Xj.shape
+        noise = math.sqrt(2 * step)
+
+        def potential(w, b, idx):
+            logits = Xj[idx] @ w + b
+            nll = jnp.sum(jax.nn.softplus(logits) - yj[idx] * logits)
+            return 0.5 * (w @ w + b * b) / prior_var + (n / B) * nll
+
+        grad = jax.grad(potential, argnums=(0, 1))
+
+        def body(carry, idx):
+            w, b, wa, ba, key = carry
+            key, k1, k2, k3, k4 = jax.random.split(key, 5)
+            gw, gb = grad(w, b, idx)
+            w_new = w - step * (gw + (w - wa) / eta) + noise * jax.random.normal(k1, (d,))
+            b_new = b - step * (gb + (b - ba) / eta) + noise * jax.random.normal(k2, ())
+            wa = wa - step * (wa - w) / eta + noise * jax.random.normal(k3, (d,))
+            ba = ba - step * (ba - b) / eta + noise * jax.random.normal(k4, ())
+            return (w_new, b_new, wa, ba, key), None
+
+        def chain(key, batches):
+            zero = jnp.zeros(d)
+            return jax.lax.scan(body, (zero, 0.0, zero, 0.0, key), batches)[0][0]
+
+        def epochs(key, steps):  # epoch-shuffled minibatches, as EpochBatcher draws them
+            per = n // B
+            perms = jax.vmap(lambda k: jax.random.permutation(k, n)[: per * B])(jax.random.split(key, -(-steps // per)))
+            return perms.reshape(-1, B)[:steps]
+
+        return chain, epochs
+
+    def timed(fn, *args):
+        jax.block_until_ready(fn(*args))  # compile
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        return time.perf_counter() - start
+
+    chain, epochs = make_run(X, y, STEP, ETA, 1.0)
+    one = jax.jit(lambda key: chain(key, epochs(key, iters)))
+    one_us = timed(one, jax.random.PRNGKey(0)) / iters * 1e6
+    chain, epochs = make_run(X79, y79, 5e-4, 0.01, 0.25)
+    many = jax.jit(jax.vmap(lambda key: chain(key, epochs(key, vector_iters))))
+    seconds = timed(many, jax.random.split(jax.random.PRNGKey(0), chains))
+    return one_us, chains * vector_iters / seconds
+
+
 def best(fn, repeats: int):
     return min((fn() for _ in range(repeats)), key=lambda r: r[0] if isinstance(r, tuple) else r)
 
@@ -173,13 +232,26 @@ def main():
         verdict = "" if target is None else ("  ok" if ratio <= target else "  MISSED") + f" (target <= {target})"
         print(f"  {name:<40s} {ratio:5.2f}{verdict}")
 
-    torch.set_num_threads(2)
     X79, y79 = load_mnist79(None, split="train")
+    jax = jax_rates(X, y, iters, args.chains, X79, y79, 200)
+    if jax is None:
+        print("  JAX: not installed (pip install -e '.[bench]'); no JAX figures in this run")
+    else:
+        entropy = rows["EntropySGLD compiled"][0]
+        print(f"  JAX Entropy-MCMC step (lax.scan, jit) {jax[0]:8.0f} us/iteration")
+        verdict = "ok" if entropy / jax[0] <= 3 else "MISSED"
+        print(f"  EntropySGLD compiled / JAX step          {entropy / jax[0]:5.2f}  {verdict} (target <= 3)")
+
+    torch.set_num_threads(2)
     rates = {jit: max(vectorized_rate(jit, X79, y79, args.chains, 200) for _ in range(repeats)) for jit in (False, True)}
     print(f"\n2. {args.chains} vectorized chains: EntropySGLD, logistic regression d=785, N={len(X79)}, minibatch 100, "
           "2 threads")
     print(f"  eager     {rates[False]:10.0f} chain-iterations/s")
     print(f"  compiled  {rates[True]:10.0f} chain-iterations/s  ({rates[True] / rates[False]:.2f}x)")
+    if jax is not None:
+        verdict = "ok" if rates[True] >= jax[1] else "MISSED"
+        print(f"  JAX vmap  {jax[1]:10.0f} chain-iterations/s  (compiled / JAX: {rates[True] / jax[1]:.2f}, "
+              f"{verdict}, target >= 1)")
 
     torch.set_num_threads(1)
     data = load_mnist_ood(None)
