@@ -226,8 +226,7 @@ def test_divergent_trajectories_are_rejected_and_counted():
     mcmc = MCMC(kernel, 300, 0, initial_params={"x": torch.ones(4, 1)}, num_chains=4,
                 disable_progbar=True)
     mcmc.run()
-    assert mcmc.chain_method == "vectorized"
-    assert kernel.is_compiled == jit_compile  # potential_fn maps (4, 1) to (4,)
+    assert mcmc.chain_method == "vectorized"  # potential_fn maps (4, 1) to (4,)
     samples = mcmc.get_samples()
     assert torch.isfinite(samples["x"]).all() and (samples["x"] > 0).all()
     divergences = mcmc.diagnostics()["divergences"]
