@@ -10,7 +10,7 @@ import pyro
 import pyro.distributions as dist
 from pyro.infer import MCMC
 from pyro_flat import MCMC as VectorizedMCMC
-from pyro_flat import EntropyHMC, EntropySGLD, SGLD
+from pyro_flat import EntropyHMC, EntropySGLD, LocalEntropySGLD, SGLD
 from pyro_flat.models import BayesianMLP, logistic_regression
 from pyro_flat.targets import CompiledTarget, CoupledPotential, ModelPotential, compile_target
 
@@ -56,36 +56,95 @@ def test_a_network_compiles_and_matches():
         torch.testing.assert_close(grads[name], want_grads[name])
 
 
-def _entropy_run(jit, seed, X, y, **kwargs):
+def _run(kernel, seed, X, y, num_samples=200, warmup_steps=50, batch_size=30):
     pyro.set_rng_seed(seed)
+    mcmc = VectorizedMCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps, num_chains=2,
+                          disable_progbar=True)
+    mcmc.run(X, y, batch_size=batch_size)
+    stats = {k: torch.stack([torch.as_tensor(d["sample_stats"][k]) for d in mcmc._diagnostics])
+             for k in mcmc._diagnostics[0]["sample_stats"]}
+    return mcmc.get_samples(), stats
+
+
+def _entropy_run(jit, seed, X, y, **kwargs):
     kernel = EntropySGLD(logistic_regression, eta=0.1, step_size=1e-3, jit_compile=jit, **kwargs)
-    mcmc = VectorizedMCMC(kernel, num_samples=200, warmup_steps=50, num_chains=2, disable_progbar=True)
-    mcmc.run(X, y, batch_size=30)
+    draws, stats = _run(kernel, seed, X, y)
     assert kernel.is_compiled == bool(jit)
-    return mcmc.get_samples(), kernel
+    return draws, stats, kernel
+
+
+def _assert_same(a, b):
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("jit", ["fx", True])
 def test_compiled_and_eager_runs_draw_the_same_stream(jit):
     """The graph draws its noise with the eager random operations, in the eager order (inductor's
-    own random numbers are switched off), so a seeded compiled run repeats the eager one."""
+    own random numbers are switched off), so a seeded compiled run repeats the eager one, draws and
+    per-draw statistics (the minibatch energy, |θ - θa|) alike."""
     X, y = _data()
-    eager, _ = _entropy_run(False, 3, X, y)
-    compiled, kernel = _entropy_run(jit, 3, X, y)
-    other, _ = _entropy_run(jit, 4, X, y)
+    eager, eager_stats, _ = _entropy_run(False, 3, X, y)
+    compiled, stats, kernel = _entropy_run(jit, 3, X, y)
+    other, _, _ = _entropy_run(jit, 4, X, y)
     assert kernel.compile_seconds > 0 and len(kernel._steps.graphs) == 1
+    _assert_same(eager, compiled)
+    assert set(stats) >= {"potential_energy", "coupling_distance"}
+    _assert_same(eager_stats, stats)
     for name in eager:
-        torch.testing.assert_close(compiled[name], eager[name], rtol=1e-4, atol=1e-5)
         assert not torch.allclose(other[name], eager[name])
+
+
+@pytest.mark.parametrize("jit", ["fx", True])
+def test_a_kernel_drawing_several_minibatches_gets_them_all(jit):
+    """LocalEntropySGLD draws a minibatch for each inner step: each must be its own graph input.
+    With one epoch of data left (no reshuffle between the draws) the stream equals the eager one."""
+    X, y = _data(n=6000)
+    runs = []
+    for flag in (False, jit):
+        kernel = LocalEntropySGLD(logistic_regression, eta=0.5, step_size=1e-3, inner_step_size=1e-4,
+                                  num_inner_steps=3, jit_compile=flag)
+        runs.append(_run(kernel, 5, X, y, num_samples=30, warmup_steps=5, batch_size=20)[0])
+        assert kernel.is_compiled == bool(flag)
+    _assert_same(*runs)
+
+
+class _Blocks:
+    """A constant step with alternating noise-free (exploration) and sampling blocks of 20."""
+
+    def __call__(self, k):
+        return 1.0
+
+    def is_sampling(self, k):
+        return (k // 20) % 2 == 1
+
+
+def test_the_temperature_gets_its_own_graph():
+    X, y = _data()
+    eager, _, _ = _entropy_run(False, 6, X, y, schedule=_Blocks())
+    compiled, _, kernel = _entropy_run("fx", 6, X, y, schedule=_Blocks())
+    assert sorted(key[1] for key in kernel._steps.graphs) == [0.0, 1.0]
+    _assert_same(eager, compiled)
+
+
+def test_a_schedule_that_settles_is_compiled_once_it_repeats():
+    X, y = _data()
+    settling = lambda k: 1.0 / (1 + k) if k < 50 else 0.5  # noqa: E731  (warm-up: a new step each time)
+    eager, _, _ = _entropy_run(False, 7, X, y, schedule=settling)
+    compiled, _, kernel = _entropy_run("fx", 7, X, y, schedule=settling)
+    assert len(kernel._steps.graphs) == 1
+    _assert_same(eager, compiled)
 
 
 def test_each_step_size_gets_its_graph_up_to_a_limit():
     from pyro_flat.kernels.compiled_step import MAX_GRAPHS
 
     X, y = _data()
+    kernel = EntropySGLD(logistic_regression, eta=0.1, step_size=1e-3, jit_compile="fx",
+                         schedule=lambda k: 1.0 / (1 + k // 10))  # a new step every 10 iterations
     with pytest.warns(RuntimeWarning, match=f"{MAX_GRAPHS} graphs compiled already"):
-        draws, kernel = _entropy_run("fx", 0, X, y, schedule=lambda k: 1.0 / (1 + k // 10))
-    assert len(kernel._steps.graphs) == MAX_GRAPHS
+        draws, _ = _run(kernel, 0, X, y)
+    assert len(kernel._steps.graphs) == MAX_GRAPHS and not kernel.is_compiled
     assert all(torch.isfinite(v).all() for v in draws.values())
 
 
@@ -121,7 +180,8 @@ def test_a_model_that_reads_values_runs_eagerly_after_one_warning():
         kernel = SGLD(_branchy, step_size=1e-3, jit_compile=jit)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            mcmc = MCMC(kernel, num_samples=30, warmup_steps=0, num_chains=2, disable_progbar=True)
+            mcmc = VectorizedMCMC(kernel, num_samples=30, warmup_steps=0, num_chains=2,
+                                  chain_method="sequential", disable_progbar=True)  # setup twice, warned once
             mcmc.run(y)
         messages = [str(w.message) for w in caught if "jit_compile" in str(w.message)]
         assert len(messages) == (1 if jit else 0)  # once for the kernel, not once per chain
@@ -144,6 +204,10 @@ def test_a_model_with_python_state_is_caught_by_the_comparison():
     target = ModelPotential(stateful, (torch.zeros(5),))
     same, reason = compile_target(target, target.initial_params())
     assert same is target and "control flow depends on values" in reason
+    kernel = SGLD(stateful, step_size=1e-3, jit_compile="fx")  # the whole iteration, checked the same way
+    with pytest.warns(RuntimeWarning, match="runs eagerly: the traced graph gives"):
+        MCMC(kernel, num_samples=5, warmup_steps=0, disable_progbar=True).run(torch.zeros(5))
+    assert not kernel.is_compiled and kernel._steps.disabled is not None
 
 
 def test_bad_jit_compile_is_refused():

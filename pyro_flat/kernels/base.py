@@ -110,6 +110,7 @@ class TargetKernel(MCMCKernel):
         self.steps_per_draw = steps_per_draw
         self._num_setups = 0
         self._completed_draws = []
+        self._compile_seconds, self._steps, self._jit_warned = 0.0, None, False
 
     # ----------------------------------------------------------------- MCMCKernel contract
     @property
@@ -386,7 +387,10 @@ class StochasticGradientKernel(TargetKernel):
     supports_thinning = True
 
     def _compile_target(self, params: Params) -> None:
-        """``jit_compile``: the whole iteration as one graph, built at its first use."""
+        """``jit_compile``: the whole iteration as one graph, built once a step size repeats."""
+        previous = getattr(self, "_steps", None)
+        if previous is not None:  # an earlier chain's graphs: keep what they cost
+            self._compile_seconds += previous.compile_seconds
         self._steps = CompiledSteps(self, self.jit_backend)
 
     @property
@@ -396,8 +400,9 @@ class StochasticGradientKernel(TargetKernel):
 
     @property
     def is_compiled(self) -> bool:
+        """Whether the last iteration ran through a compiled graph."""
         steps = getattr(self, "_steps", None)
-        return steps is not None and steps.disabled is None and bool(steps.graphs)
+        return steps is not None and steps.last_compiled
 
     def _transition(self, params: Params, step_size: float, temperature: float):
         steps = getattr(self, "_steps", None)

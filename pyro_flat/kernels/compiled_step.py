@@ -9,10 +9,10 @@ C++ (a few seconds per graph; ``jit_compile="fx"`` skips this and replays the tr
 the graph: Pyro's handlers, the distributions' Python code and autograd's tape are gone from the
 loop.
 
-A graph bakes in what was constant when it was traced: the step size and temperature (one graph
-per pair, at most :data:`MAX_GRAPHS`; a schedule that changes the step at every iteration runs
-eagerly beyond them) and a preconditioner's frozen metric (a new metric, after warm-up
-adaptation, gets a new graph).
+A graph bakes in what was constant when it was traced: the step size and temperature, and a
+preconditioner's frozen metric. A step size is compiled once it repeats on consecutive
+iterations, at most :data:`MAX_GRAPHS` of them: a schedule that changes the step at every
+iteration runs eagerly, and so does warm-up while a preconditioner adapts.
 
 Random numbers: the graph keeps the eager random operations (``torch.randn`` and friends, also
 under inductor, whose own Philox generator is switched off: on the CPU it is several times slower
@@ -79,7 +79,8 @@ class CompiledSteps:
         self.graphs: Dict[tuple, object] = {}
         self.compile_seconds = 0.0
         self.disabled: Optional[str] = None  # why the kernel runs eagerly
-        self.full = False  # MAX_GRAPHS reached
+        self.last_compiled = False  # whether the last iteration ran through a graph
+        self._previous_key = None
 
     def _key(self, step_size: float, temperature: float) -> tuple:
         preconditioner = self.kernel.preconditioner
@@ -87,19 +88,20 @@ class CompiledSteps:
         return (float(step_size), float(temperature), id(factor)), factor
 
     def __call__(self, params: Params, step_size: float, temperature: float):
+        self.last_compiled = False
         if self.disabled is not None:
             return None
         key, keep_alive = self._key(step_size, temperature)
         entry = self.graphs.get(key)
+        repeated, self._previous_key = key == self._previous_key, key
         if entry is None:
-            if len(self.graphs) >= MAX_GRAPHS:  # e.g. a schedule that changes the step at every iteration
-                if not self.full:
-                    self.full = True
-                    warnings.warn(f"{type(self.kernel).__name__}(jit_compile={self.kernel.jit_compile!r}): "
-                                  f"{MAX_GRAPHS} graphs compiled already (one per step size and temperature); "
-                                  "iterations at other step sizes run eagerly. A schedule that changes the "
-                                  "step at every iteration gains nothing from jit_compile.",
-                                  RuntimeWarning, stacklevel=4)
+            # compile a step size once it repeats: a schedule that changes the step at every
+            # iteration (a decaying or cyclical one) never pays for a graph it would use once
+            if not repeated:
+                return None
+            if len(self.graphs) >= MAX_GRAPHS:
+                self._warn_once(f"{MAX_GRAPHS} graphs compiled already (one per step size and temperature); "
+                                "iterations at other step sizes run eagerly")
                 return None
             start = time.perf_counter()
             entry = self._build(params, step_size, temperature)
@@ -114,6 +116,7 @@ class CompiledSteps:
         outputs = graph(*(params[n] for n in names), *indices)
         n = len(names)
         self.kernel.target.last_stats = dict(zip(stat_names, outputs[2 * n + 1:]))
+        self.last_compiled = True
         return dict(zip(names, outputs[:n])), outputs[n], dict(zip(names, outputs[n + 1: 2 * n + 1]))
 
     # ----------------------------------------------------------------- building a graph
@@ -142,7 +145,9 @@ class CompiledSteps:
                 with _GivenIndices(kernel.target) as counter:  # how many minibatches one iteration draws
                     kernel.transition(dict(zip(names, values)), step_size, temperature)
                 plates, num_draws = list(counter.fixed), counter.count
-                inputs = values + [counter.fixed[p] for _ in range(num_draws) for p in plates]
+                # a distinct tensor (and minibatch) per draw: make_fx tells inputs apart by identity
+                inputs = values + [_shifted(counter.fixed[p], d, _plate_size(kernel.target, p))
+                                   for d in range(num_draws) for p in plates]
                 stat_names = list((getattr(kernel.target, "last_stats", {}) or {}).keys())
                 step = self._traceable(names, plates, num_draws, step_size, temperature)
                 graph = make_fx(step)(*inputs)
@@ -157,41 +162,68 @@ class CompiledSteps:
                 from torch._inductor import config
 
                 with torch.random.fork_rng(devices=devices), config.patch(fallback_random=True):
-                    graph = torch._inductor.compile(graph, inputs)  # no dynamo: the graph is traced already
+                    compiled = torch._inductor.compile(graph, inputs)  # no dynamo: the graph is traced already
+                    self._check(compiled, step, inputs, len(names))
+                graph = compiled
             except Exception as err:
-                warnings.warn(f"{type(kernel).__name__}(jit_compile=True): torch.compile failed "
-                              f"({type(err).__name__}: {first_line(err)}); the traced graph runs without "
-                              "it (jit_compile='fx').", RuntimeWarning, stacklevel=4)
+                self._warn_once(f"inductor failed ({type(err).__name__}: {first_line(err)}); the traced graph "
+                                "runs without it, as with jit_compile='fx'")
                 self.backend = "fx"
         return graph, names, plates, num_draws, stat_names
 
     def _check(self, graph, step, inputs, n: int) -> None:
-        """The traced graph against the eager iteration, on the same random numbers."""
+        """The traced graph against the eager iteration, on the same random numbers: new values,
+        energy, gradients and the target's statistics."""
         seed = int(torch.randint(0, 2**31 - 1, ()))
         outputs = []
         for fn in (step, graph):
-            torch.manual_seed(seed)
+            torch.random.default_generator.manual_seed(seed)  # the devices in use only (fork_rng restores them)
+            if inputs[0].device.type == "cuda":
+                torch.cuda.manual_seed(seed)
             outputs.append(fn(*inputs))
         labels = ["the new value"] * n + ["the energy"] + ["the gradient"] * n
+        labels += ["a statistic"] * (len(outputs[0]) - len(labels))
         for what, want, got in zip(labels, *outputs):
+            if want.shape != got.shape:
+                raise _Mismatch(f"the traced graph gives {what} of shape {tuple(got.shape)}, the kernel "
+                                f"{tuple(want.shape)}")
+            if want.numel() == 0:
+                continue
             scale = max(1.0, float(want.abs().max()))
-            if want.shape != got.shape or float((want - got).abs().max()) > 1e-4 * scale:
+            if not torch.equal(torch.isfinite(want), torch.isfinite(got)) or float(
+                    (want - got).nan_to_num().abs().max()) > 1e-4 * scale:
                 raise _Mismatch(f"the traced graph gives {what} {float(got.reshape(-1)[0]):.6g} where the "
                                 f"kernel gives {float(want.reshape(-1)[0]):.6g}: the model's Python control "
-                                "flow depends on values (an `if` on data or parameters), which a trace records "
-                                "only one way")
+                                "flow depends on values (an `if` on data or parameters, or Python state), which "
+                                "a trace records only one way")
 
-    def _disable(self, reason: str) -> None:
-        self.disabled = reason
+    def _warn_once(self, text: str) -> None:
         if getattr(self.kernel, "_jit_warned", False):  # once per kernel, not once per chain
             return
         self.kernel._jit_warned = True
-        warnings.warn(f"{type(self.kernel).__name__}(jit_compile={self.kernel.jit_compile!r}) runs eagerly: "
-                      f"{reason}.", RuntimeWarning, stacklevel=5)
+        warnings.warn(f"{type(self.kernel).__name__}(jit_compile={self.kernel.jit_compile!r}): {text}.",
+                      RuntimeWarning, stacklevel=5)
+
+    def _disable(self, reason: str) -> None:
+        self.disabled = reason
+        self._warn_once(f"runs eagerly: {reason}")
 
 
 class _Mismatch(Exception):
     pass
+
+
+def _shifted(indices: torch.Tensor, draw: int, size: int) -> torch.Tensor:
+    """The ``draw``-th example minibatch: the fixed one moved along by ``draw`` batches."""
+    return (indices + draw * indices.shape[-1]) % size
+
+
+def _plate_size(target, plate: str) -> int:
+    for source in _index_sources(target):
+        batcher = getattr(source, "batchers", {}).get(plate)
+        if batcher is not None:
+            return batcher.size
+    raise ValueError(f"no batcher for plate {plate!r}")
 
 
 def _reason(err: Exception) -> str:

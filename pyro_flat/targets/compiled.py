@@ -58,6 +58,8 @@ class CompiledTarget:
         self._names, self._plates = list(names), list(plates)
 
     def __getattr__(self, name):  # sites, transforms, initial_params, full_data, batchers, ...
+        if "target" not in self.__dict__:  # copy/pickle probe before __init__ ran
+            raise AttributeError(name)
         return getattr(self.__dict__["target"], name)
 
     def __call__(self, params: Params, indices: Optional[Dict[str, torch.Tensor]] = None) -> torch.Tensor:
