@@ -25,6 +25,7 @@ import torch
 import pyro
 from pyro.infer import MCMC
 from pyro_flat import SGLD, EntropySGLD
+from pyro_flat.targets import EpochBatcher
 from pyro_flat.models import logistic_regression as model  # N(0, 1) prior, minibatch plate of B = 100
 
 N, D, B = 12_000, 784, 100
@@ -53,13 +54,10 @@ def hand_loop(X, y, iters: int, entropy: bool) -> float:
     w, b = torch.zeros(D), torch.zeros(())
     wa, ba = w.clone(), b.clone()
     noise = math.sqrt(2 * STEP)
-    perm, pos = torch.randperm(N), 0
+    batches = EpochBatcher(N, B, X.device)  # epoch-shuffled minibatches, as the kernels draw them
     start = time.perf_counter()
     for _ in range(iters):
-        if pos + B > N:
-            perm, pos = torch.randperm(N), 0
-        idx = perm[pos : pos + B]
-        pos += B
+        idx = batches()
         w.requires_grad_(True), b.requires_grad_(True)
         U = -log_joint(w, b, X, y, idx)
         if entropy:
@@ -84,14 +82,10 @@ def mcmc_run(kernel, iters: int, *args, initial_params=None) -> float:
 
 
 def potential_factory(X, y):
-    batch = {"perm": torch.randperm(N), "pos": 0}
+    batches = EpochBatcher(N, B, X.device)
 
     def potential(p):
-        if batch["pos"] + B > N:
-            batch["perm"], batch["pos"] = torch.randperm(N), 0
-        idx = batch["perm"][batch["pos"] : batch["pos"] + B]
-        batch["pos"] += B
-        return -log_joint(p["w"], p["b"], X, y, idx)
+        return -log_joint(p["w"], p["b"], X, y, batches())
 
     return potential
 

@@ -171,6 +171,16 @@ def test_noise_drives_projected_sgld_to_the_flat_ends_by_the_exact_entropic_forc
     for run, exact in ((free, middle), (along, 0.5)):
         share = np.mean(np.abs(run.position[-1] - 0.5) < 0.25)
         assert share == pytest.approx(exact, abs=4 * math.sqrt(exact * (1 - exact) / chains) + 0.01)
+    # the middle share does not depend on T; the distance across the path does: for chains in the middle
+    # half it is |y|, y ~ N(0, T / (k (1 - αk/2))) given x, so E|y| = E_x sqrt(2 T / (π k (1 - αk/2)))
+    def spread(x):
+        k = 1 + 8 * math.exp(-4 * x * x)
+        return density(x) * math.sqrt(2 * temperature / (math.pi * k * (1 - alpha * k / 2)))
+
+    inside = np.abs(free.position[-1] - 0.5) < 0.25
+    exact_distance = quad(spread, -0.5, 0.5)[0] / quad(density, -0.5, 0.5)[0]
+    sd = free.distance[-1][inside].std() / math.sqrt(inside.sum())
+    assert free.distance[-1][inside].mean() == pytest.approx(exact_distance, abs=4 * sd + 0.005)
     assert free.steps.tolist() == [0, 1000, 2000, 3000]
     assert free.to_nearer_end[-1].mean() < free.to_nearer_end[0].mean() - 0.1
     # the distance from the path is |y| for chains inside the ends: E|y| = sqrt(2T/(π k)) at stationarity
@@ -178,24 +188,17 @@ def test_noise_drives_projected_sgld_to_the_flat_ends_by_the_exact_entropic_forc
 
 
 def test_a_path_projects_points_onto_its_nearest_segment():
-    path = straight_path(lambda x: (x ** 2).sum(), torch.tensor([0.0, 0.0]), torch.tensor([2.0, 0.0]), num_points=3)
-    position, distance = path.project(torch.tensor([[0.5, 1.0], [3.0, 0.0], [1.0, -2.0]]))
-    assert position.tolist() == pytest.approx([0.25, 1.0, 0.5])
-    assert distance.tolist() == pytest.approx([1.0, 1.0, 2.0])
-    assert path.at(0.75).tolist() == pytest.approx([1.5, 0.0])
+    """An L-shaped path of two segments of lengths 1 and 2 (total 3)."""
+    from pyro_flat.flatness import EnergyPath
+
+    path = EnergyPath(torch.tensor([[0.0, 0.0], [1.0, 0.0], [1.0, 2.0]]), np.zeros(3))
+    position, distance = path.project(torch.tensor([[0.5, -0.4], [2.0, 1.5], [-1.0, 0.0], [1.0, 5.0]]))
+    assert position.tolist() == pytest.approx([0.5 / 3, 2.5 / 3, 0.0, 1.0])
+    assert distance.tolist() == pytest.approx([0.4, 1.0, 1.0, 3.0])
+    assert path.at(0.5).tolist() == pytest.approx([1.0, 0.5])
+    assert path.at(torch.tensor([0.0, 1.0])).flatten().tolist() == pytest.approx([0.0, 0.0, 1.0, 2.0])
     with pytest.raises(ValueError, match=r"position along the path lies in \[0, 1\]"):
         path.at(1.5)
-
-
-def test_paths_command_refuses_bad_options(capsys):
-    from pyro_flat.experiments.cli import main
-
-    assert main(["paths", "--num-points", "2"]) == 2
-    assert "--num-points must be an integer >= 3, got 2" in capsys.readouterr().err
-    assert main(["paths", "--samplers", "flat-sgld"]) == 2
-    assert "--samplers must include sgld" in capsys.readouterr().err
-    assert main(["paths", "--dynamics-step-sizes", "0"]) == 2
-    assert "--dynamics-step-sizes" in capsys.readouterr().err
 
 
 def _study_report(toward_noisy, distance_noisy):

@@ -71,7 +71,7 @@ class TargetKernel(MCMCKernel):
         if jit_compile not in (False, True, "fx", "inductor"):
             raise ValueError(f"jit_compile must be True, False, 'fx' or 'inductor', got {jit_compile!r}.")
         self.jit_compile = jit_compile
-        self._compile_seconds = 0.0  # time spent tracing (and compiling)
+        self._reset_jit()
         self.num_chains: Optional[int] = None  # vectorized chains (set by pyro_flat.MCMC)
         self._pending_initial_params: Optional[Params] = None
         self._initial_params: Optional[Params] = None
@@ -110,7 +110,7 @@ class TargetKernel(MCMCKernel):
         self.steps_per_draw = steps_per_draw
         self._num_setups = 0
         self._completed_draws = []
-        self._compile_seconds, self._steps, self._jit_warned = 0.0, None, False
+        self._reset_jit()
 
     # ----------------------------------------------------------------- MCMCKernel contract
     @property
@@ -171,10 +171,20 @@ class TargetKernel(MCMCKernel):
         start = time.perf_counter()
         self.target, reason = compile_target(self.target, params, backend=self.jit_backend)
         self._compile_seconds += time.perf_counter() - start
-        if reason is not None and not getattr(self, "_jit_warned", False):
+        if reason is not None:
+            self.warn_jit(f"runs eagerly: {reason}")
+
+    def warn_jit(self, text: str) -> None:
+        """A ``jit_compile`` warning, once per kernel (not once per chain)."""
+        if not self._jit_warned:
             self._jit_warned = True
-            warnings.warn(f"{type(self).__name__}(jit_compile={self.jit_compile!r}) runs eagerly: {reason}.",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(f"{type(self).__name__}(jit_compile={self.jit_compile!r}): {text}.", RuntimeWarning,
+                          stacklevel=4)
+
+    def _reset_jit(self) -> None:
+        self._compile_seconds = 0.0  # time spent tracing (and compiling), earlier chains included
+        self._steps = None  # a stochastic-gradient kernel's compiled iterations (CompiledSteps)
+        self._jit_warned = False
 
     def logging(self) -> Dict[str, str]:
         return {}
@@ -388,24 +398,21 @@ class StochasticGradientKernel(TargetKernel):
 
     def _compile_target(self, params: Params) -> None:
         """``jit_compile``: the whole iteration as one graph, built once a step size repeats."""
-        previous = getattr(self, "_steps", None)
-        if previous is not None:  # an earlier chain's graphs: keep what they cost
-            self._compile_seconds += previous.compile_seconds
+        if self._steps is not None:  # an earlier chain's graphs: keep what they cost
+            self._compile_seconds += self._steps.compile_seconds
         self._steps = CompiledSteps(self, self.jit_backend)
 
     @property
     def compile_seconds(self) -> float:
-        steps = getattr(self, "_steps", None)
-        return self._compile_seconds + (0.0 if steps is None else steps.compile_seconds)
+        return self._compile_seconds + (0.0 if self._steps is None else self._steps.compile_seconds)
 
     @property
     def is_compiled(self) -> bool:
         """Whether the last iteration ran through a compiled graph."""
-        steps = getattr(self, "_steps", None)
-        return steps is not None and steps.last_compiled
+        return self._steps is not None and self._steps.last_compiled
 
     def _transition(self, params: Params, step_size: float, temperature: float):
-        steps = getattr(self, "_steps", None)
+        steps = self._steps
         adapting = (self.preconditioner is not None and self.preconditioner.adaptive
                     and self._iteration < self._warmup_steps)  # the metric changes: stay eager
         out = None if steps is None or adapting else steps(params, step_size, temperature)

@@ -25,13 +25,12 @@ both the stream and the exact Gaussian laws.
 from __future__ import annotations
 
 import time
-import warnings
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import torch
 
 from ..targets import Params
-from ..targets.compiled import first_line, tracing_context, untraceable_reason
+from ..targets.compiled import compile_graph, first_line, mismatch, shifted_batch, tracing_context, untraceable_reason
 
 #: graphs kept per kernel (one per step size, temperature and metric)
 MAX_GRAPHS = 4
@@ -81,6 +80,8 @@ class CompiledSteps:
         self.disabled: Optional[str] = None  # why the kernel runs eagerly
         self.last_compiled = False  # whether the last iteration ran through a graph
         self._previous_key = None
+        sources = _index_sources(kernel.target)
+        self._source = sources[-1] if sources else None  # whose draw_indices makes the minibatches
 
     def _key(self, step_size: float, temperature: float) -> tuple:
         preconditioner = self.kernel.preconditioner
@@ -100,7 +101,7 @@ class CompiledSteps:
             if not repeated:
                 return None
             if len(self.graphs) >= MAX_GRAPHS:
-                self._warn_once(f"{MAX_GRAPHS} graphs compiled already (one per step size and temperature); "
+                self.kernel.warn_jit(f"{MAX_GRAPHS} graphs compiled already (one per step size and temperature); "
                                 "iterations at other step sizes run eagerly")
                 return None
             start = time.perf_counter()
@@ -111,8 +112,7 @@ class CompiledSteps:
             self.graphs[key] = (*entry, keep_alive)
             entry = self.graphs[key]
         graph, names, plates, num_draws, stat_names, _ = entry
-        source = _index_sources(self.kernel.target)[-1] if num_draws else None
-        indices = [batch[p] for _ in range(num_draws) for batch in (source.draw_indices(),) for p in plates]
+        indices = [batch[p] for _ in range(num_draws) for batch in (self._source.draw_indices(),) for p in plates]
         outputs = graph(*(params[n] for n in names), *indices)
         n = len(names)
         self.kernel.target.last_stats = dict(zip(stat_names, outputs[2 * n + 1:]))
@@ -146,7 +146,7 @@ class CompiledSteps:
                     kernel.transition(dict(zip(names, values)), step_size, temperature)
                 plates, num_draws = list(counter.fixed), counter.count
                 # a distinct tensor (and minibatch) per draw: make_fx tells inputs apart by identity
-                inputs = values + [_shifted(counter.fixed[p], d, _plate_size(kernel.target, p))
+                inputs = values + [shifted_batch(self._source, p, counter.fixed[p], d)
                                    for d in range(num_draws) for p in plates]
                 stat_names = list((getattr(kernel.target, "last_stats", {}) or {}).keys())
                 step = self._traceable(names, plates, num_draws, step_size, temperature)
@@ -159,14 +159,12 @@ class CompiledSteps:
             return None
         if self.backend == "inductor":
             try:
-                from torch._inductor import config
-
-                with torch.random.fork_rng(devices=devices), config.patch(fallback_random=True):
-                    compiled = torch._inductor.compile(graph, inputs)  # no dynamo: the graph is traced already
+                compiled = compile_graph(graph, inputs, "inductor")
+                with torch.random.fork_rng(devices=devices):
                     self._check(compiled, step, inputs, len(names))
                 graph = compiled
             except Exception as err:
-                self._warn_once(f"inductor failed ({type(err).__name__}: {first_line(err)}); the traced graph "
+                self.kernel.warn_jit(f"inductor failed ({type(err).__name__}: {first_line(err)}); the traced graph "
                                 "runs without it, as with jit_compile='fx'")
                 self.backend = "fx"
         return graph, names, plates, num_draws, stat_names
@@ -183,47 +181,17 @@ class CompiledSteps:
             outputs.append(fn(*inputs))
         labels = ["the new value"] * n + ["the energy"] + ["the gradient"] * n
         labels += ["a statistic"] * (len(outputs[0]) - len(labels))
-        for what, want, got in zip(labels, *outputs):
-            if want.shape != got.shape:
-                raise _Mismatch(f"the traced graph gives {what} of shape {tuple(got.shape)}, the kernel "
-                                f"{tuple(want.shape)}")
-            if want.numel() == 0:
-                continue
-            scale = max(1.0, float(want.abs().max()))
-            if not torch.equal(torch.isfinite(want), torch.isfinite(got)) or float(
-                    (want - got).nan_to_num().abs().max()) > 1e-4 * scale:
-                raise _Mismatch(f"the traced graph gives {what} {float(got.reshape(-1)[0]):.6g} where the "
-                                f"kernel gives {float(want.reshape(-1)[0]):.6g}: the model's Python control "
-                                "flow depends on values (an `if` on data or parameters, or Python state), which "
-                                "a trace records only one way")
-
-    def _warn_once(self, text: str) -> None:
-        if getattr(self.kernel, "_jit_warned", False):  # once per kernel, not once per chain
-            return
-        self.kernel._jit_warned = True
-        warnings.warn(f"{type(self.kernel).__name__}(jit_compile={self.kernel.jit_compile!r}): {text}.",
-                      RuntimeWarning, stacklevel=5)
+        reason = mismatch(zip(labels, *outputs))
+        if reason is not None:
+            raise _Mismatch(reason)
 
     def _disable(self, reason: str) -> None:
         self.disabled = reason
-        self._warn_once(f"runs eagerly: {reason}")
+        self.kernel.warn_jit(f"runs eagerly: {reason}")
 
 
 class _Mismatch(Exception):
     pass
-
-
-def _shifted(indices: torch.Tensor, draw: int, size: int) -> torch.Tensor:
-    """The ``draw``-th example minibatch: the fixed one moved along by ``draw`` batches."""
-    return (indices + draw * indices.shape[-1]) % size
-
-
-def _plate_size(target, plate: str) -> int:
-    for source in _index_sources(target):
-        batcher = getattr(source, "batchers", {}).get(plate)
-        if batcher is not None:
-            return batcher.size
-    raise ValueError(f"no batcher for plate {plate!r}")
 
 
 def _reason(err: Exception) -> str:

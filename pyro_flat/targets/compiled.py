@@ -8,9 +8,8 @@ subsampled plates. :func:`compile_target` then traces
 once, with ``torch.func.grad_and_value`` under ``make_fx``: Pyro's handlers, the distributions'
 Python code and autograd's tape run once, at tracing, and every later call replays the recorded
 ATen operations (dead code removed), which costs a fraction of the eager evaluation. With
-``backend="inductor"`` the graph is also handed to ``torch.compile``, which fuses it into
-generated C++ (tens of seconds to compile; it pays only for large graphs, see
-``benchmarks/bench_compiled.py``).
+``backend="inductor"`` inductor also fuses it into generated C++ (:func:`compile_graph`; seconds
+to compile, see ``benchmarks/bench_compiled.py``).
 
 Minibatch indices stay an input, drawn eagerly as before, so a compiled run consumes the random
 stream exactly as an eager one does: seeded runs give the same draws up to floating-point
@@ -53,8 +52,8 @@ class CompiledTarget:
     """A target whose :meth:`potential_and_grad` replays a traced graph; everything else (the
     sites, the initial point, the full-data potential, ``__call__``) is the eager target's."""
 
-    def __init__(self, target, graph, names, plates, backend: str):
-        self.target, self.graph, self.backend = target, graph, backend
+    def __init__(self, target, graph, names, plates):
+        self.target, self.graph = target, graph
         self._names, self._plates = list(names), list(plates)
 
     def __getattr__(self, name):  # sites, transforms, initial_params, full_data, batchers, ...
@@ -69,8 +68,8 @@ class CompiledTarget:
                            ) -> Tuple[torch.Tensor, Params]:
         if indices is None:
             indices = self.target.draw_indices()
-        grads, (_, energy) = self.graph([params[n] for n in self._names], [indices[p] for p in self._plates])
-        return energy, dict(zip(self._names, grads))
+        outputs = self.graph(*(params[n] for n in self._names), *(indices[p] for p in self._plates))
+        return outputs[-1], dict(zip(self._names, outputs[:-1]))
 
 
 @contextmanager
@@ -100,37 +99,68 @@ def first_line(err: Exception) -> str:
     return (str(err).splitlines() or [""])[0].rstrip(".")
 
 
+def mismatch(pairs) -> Optional[str]:
+    """``None`` if every ``(what, eager, traced)`` pair agrees (same shape, same non-finite entries,
+    within :data:`TOLERANCE` relative), else what differs and the likely cause."""
+    for what, want, got in pairs:
+        if want.shape != got.shape:
+            return f"the traced graph gives {what} of shape {tuple(got.shape)}, the eager run {tuple(want.shape)}"
+        if want.numel() == 0:
+            continue
+        scale = max(1.0, float(want.abs().max()))
+        if not torch.equal(torch.isfinite(want), torch.isfinite(got)) or float(
+                (want - got).nan_to_num().abs().max()) > TOLERANCE * scale:
+            return (f"the traced graph gives {what} {float(got.reshape(-1)[0]):.6g} where the eager run gives "
+                    f"{float(want.reshape(-1)[0]):.6g}: the model's Python control flow depends on values (an "
+                    "`if` on data or parameters, or Python state), which a trace records only one way")
+    return None
+
+
+def shifted_batch(target, plate: str, indices: torch.Tensor, shift: int) -> torch.Tensor:
+    """``indices`` of ``target``'s subsampled ``plate`` moved along by ``shift`` minibatches: another
+    valid minibatch, for comparisons and for tracing several draws as distinct inputs."""
+    return (indices + shift * indices.shape[-1]) % target.batchers[plate].size
+
+
+def compile_graph(graph, inputs: list, backend: str):
+    """``graph`` (a traced ``GraphModule`` over flat tensors) as it runs: itself (``"fx"``) or built by
+    inductor directly, without dynamo's per-call guards, keeping ATen's random operations
+    (``fallback_random``: inductor's own generator is slower on the CPU and changes the stream)."""
+    if backend == "fx":
+        return graph
+    from torch._inductor import config
+
+    devices = [x.device for x in inputs if x.device.type == "cuda"]
+    with torch.random.fork_rng(devices=devices), config.patch(fallback_random=True):
+        compiled = torch._inductor.compile(graph, [x.contiguous() for x in inputs])
+    # the build assumes its inputs' strides: a view (EntropyHMC's blocks of one flat vector) is copied
+    return lambda *xs: compiled(*(x.contiguous() for x in xs))
+
+
 def _trace(target, params: Params, indices: Dict[str, torch.Tensor]):
+    """The energy and gradient as a graph over flat tensors: the values, then the plates' indices;
+    it returns the gradients, then the energy."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    names, plates = list(params), list(indices)
+    names, plates, n = list(params), list(indices), len(params)
     expected = () if target.num_chains is None else (target.num_chains,)
 
-    def energy(values, index_values):
-        u = target(dict(zip(names, values)), dict(zip(plates, index_values)))
+    def energy(*inputs):
+        u = target(dict(zip(names, inputs[:n])), dict(zip(plates, inputs[n:])))
         return u.sum(), u.detach().reshape(expected)
 
+    gradient_and_energy = torch.func.grad_and_value(energy, argnums=tuple(range(n)), has_aux=True)
+
+    def flat(*inputs):
+        grads, (_, u) = gradient_and_energy(*inputs)
+        return [*grads, u]
+
+    inputs = [params[name].detach() for name in names] + [indices[p] for p in plates]
     with tracing_context():
-        graph = make_fx(torch.func.grad_and_value(energy, has_aux=True))(
-            [params[n].detach() for n in names], [indices[p] for p in plates])
+        graph = make_fx(flat)(*inputs)
     graph.graph.eliminate_dead_code()
     graph.recompile()
-    return graph, names, plates
-
-
-def _mismatch(compiled: CompiledTarget, target, params: Params, indices: Dict[str, torch.Tensor]) -> Optional[str]:
-    eager_energy, eager_grads = target.potential_and_grad(params, indices)
-    energy, grads = compiled.potential_and_grad(params, indices)
-    pairs = [("the energy", eager_energy, energy)] + [
-        (f"the gradient of {n!r}", eager_grads[n], grads[n]) for n in eager_grads]
-    for what, want, got in pairs:
-        scale = float(want.abs().max()) if want.numel() else 0.0
-        if want.shape != got.shape or not bool(torch.isfinite(got).all()) or (
-                float((want - got).abs().max()) > TOLERANCE * max(1.0, scale)):
-            return (f"the traced graph gives {what} {float(got.reshape(-1)[0]):.6g} where the model gives "
-                    f"{float(want.reshape(-1)[0]):.6g}: the model's Python control flow depends on values "
-                    "(an `if` on data or parameters), which a trace records only one way")
-    return None
+    return graph, names, plates, inputs
 
 
 def compile_target(target, params: Params, *, backend: str = "fx"):
@@ -141,8 +171,8 @@ def compile_target(target, params: Params, *, backend: str = "fx"):
         :class:`~pyro_flat.targets.CoupledPotential` (its base is compiled; the coupling is closed
         form already).
     :param params: the initial point (unconstrained); the trace specialises on its shapes.
-    :param backend: ``"fx"`` (replay the traced ATen graph) or ``"inductor"`` (also
-        ``torch.compile`` it).
+    :param backend: ``"fx"`` (replay the traced ATen graph) or ``"inductor"`` (also compile it, see
+        :func:`compile_graph`).
     """
     if backend not in ("fx", "inductor"):
         raise ValueError(f"backend must be 'fx' or 'inductor', got {backend!r}.")
@@ -156,28 +186,24 @@ def compile_target(target, params: Params, *, backend: str = "fx"):
         return target, f"{type(target).__name__} has no traceable potential"
     indices = target.fixed_batch() if hasattr(target, "fixed_batch") else {}
     try:
-        graph, names, plates = _trace(target, params, indices)
+        graph, names, plates, inputs = _trace(target, params, indices)
     except Exception as err:  # any failure to trace means: stay eager, and say why
         return target, untraceable_reason(err)
-    if backend == "inductor":
-        graph = torch.compile(graph, backend="inductor", dynamic=False, options={"fallback_random": True})
-    compiled = CompiledTarget(target, graph, names, plates, backend)
     generator = torch.Generator().manual_seed(0)  # leaves the global random stream alone
     moved = {k: v + 0.1 * (1 + v.abs()) * torch.randn(v.shape, generator=generator).to(v) for k, v in params.items()}
-    other = {p: (i + i.numel()) % _plate_size(target, p, i) for p, i in indices.items()}  # another minibatch
+    other = {p: shifted_batch(target, p, i, 1) for p, i in indices.items()}  # another minibatch
     try:
+        compiled = CompiledTarget(target, compile_graph(graph, inputs, backend), names, plates)
         for point, batch in ((params, indices), (moved, other)):
-            reason = _mismatch(compiled, target, point, batch)
+            eager_energy, eager_grads = target.potential_and_grad(point, batch)
+            energy, grads = compiled.potential_and_grad(point, batch)
+            reason = mismatch([("the energy", eager_energy, energy)] + [
+                (f"the gradient of {n!r}", eager_grads[n], grads[n]) for n in eager_grads])
             if reason is not None:
                 return target, reason
     except Exception as err:
         return target, f"the traced graph failed: {type(err).__name__}: {first_line(err)}"
     return compiled, None
-
-
-def _plate_size(target, plate: str, indices: torch.Tensor) -> int:
-    batcher = getattr(target, "batchers", {}).get(plate)
-    return batcher.size if batcher is not None else max(1, int(indices.max()) + 1)
 
 
 __all__ = ["CompiledTarget", "compile_target"]
