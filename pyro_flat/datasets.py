@@ -22,6 +22,8 @@ import os
 import shutil
 import tempfile
 import urllib.request
+import zipfile
+import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -210,8 +212,12 @@ def _read_npz_split(path: Path, split: str) -> Tuple[np.ndarray, np.ndarray]:
         with np.load(path) as f:
             arrays = {k: f[k] for k in keys if k in f.files}
             found = f.files
-    except (OSError, ValueError, EOFError) as err:
-        raise MNISTFileError(f"{path}: not a readable .npz file ({err}); download it again") from err
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as err:
+        raise MNISTFileError(f"{path}: not a readable .npz file ({type(err).__name__}: {err}); "
+                             "download it again") from err
+    except AttributeError as err:  # np.load returned an array (.npy), not an archive
+        raise MNISTFileError(f"{path}: a single array, not an .npz archive of x_train, y_train, x_test, "
+                             "y_test") from err
     missing = [k for k in keys if k not in arrays]
     if missing:
         raise MNISTFileError(f"{path}: no array(s) {missing} (found {found}); Keras' mnist.npz "
@@ -220,7 +226,30 @@ def _read_npz_split(path: Path, split: str) -> Tuple[np.ndarray, np.ndarray]:
     if images.ndim != 3 or images.shape[1:] != (28, 28) or labels.ndim != 1:
         raise MNISTFileError(f"{path}: {keys[0]} must have shape (n, 28, 28) and {keys[1]} shape (n,), "
                              f"found {images.shape} and {labels.shape}")
-    return images, labels
+    return _as_pixel_counts(images, f"{path}: {keys[0]}"), labels
+
+
+def _as_pixel_counts(images: np.ndarray, where: str) -> np.ndarray:
+    """Pixels on MNIST's 0..255 scale: integers as they are, floats in [0, 1] multiplied by 255.
+
+    Anything else (negative values, NaN, floats above 255, non-numbers) is refused: a scale that
+    cannot be told apart must not be guessed.
+    """
+    if images.dtype == bool or not np.issubdtype(images.dtype, np.number):
+        raise MNISTFileError(f"{where}: pixels must be numbers (uint8 0..255 or floats in [0, 1]), "
+                             f"found dtype {images.dtype}")
+    if images.size == 0:
+        return images
+    if np.issubdtype(images.dtype, np.floating) and not np.isfinite(images).all():
+        raise MNISTFileError(f"{where}: pixels hold NaN or inf; the file is corrupt")
+    low, high = float(images.min()) + 0.0, float(images.max()) + 0.0  # + 0.0: no "-0"
+    if low < 0 or high > 255:
+        raise MNISTFileError(f"{where}: pixels range over {low:g}..{high:g}; expected 0..255 (MNIST's "
+                             "scale) or 0..1 (already normalised)")
+    if np.issubdtype(images.dtype, np.floating) and high <= 1.0:
+        logger.info("%s: float pixels in [0, 1]: taken as already normalised (x 255 to MNIST's scale)", where)
+        return images * 255.0
+    return images
 
 
 @lru_cache(maxsize=1)
@@ -286,6 +315,15 @@ def load_mnist_digits(root: Optional[PathLike] = None, *, split: str = "train",
     return images[keep], labels[keep]
 
 
+def _require_digits(labels: np.ndarray, digits: Sequence[int], split: str, root) -> None:
+    """A ``MNISTFileError`` naming the digits of ``digits`` that have no image in ``labels``."""
+    missing = [d for d in digits if not np.any(labels == d)]
+    if missing:
+        source = "the embedded subset" if root is None else str(root)
+        raise MNISTFileError(f"MNIST {split} split of {source} has no image of digit(s) "
+                             f"{', '.join(map(str, missing))}; it needs images of {', '.join(map(str, digits))}")
+
+
 @dataclass(frozen=True)
 class DigitsOOD:
     """MNIST split by digit for out-of-distribution tests: a classifier is trained on ``in_digits``
@@ -321,6 +359,8 @@ def load_mnist_ood(root: Optional[PathLike] = None, *, in_digits: Sequence[int] 
 
     def images(split, digits):
         x, labels = load_mnist_digits(root, split=split, digits=digits, verify=verify)
+        if digits == in_digits:
+            _require_digits(labels, in_digits, split, root)
         return torch.as_tensor(x.reshape(len(x), -1) / 255.0, dtype=dtype), torch.as_tensor(relabel[labels])
 
     X_train, y_train = images("train", in_digits)
@@ -348,6 +388,7 @@ def load_mnist79(root: Optional[PathLike] = None, *, split: str = "train", norma
         MNISTFileError: (a ``ValueError``) naming the missing, truncated or corrupt file.
     """
     images, labels = load_mnist_digits(root, split=split, digits=(7, 9), verify=verify)
+    _require_digits(labels, (7, 9), split, root)
     X = torch.as_tensor(images.reshape(len(images), -1), dtype=dtype)
     if normalize:
         X = X / 255.0

@@ -31,8 +31,10 @@ def mcmc_sample_stats(mcmc) -> Dict[str, torch.Tensor]:
 
 
 def _from_mcmc(mcmc) -> tuple[ArrayDict, ArrayDict]:
-    if not hasattr(mcmc, "_samples"):
-        raise ValueError("to_arviz(mcmc): run the sampler first (mcmc.run(...)).")
+    if not hasattr(mcmc, "get_samples"):
+        raise TypeError(f"to_arviz takes an MCMC object or a dict {{site: tensor}}, got {type(mcmc).__name__}.")
+    if getattr(mcmc, "_samples", None) is None:
+        raise ValueError("to_arviz(mcmc): this MCMC has no draws yet; call mcmc.run(...) first.")
     posterior = {k: to_numpy(v, None) for k, v in mcmc.get_samples(group_by_chain=True).items()}
     return posterior, {k: to_numpy(v, None) for k, v in mcmc_sample_stats(mcmc).items()}
 

@@ -226,6 +226,12 @@ def _check_initial_params(initial_params, num_chains: int) -> None:
     if not isinstance(initial_params, dict):
         raise ValueError(f"initial_params must be a dict {{site name: tensor}}, got "
                          f"{type(initial_params).__name__}.")
+    for name, value in initial_params.items():
+        value = torch.as_tensor(value)
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            bad = ~torch.isfinite(value.reshape(len(value), -1)).all(-1) if num_chains > 1 and value.dim() else None
+            where = "" if bad is None else f" (chain {int(bad.nonzero()[0, 0])})"
+            raise ValueError(f"initial_params[{name!r}] holds NaN or inf{where}; pass finite starting values.")
     if num_chains > 1:
         for name, value in initial_params.items():
             shape = tuple(torch.as_tensor(value).shape)

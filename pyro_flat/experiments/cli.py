@@ -21,6 +21,7 @@ import sys
 from typing import List, Optional
 
 from .mnist79 import PRECONDITIONERS, SAMPLERS, MNIST79Config
+from .output import Terminated
 
 
 class _Parser(argparse.ArgumentParser):
@@ -214,7 +215,9 @@ def run_mnist79_command(args: argparse.Namespace) -> int:
         out=args.out, overwrite=args.overwrite, progress=not args.no_progress,
     )
     report = run_mnist79(config)
-    return 130 if report["interrupted"] else 0
+    if not report["interrupted"]:
+        return 0
+    return 143 if report.get("interrupted_by") == "SIGTERM" else 130
 
 
 def run_synthetic2d_command(args: argparse.Namespace) -> int:
@@ -237,8 +240,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ValueError as err:  # StudyError, MNISTFileError and the kernels' argument checks
         print(f"pyro-flat: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # e.g. the disk filled up while writing: --out is left as it was
+        print(f"pyro-flat: error: {err}; --out left as it was", file=sys.stderr)
+        return 1
+    except Terminated:
+        print("pyro-flat: terminated (SIGTERM); --out left as it was", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
-        print("pyro-flat: interrupted", file=sys.stderr)
+        print("pyro-flat: interrupted; --out left as it was", file=sys.stderr)
         return 130
 
 

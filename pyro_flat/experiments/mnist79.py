@@ -28,7 +28,7 @@ from ..diagnostics import mcmc_sample_stats
 from ..kernels import EntropyHMC, kernel_class, make_kernel
 from ..mcmc import MCMC
 from ..models import logistic_probs, logistic_regression
-from .output import StudyError, require_int, require_positive, staged_output, torch_threads
+from .output import StudyError, Terminated, require_int, require_positive, staged_output, torch_threads
 
 #: The samplers the study runs (names of :data:`pyro_flat.kernels.KERNELS`).
 SAMPLERS = ("entropy-sgld", "sgld", "entropy-hmc")
@@ -142,6 +142,8 @@ class SamplerRun:
     sample_stats: Dict[str, torch.Tensor] = field(default_factory=dict)
     seconds: float = 0.0
     interrupted: bool = False
+    #: what stopped an interrupted run: "Ctrl-C" or "SIGTERM"
+    interrupted_by: Optional[str] = None
 
     @property
     def has_aux(self) -> bool:
@@ -172,9 +174,10 @@ def run_sampler(name: str, config: MNIST79Config, X: torch.Tensor, y: torch.Tens
     batch_size = None if is_full_batch(name) else min(config.batch_size, len(X))
     try:
         mcmc.run(X, y, batch_size=batch_size, prior_scale=config.prior_scale)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         samples = _stack_partial(kernel.partial_samples)
-        return SamplerRun(name, samples, seconds=time.perf_counter() - start, interrupted=True)
+        return SamplerRun(name, samples, seconds=time.perf_counter() - start, interrupted=True,
+                          interrupted_by="SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C")
     seconds = time.perf_counter() - start
     return SamplerRun(name, mcmc.get_samples(group_by_chain=True), mcmc_sample_stats(mcmc), seconds)
 
@@ -347,17 +350,31 @@ def run_mnist79(config: MNIST79Config, *, log: Callable[[str], None] = print) ->
     """Run the MNIST 7-vs-9 study and write its files to ``config.out``; returns the report dict.
 
     The files are written to a temporary folder that replaces ``config.out`` at the end (see
-    :mod:`pyro_flat.experiments.output`), so the folder always holds one run's files.
+    :mod:`pyro_flat.experiments.output`), so the folder always holds one run's files. A run
+    interrupted (Ctrl-C, SIGTERM) before its first draw leaves ``config.out`` as it was; one
+    interrupted later writes every file for the draws made so far (``report["interrupted"]``).
     """
     import matplotlib
 
     matplotlib.use("Agg")
     config.validate()
-    with staged_output(config.out, "mnist79", config.overwrite) as staging, torch_threads(config.threads):
-        report = _run_mnist79(config, staging, log)
     out = Path(config.out).expanduser()
+    try:
+        with staged_output(config.out, "mnist79", config.overwrite) as staging, torch_threads(config.threads):
+            report = _run_mnist79(config, staging, log)
+    except _NothingDrawn as stop:
+        log(f"interrupted ({stop.report['interrupted_by']}) before the first draw: {out} left as it was")
+        return stop.report
     log(f"wrote {', '.join(str(out / f) for f in report['files'].values())}, {out / 'report.json'}")
     return report
+
+
+class _NothingDrawn(Exception):
+    """The run was interrupted before its first draw (carries the report, for the exit code)."""
+
+    def __init__(self, report: dict):
+        super().__init__("interrupted before the first draw")
+        self.report = report
 
 
 def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None]) -> dict:
@@ -387,12 +404,12 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None]) -
     files = {}
     report = {"config": asdict(config), "batch_size_used": batch_size,
               "data": {"source": source, "n_train": len(X), "n_test": len(X_test)},
-              "interrupted": main.interrupted, "seconds": {k: round(r.seconds, 2) for k, r in runs.items()},
+              "interrupted": any(r.interrupted for r in runs.values()),
+              "interrupted_by": next((r.interrupted_by for r in runs.values() if r.interrupted), None),
+              "seconds": {k: round(r.seconds, 2) for k, r in runs.items()},
               "files": files}
     if not main.samples:
-        (out / "report.json").write_text(json.dumps(report, indent=2))
-        log("interrupted before the first draw: nothing to write but report.json")
-        return report
+        raise _NothingDrawn(report)  # keep the previous output: nothing of this run is worth it
 
     idata = to_arviz(main.samples, sample_stats=main.sample_stats or None)
     files["samples"] = "samples.nc"

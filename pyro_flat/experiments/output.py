@@ -1,20 +1,29 @@
 """What every study shares: its errors, its option checks and a consistent output folder.
 
-A study writes into a fresh temporary folder beside ``--out`` and moves it into place when it is
-done, so ``--out`` always holds the files of one run: a run that fails or is killed leaves the
-previous output untouched. An existing folder is replaced only if it holds nothing or the output
-of an earlier run of the same command (marked by :data:`MARKER`), or with ``overwrite=True``;
-anything else is refused, so that ``--out ~/Documents`` cannot wipe a user's files.
+A study writes into a fresh temporary folder beside ``--out`` (``.NAME.partial-PID-*``) and moves
+it into place when it is done, so ``--out`` always holds the files of one run: a run that fails,
+is interrupted before it has anything to write, or is killed leaves the previous output untouched.
+An existing folder is replaced only if it holds nothing or the output of an earlier run of the
+same command (marked by :data:`MARKER`), or with ``overwrite=True``; anything else is refused, so
+that ``--out ~/Documents`` cannot wipe a user's files. ``--out`` is checked (kind, owner, write
+permission) before any work. SIGTERM is turned into :class:`Terminated` (a ``KeyboardInterrupt``)
+while a study runs, so it cleans up as Ctrl-C does; the folders a SIGKILL leaves behind are
+removed by the next run into the same ``--out`` (and a previous run caught half-way through the
+final swap is put back).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import os
+import re
 import shutil
+import signal
 import tempfile
+import threading
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, List, Optional
 
 import torch
 
@@ -38,6 +47,10 @@ def require_int(option: str, value: int, minimum: int) -> None:
         raise StudyError(f"{option} must be an integer >= {minimum}, got {value}")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM received while a study runs: handled as Ctrl-C (the draws made so far are kept)."""
+
+
 def _replaceable(out: Path, command: str) -> bool:
     if not any(out.iterdir()):
         return True
@@ -45,39 +58,133 @@ def _replaceable(out: Path, command: str) -> bool:
     return marker.is_file() and marker.read_text().strip() == command
 
 
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
 def check_output_dir(path: str, command: str, overwrite: bool = False) -> Path:
-    """``path`` as a folder the study may (re)place; a ``StudyError`` that says why not."""
+    """``path`` as a folder the study may (re)place; a ``StudyError`` that says why not.
+
+    Called before any work: a file, a folder of other files, and a folder (or parent) the user
+    may not write are refused at once.
+    """
     out = Path(path).expanduser()
     if out.exists() and not out.is_dir():
         raise StudyError(f"--out {path} is a file; pass a directory (it is created if missing)")
     if out.is_dir() and not overwrite and not _replaceable(out, command):
         raise StudyError(f"--out {path} is not empty and is not the output of an earlier "
                          f"`pyro-flat {command}`; pass --overwrite to replace it, or another --out")
+    parent = _nearest_existing(out.parent.absolute())
+    if not parent.is_dir():
+        raise StudyError(f"--out {path}: {parent} is a file, not a directory; pass another --out")
+    for folder in ([out] if out.is_dir() else []) + [parent]:
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise StudyError(f"--out {path}: no permission to write in {folder}; pass an --out you can "
+                             "write (the run's folder is created beside it and moved into place)")
     return out
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def remove_stale_staging(out: Path) -> List[Path]:
+    """Remove the staging folders an earlier run into ``out`` left when it was killed; returns them.
+
+    A folder ``.NAME.partial-PID-*`` or ``.NAME.old-PID-*`` is stale when process PID is gone. A
+    stale ``.old-`` folder holds the previous output when the kill came between the two moves of
+    the final swap: if ``out`` is missing it is put back, not removed.
+    """
+    pattern = re.compile(rf"^\.{re.escape(out.name)}\.(partial|old)-(\d+)-")
+    removed = []
+    if not out.parent.is_dir():
+        return removed
+    for folder in out.parent.iterdir():
+        match = pattern.match(folder.name)
+        if not (match and folder.is_dir()) or _pid_alive(int(match.group(2))):
+            continue
+        kept = folder / out.name
+        if match.group(1) == "old" and kept.is_dir() and not out.exists():
+            kept.replace(out)
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`Terminated` (main thread only; restored after)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated(f"terminated by signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
 def staged_output(path: str, command: str, overwrite: bool = False) -> Iterator[Path]:
     """Yield a temporary folder to write into; on success it replaces ``path`` in one move.
 
-    On an exception the temporary folder is removed and ``path`` stays as it was.
+    On an exception (Ctrl-C and SIGTERM included) the temporary folder is removed and ``path``
+    stays as it was. Enter it before the study's work: it checks ``path`` first.
     """
     out = check_output_dir(path, command, overwrite)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    remove_stale_staging(out)
     try:
-        yield staging
-        (staging / MARKER).write_text(command + "\n")
-        old: Optional[Path] = None
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            out.replace(old / out.name)
-        staging.replace(out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{os.getpid()}-", dir=out.parent))
+    except OSError as err:
+        raise StudyError(f"--out {path}: cannot create a folder beside it ({err.strerror or err}); "
+                         "pass an --out you can write") from err
+    try:
+        with sigterm_as_interrupt():
+            yield staging
+        _publish(staging, out, command)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM until the block is done (they are delivered after it)."""
+    signals = {signal.SIGINT, signal.SIGTERM}
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+
+
+def _publish(staging: Path, out: Path, command: str) -> None:
+    """Move ``staging`` to ``out`` (the previous ``out`` aside, then deleted), never half-done."""
+    (staging / MARKER).write_text(command + "\n")
+    old: Optional[Path] = None
+    with _signals_deferred():
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-{os.getpid()}-", dir=out.parent))
+            out.replace(old / out.name)
+        staging.replace(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 @contextlib.contextmanager

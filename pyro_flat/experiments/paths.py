@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable, Optional, Tuple
 
 import numpy as np
@@ -185,8 +186,18 @@ def _point_measures(loss, point, path, probes, seed) -> dict:
 
 
 def run_path_study(config: PathConfig, *, write: bool = True, log: Callable[[str], None] = print) -> dict:
-    """Run the study; with ``write`` also write ``report.md``, ``report.json`` and ``paths.png``."""
+    """Run the study; with ``write`` also write ``report.md``, ``report.json`` and the figures
+    (``--out`` is checked before any work)."""
     config.check()
+    if not write:
+        return _run_path_study(config, None, log)
+    with staged_output(config.out, "paths", config.overwrite) as staging:
+        report = _run_path_study(config, staging, log)
+    log(f"wrote {config.out}: report.md, report.json, paths.png, draws.png, dynamics.png")
+    return report
+
+
+def _run_path_study(config: PathConfig, staging: Optional[Path], log: Callable[[str], None]) -> dict:
     data = load_mnist_ood(config.data_dir, in_digits=config.in_digits)
     n = len(data.X_train)
     model = BayesianMLP(data.X_train.shape[1], config.hidden, len(data.in_digits), prior_scale=config.prior_scale)
@@ -232,8 +243,8 @@ def run_path_study(config: PathConfig, *, write: bool = True, log: Callable[[str
     report["findings"] = findings(report)
     for text in report["findings"]:
         log(text)
-    if write:
-        _write(report, profiles, config, log)
+    if staging is not None:
+        _write(report, profiles, staging)
     return report
 
 
@@ -327,7 +338,7 @@ def _dynamics_findings(report: dict) -> list:
     return out
 
 
-def _write(report, profiles, config, log) -> None:
+def _write(report, profiles, staging: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -341,13 +352,11 @@ def _write(report, profiles, config, log) -> None:
                  fontsize=10)
     fig.tight_layout()
     figures = {"paths.png": fig, "draws.png": plot_draws(report), "dynamics.png": plot_dynamics(report)}
-    with staged_output(config.out, "paths", config.overwrite) as staging:
-        for name, figure in figures.items():
-            figure.savefig(staging / name, dpi=110)
-            plt.close(figure)
-        (staging / "report.json").write_text(json.dumps(report, indent=2))
-        (staging / "report.md").write_text(_markdown(report))
-    log(f"wrote {config.out}: report.md, report.json, {', '.join(figures)}")
+    for name, figure in figures.items():
+        figure.savefig(staging / name, dpi=110)
+        plt.close(figure)
+    (staging / "report.json").write_text(json.dumps(report, indent=2))
+    (staging / "report.md").write_text(_markdown(report))
 
 
 def plot_draws(report: dict):

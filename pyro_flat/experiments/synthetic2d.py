@@ -272,16 +272,16 @@ def run_synthetic2d_study(config: Synthetic2DConfig, *, log: Callable[[str], Non
     from . import plots
 
     config.check()
-    report = run_synthetic2d(config, log=log)
-    states = report.pop("states")
-    mixture = sharp_flat_2d()
-    figures = {
-        "paths.png": plots.plot_basin_endpoints(mixture, states, report["ridge"], paths_shown=PATHS_SHOWN),
-        "shares.png": plots.plot_basin_shares(report["marks"], report["ridge"]),
-        "line.png": plots.plot_line_shares(report["line"], config.line_steps),
-        "landscape.png": plots.plot_smoothed_landscape(mixture, config.etas, LANDSCAPE_ETAS),
-    }
-    with staged_output(config.out, "synthetic2d", config.overwrite) as staging:
+    with staged_output(config.out, "synthetic2d", config.overwrite) as staging:  # --out checked first
+        report = run_synthetic2d(config, log=log)
+        states = report.pop("states")
+        mixture = sharp_flat_2d()
+        figures = {
+            "paths.png": plots.plot_basin_endpoints(mixture, states, report["ridge"], paths_shown=PATHS_SHOWN),
+            "shares.png": plots.plot_basin_shares(report["marks"], report["ridge"]),
+            "line.png": plots.plot_line_shares(report["line"], config.line_steps),
+            "landscape.png": plots.plot_smoothed_landscape(mixture, config.etas, LANDSCAPE_ETAS),
+        }
         for name, fig in figures.items():
             fig.savefig(staging / name, dpi=110)
             plt.close(fig)

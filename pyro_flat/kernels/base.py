@@ -24,7 +24,7 @@ from pyro.infer.autoguide.initialization import init_to_sample
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from ..schedules import Schedule, as_schedule
-from ..validation import check_positive, check_positive_int
+from ..validation import check_nonnegative_int, check_positive, check_positive_int
 from .compiled_step import CompiledSteps
 from .errors import DivergenceError
 from .integrators import langevin_step
@@ -127,6 +127,8 @@ class TargetKernel(MCMCKernel):
         return {} if self.target is None else self.target.transforms
 
     def setup(self, warmup_steps: int, *args, **kwargs) -> None:
+        warmup_steps = check_nonnegative_int("warmup_steps", warmup_steps)
+        _check_driver_num_samples()
         self._chain = self._num_setups
         self._num_setups += 1
         self._state_chains = self.num_chains  # how the recorded draws are laid out
@@ -320,14 +322,25 @@ class TargetKernel(MCMCKernel):
         return [{k: v[:, c] for k, v in out.items()} for c in range(chains)]
 
 
-def all_finite(energy: torch.Tensor, params: Params) -> bool:
-    """Whether the energy and every parameter are free of NaN/inf, with one host sync.
+def step_blow_up(energy: torch.Tensor, params: Params, new_params: Params,
+                 max_growth: Optional[float]) -> Optional[str]:
+    """Why the step ``params -> new_params`` is a divergence, or ``None``; one host sync.
 
-    The largest absolute value of each tensor (an inf-norm, which keeps NaN) is finite exactly
-    when the tensor is: unlike a sum, it cannot overflow while every entry is finite.
+    A divergence is either a NaN/inf energy or state, or a finite blow-up: the largest absolute
+    coordinate of the state growing more than ``max_growth`` times in one iteration,
+    :math:`\\|\\theta_{k+1}\\|_\\infty > g \\max(1, \\|\\theta_k\\|_\\infty)`
+    (``None`` turns that part off). The largest absolute value of each tensor (an inf-norm, which
+    keeps NaN) is finite exactly when the tensor is: unlike a sum, it cannot overflow while every
+    entry is finite.
     """
-    norms = torch._foreach_norm([energy.reshape(-1), *params.values()], math.inf)
-    return math.isfinite(float(torch.stack(norms).amax()))
+    norms = torch._foreach_norm([energy.reshape(-1), *new_params.values(), *params.values()], math.inf)
+    n = 1 + len(new_params)
+    norms = torch.stack(norms).tolist() if max_growth is not None else [float(torch.stack(norms[:n]).amax())]
+    if not all(math.isfinite(v) for v in norms[:n]):
+        return "non-finite"
+    if max_growth is not None and max(norms[1:n]) > max_growth * max(1.0, *norms[n:]):
+        return "growth"
+    return None
 
 
 class StochasticGradientKernel(TargetKernel):
@@ -349,8 +362,12 @@ class StochasticGradientKernel(TargetKernel):
         without one it is required.
 
     ``model``, ``potential_fn``, ``init_strategy``, ``record_draws`` and ``jit_compile`` are those
-    of :class:`TargetKernel`. ``diagnostics()`` gives Pyro's divergence list (always empty: a
-    divergence stops the chain) and the per-draw ``sample_stats``: ``step_size`` (the step that
+    of :class:`TargetKernel`. A step is a divergence when the energy or the state becomes NaN/inf,
+    or when the state's largest absolute coordinate grows more than :attr:`max_growth` (1e4) times
+    in one iteration (from at least 1): Stan calls an energy error of 1,000 a divergence, and a
+    Langevin step has no energy error to measure, so a jump by four orders of magnitude is the rule
+    here. A divergence raises :class:`~pyro_flat.DivergenceError` and keeps the draws made before
+    it. ``diagnostics()`` gives Pyro's divergence list (always empty: a divergence stops the chain) and the per-draw ``sample_stats``: ``step_size`` (the step that
     produced the draw), ``potential_energy`` (the minibatch estimate of U at the draw) and the
     target's own statistics, and ``grad_evals``: the gradient evaluations of the potential each
     chain has used up to that draw, warm-up included (a preconditioner's Hessian-vector products
@@ -359,6 +376,9 @@ class StochasticGradientKernel(TargetKernel):
     """
 
     allow_zero_temperature = False
+    #: a step whose state's largest absolute coordinate grows more than this many times (from at
+    #: least 1) is a divergence, like a NaN; ``None`` checks only for NaN/inf (see :func:`step_blow_up`)
+    max_growth: Optional[float] = 1e4
 
     def __init__(
         self,
@@ -449,8 +469,9 @@ class StochasticGradientKernel(TargetKernel):
             step_size = self.step_size * float(self.schedule(k))
             new_params, energy, grads = self._transition(params, step_size, temperature)
             self.num_grad_evals += self.grads_per_iteration
-            if not all_finite(energy, new_params):
-                self._raise_divergence(params, grads, new_params, energy, step_size)
+            problem = step_blow_up(energy, params, new_params, self.max_growth)
+            if problem is not None:
+                self._raise_divergence(params, grads, new_params, energy, step_size, problem)
             self._iteration += 1
             state_stats = {"potential_energy": energy, **self.target.last_stats}
             if j == 0 and k > self._warmup_steps:
@@ -501,29 +522,44 @@ class StochasticGradientKernel(TargetKernel):
     def update(self, params: Params, grads: Params, step_size: float, temperature: float) -> Params:
         raise NotImplementedError
 
-    def _raise_divergence(self, params, grads, new_params, energy, step_size) -> None:
+    def _raise_divergence(self, params, grads, new_params, energy, step_size, problem="non-finite") -> None:
         chain, pick = self._chain, (lambda v: v)
-        if self.num_chains is not None:  # name the first chain that went non-finite
-            finite = torch.isfinite(energy)
-            for tensors in (grads, new_params, params):
-                for value in tensors.values():
-                    finite = finite & torch.isfinite(value.reshape(value.shape[0], -1)).all(-1)
-            chain = int((~finite).nonzero()[0, 0])
-            pick = lambda v: v[chain]  # noqa: E731  (that chain's slice of a batched tensor)
-        site = None
-        for label, tensors in (("gradient", grads), ("value", new_params), ("value", params)):
-            for name, value in tensors.items():
-                if not bool(torch.isfinite(pick(value)).all()):
-                    site, what = name, label
+        if problem == "growth":
+            def per_chain(tensors):  # largest |coordinate| of each chain (or of the one chain)
+                rows = [v.reshape(v.shape[0] if self.num_chains is not None else 1, -1).abs().amax(-1)
+                        for v in tensors.values()]
+                return torch.stack(rows).amax(0)
+            before, after = per_chain(params), per_chain(new_params)
+            ratio = after / before.clamp(min=1.0)
+            c = int(ratio.argmax())
+            if self.num_chains is not None:
+                chain, pick = c, (lambda v: v[c])  # noqa: E731
+            site = max(new_params, key=lambda n: float(pick(new_params[n]).abs().max()))
+            where = (f"its largest absolute value grew from {float(before[c]):.3g} to {float(after[c]):.3g} "
+                     f"in one iteration (site {site!r}), more than max_growth = {self.max_growth:g} times: a "
+                     "finite blow-up (set kernel.max_growth = None to allow such jumps)")
+        else:
+            if self.num_chains is not None:  # name the first chain that went non-finite
+                finite = torch.isfinite(energy)
+                for tensors in (grads, new_params, params):
+                    for value in tensors.values():
+                        finite = finite & torch.isfinite(value.reshape(value.shape[0], -1)).all(-1)
+                chain = int((~finite).nonzero()[0, 0])
+                pick = lambda v: v[chain]  # noqa: E731  (that chain's slice of a batched tensor)
+            site = None
+            for label, tensors in (("gradient", grads), ("value", new_params), ("value", params)):
+                for name, value in tensors.items():
+                    if not bool(torch.isfinite(pick(value)).all()):
+                        site, what = name, label
+                        break
+                if site is not None:
                     break
             if site is not None:
-                break
-        if site is not None:
-            where = f"the {what} of site {site!r} became NaN/inf"
-        else:  # the energy overflowed first: name the site pushing hardest
-            site = max(grads, key=lambda n: float(pick(grads[n]).norm()))
-            where = (f"the potential energy became {float(pick(energy.reshape(-1)))} "
-                     f"(largest gradient at site {site!r})")
+                where = f"the {what} of site {site!r} became NaN/inf"
+            else:  # the energy overflowed first: name the site pushing hardest
+                site = max(grads, key=lambda n: float(pick(grads[n]).norm()))
+                where = (f"the potential energy became {float(pick(energy.reshape(-1)))} "
+                         f"(largest gradient at site {site!r})")
         phase = "warm-up" if self._iteration < self._warmup_steps else "sampling"
         draws = self._stack_draws(self._draws) if self._draws else []
         n = len(self._draws)
@@ -541,6 +577,22 @@ class StochasticGradientKernel(TargetKernel):
             completed_chains=list(self._completed_draws)
             + [d for c, d in enumerate(draws) if self.num_chains is not None and c != chain],
         )
+
+
+def _check_driver_num_samples() -> None:
+    """Refuse ``pyro.infer.MCMC(kernel, num_samples=0)`` before any work.
+
+    Pyro's driver does not check ``num_samples`` and hands it to no kernel: with 0 it runs the
+    warm-up, then fails on an empty stack. Its generator ``_gen_samples(kernel, warmup_steps,
+    num_samples, ...)`` calls :meth:`TargetKernel.setup` directly, so the value is read there;
+    any other caller (``pyro_flat.MCMC`` checks it itself) is left alone.
+    """
+    import sys
+
+    caller = sys._getframe(2)  # setup's caller
+    if caller.f_code.co_name == "_gen_samples" and "num_samples" in caller.f_locals:
+        check_positive_int("num_samples", caller.f_locals["num_samples"],
+                           hint="It is the number of draws kept per chain.")
 
 
 def coupled_target(kernel: TargetKernel, args: tuple, kwargs: dict) -> CoupledPotential:

@@ -9,7 +9,7 @@ import torch
 from pyro.infer.autoguide.initialization import init_to_sample
 
 from ..targets import ChainLayout, CoupledPotential, Params, coupling
-from ..validation import check_eta, check_positive
+from ..validation import check_eta, check_positive, check_positive_int
 from .adaptation import StepSizeAdapter, WelfordCovariance, adaptation_windows
 from .base import TargetKernel, coupled_target
 from .curvature import hessian, inverse_curvature
@@ -140,9 +140,8 @@ class EntropyHMC(TargetKernel):
                 "EntropyHMC takes num_steps or trajectory_length, not both: the number of leapfrog "
                 "steps is either fixed or trajectory_length / step_size."
             )
-        if num_steps is not None and (not isinstance(num_steps, int) or num_steps < 1):
-            raise ValueError(f"num_steps must be a positive int, got num_steps={num_steps!r}.")
-        self.num_steps = num_steps
+        self.num_steps = None if num_steps is None else check_positive_int(
+            "num_steps", num_steps, hint="It is the number of leapfrog steps per iteration.")
         self.trajectory_length = (
             2.0 if trajectory_length is None
             else check_positive("trajectory_length", trajectory_length)
