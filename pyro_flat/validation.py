@@ -39,6 +39,24 @@ def check_positive(name: str, value, *, hint: str = "") -> float:
     return x
 
 
+def check_number(name: str, value, example: str) -> float:
+    """``float(value)`` (nan if it has several entries), or a ``TypeError`` naming ``name`` unless
+    ``value`` is a number: not a bool nor a string (``check_positive`` would read ``"0.1"`` as 0.1).
+
+    >>> check_number("rho", "0.1", "0.05")
+    Traceback (most recent call last):
+    ...
+    TypeError: rho must be a number, got str rho='0.1'; pass e.g. rho=0.05.
+    """
+    if isinstance(value, bool) or not hasattr(value, "__float__"):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {name}={value!r}; "
+                        f"pass e.g. {name}={example}.")
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):  # e.g. a tensor of several numbers
+        return float("nan")
+
+
 def check_eta(eta) -> float:
     """The coupling variance :math:`\\eta` of the Entropy-MCMC joint: a positive finite float."""
     return check_positive(

@@ -34,6 +34,7 @@ position along it, to watch noise drive them back toward the ends where the curv
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, Mapping, Optional, Tuple, Union
@@ -41,6 +42,7 @@ from typing import Callable, Dict, Mapping, Optional, Tuple, Union
 import numpy as np
 import torch
 
+from ..validation import check_nonnegative_int, check_number, check_positive, check_positive_int
 from .loss import FlatLoss, LossFn, as_flat_loss
 from .spectrum import top_eigenvalues
 from .trace import hessian_trace
@@ -80,7 +82,10 @@ class EnergyPath:
     def at(self, position: Union[float, torch.Tensor]) -> torch.Tensor:
         """The point at ``position`` in [0, 1] (fraction of the arc length) of the piecewise-linear path;
         a tensor of positions ``(...,)`` gives points ``(..., d)``."""
-        position = torch.as_tensor(position, dtype=torch.float64)
+        try:
+            position = torch.as_tensor(position, dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"position must be a number or a tensor of numbers in [0, 1], got {position!r}.") from None
         if not bool(((position >= 0) & (position <= 1)).all()):
             raise ValueError(f"a position along the path lies in [0, 1], got {position.tolist()!r}.")
         knots = torch.as_tensor(self.arc_length / self.arc_length[-1])
@@ -92,7 +97,13 @@ class EnergyPath:
         """The nearest point of the piecewise-linear path to each row of ``x`` ``(..., d)``: its
         position in [0, 1] and the distance to it, each ``(...,)`` (in float64)."""
         p = self.points.double()
-        x = torch.as_tensor(x).to(p)
+        try:
+            x = torch.as_tensor(x).to(p)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"x must be a tensor of points (..., d), got {type(x).__name__}.") from None
+        if x.dim() == 0 or x.shape[-1] != p.shape[-1]:
+            raise ValueError(f"x must be points (..., d) with d={p.shape[-1]} like the path's, got shape "
+                             f"{tuple(x.shape)}.")
         a, seg = p[:-1], p[1:] - p[:-1]                                    # (K-1, d)
         seg_sq = (seg * seg).sum(-1)
         # |x - a - t seg|^2 = |x - a|^2 - 2 t (x - a).seg + t^2 |seg|^2, without a (..., K-1, d) tensor
@@ -119,25 +130,83 @@ class EnergyPath:
         return ax
 
 
+def _positive(name: str, value, example: str) -> float:
+    check_number(name, value, example)
+    return check_positive(name, value)
+
+
+def _check_seed(seed) -> Optional[int]:
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+        raise TypeError(f"seed must be an integer or None, got {type(seed).__name__} seed={seed!r}.")
+    return None if seed is None else int(seed)
+
+
+def _check_callable(name: str, fn) -> None:
+    if not callable(fn):
+        raise TypeError(f"{name} must be a function of a (d,) tensor returning its gradient, got "
+                        f"{type(fn).__name__} {name}={fn!r}.")
+
+
+def _checked_gradient(g, shape: torch.Size, what: str) -> torch.Tensor:
+    """``gradient_fn``'s value, refused unless it is a tensor of the input's ``shape``."""
+    if not torch.is_tensor(g):
+        raise TypeError(f"gradient_fn must return a tensor of shape {tuple(shape)} like its input {what}, "
+                        f"got {type(g).__name__}.")
+    if g.shape != shape:
+        raise ValueError(f"gradient_fn must return a tensor of shape {tuple(shape)} like its input {what}, "
+                         f"got shape {tuple(g.shape)}.")
+    return g
+
+
+def _check_path(path) -> None:
+    if not isinstance(path, EnergyPath):
+        raise TypeError(f"path must be an EnergyPath (from minimum_energy_path or straight_path), got "
+                        f"{type(path).__name__}.")
+
+
+def _point(name: str, value) -> torch.Tensor:
+    """``start`` or ``end`` as a non-empty, finite, flat tensor."""
+    try:
+        x = torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{name} must be a 1-D tensor (a point of the parameter space), got "
+                        f"{type(value).__name__} {name}={value!r}.") from None
+    if x.dim() != 1 or x.numel() == 0:
+        raise ValueError(f"{name} must be a non-empty flat 1-D tensor, got shape {tuple(x.shape)}; pass e.g. "
+                         "torch.tensor([x0]) for one parameter, or flatten the parameters "
+                         "(torch.nn.utils.parameters_to_vector).")
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        i = int((~torch.isfinite(x)).nonzero()[0])
+        raise ValueError(f"{name} must be finite, got {name}[{i}]={float(x[i])}: a path joins two points where the "
+                         "loss is defined.")
+    return x
+
+
+def _start(start) -> torch.Tensor:
+    x = _point("start", start)
+    if not x.is_floating_point():
+        raise TypeError(f"start must be a floating-point tensor, got dtype {x.dtype}; pass e.g. start.float().")
+    return x
+
+
 def _check_ends(loss: FlatLoss, end: torch.Tensor, num_points: int) -> torch.Tensor:
-    end = torch.as_tensor(end).to(loss.params)
+    end = _point("end", end).to(loss.params)
     if end.shape != loss.params.shape:
         raise ValueError(f"start and end must have the same shape, got {tuple(loss.params.shape)} "
                          f"and {tuple(end.shape)}.")
-    if isinstance(num_points, bool) or not isinstance(num_points, int) or num_points < 3:
-        raise ValueError(f"num_points must be an integer >= 3 (the two ends and at least one image), "
-                         f"got {num_points!r}.")
+    check_positive_int("num_points", num_points, minimum=3, hint="It counts the two ends and at least one image.")
     if torch.equal(end, loss.params):
         raise ValueError("start and end are the same point: a path needs two distinct minima.")
     return end
 
 
-def _losses(loss: FlatLoss, points: torch.Tensor) -> np.ndarray:
+def _losses(loss: FlatLoss, points: torch.Tensor, step: Optional[int] = None) -> np.ndarray:
     with torch.no_grad():
         values = np.array([float(loss(p)) for p in points])
     if not np.isfinite(values).all():
         bad = int(np.flatnonzero(~np.isfinite(values))[0])
-        raise ValueError(f"the loss is {values[bad]} at image {bad} of the path (of {len(values)}): the path "
+        when = "" if step is None else f" at relaxation step {step}"
+        raise ValueError(f"the loss is {values[bad]} at image {bad} of the path (of {len(values)}){when}: the path "
                          "crosses a region where the loss is not finite; move the ends, use fewer or more "
                          "images, or a smaller step_size.")
     return values
@@ -146,7 +215,7 @@ def _losses(loss: FlatLoss, points: torch.Tensor) -> np.ndarray:
 def straight_path(loss_fn: Union[FlatLoss, LossFn], start: torch.Tensor, end: torch.Tensor, *,
                   num_points: int = 16) -> EnergyPath:
     """The straight line from ``start`` to ``end`` (linear mode connectivity) as an :class:`EnergyPath`."""
-    loss = as_flat_loss(loss_fn, torch.as_tensor(start))
+    loss = as_flat_loss(loss_fn, _start(start))
     end = _check_ends(loss, end, num_points)
     t = torch.linspace(0.0, 1.0, num_points, dtype=loss.params.dtype, device=loss.params.device)
     points = (1 - t[:, None]) * loss.params + t[:, None] * end
@@ -190,7 +259,7 @@ def _value_and_gradient(loss: FlatLoss, gradient_fn: Optional[GradientFn]):
         if gradient_fn is not None:
             with torch.no_grad():
                 value = loss(x)
-            return value.detach(), gradient_fn(x)
+            return value.detach(), _checked_gradient(gradient_fn(x), x.shape, "(one image)")
         x = x.detach().requires_grad_(True)
         value = loss.fn(x)
         return value.detach(), torch.autograd.grad(value, x)[0]
@@ -199,7 +268,7 @@ def _value_and_gradient(loss: FlatLoss, gradient_fn: Optional[GradientFn]):
 
 
 def _relax(loss: FlatLoss, points: torch.Tensor, evaluate, *, spring: float, step_size: float,
-           max_steps: int, tol: float, climb: bool):
+           max_steps: int, tol: float, climb: bool, source: str):
     """FIRE on the interior images; returns the points, whether converged, the largest force, steps."""
     x = points[1:-1].clone()
     v = torch.zeros_like(x)
@@ -212,8 +281,13 @@ def _relax(loss: FlatLoss, points: torch.Tensor, evaluate, *, spring: float, ste
         values, grads = zip(*(evaluate(p) for p in x))
         energies = torch.cat([ends[:1], torch.stack(values).to(x.dtype), ends[1:]])
         if not bool(torch.isfinite(energies).all()):
-            _losses(loss, full)  # raises the ValueError that names the image
+            _losses(loss, full, step)  # raises the ValueError that names the image
         grads = torch.stack(grads)
+        if not bool(torch.isfinite(grads).all()):
+            i, j = (int(k) for k in (~torch.isfinite(grads)).nonzero()[0])
+            raise ValueError(f"the gradient is {float(grads[i, j])} at image {i + 1} of the path (of {len(full)}) at "
+                             f"relaxation step {step}, where the loss is finite ({float(energies[i + 1]):.6g}): "
+                             f"{source}.")
         climbing = climb and step > max_steps // 10
         forces = _neb_forces(full, energies, grads, spring, climbing)
         force_norm = float(forces.norm(dim=-1).max())
@@ -257,18 +331,26 @@ def minimum_energy_path(loss_fn: Union[FlatLoss, LossFn], start: torch.Tensor, e
     :param gradient_fn: ``(d,) -> (d,)`` gradient to use instead of the full one (e.g. a
         minibatch estimate for large data; the losses that pick the climbing image stay full).
     """
-    loss = as_flat_loss(loss_fn, torch.as_tensor(start))
+    loss = as_flat_loss(loss_fn, _start(start))
     end = _check_ends(loss, end, num_points)
-    for name, value in (("spring", spring), ("step_size", step_size), ("tol", tol)):
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-            raise ValueError(f"{name} must be a positive finite number, got {value!r}.")
+    spring, step_size, tol = (_positive(name, value, example) for name, value, example in
+                              (("spring", spring, "1.0"), ("step_size", step_size, "1e-2"), ("tol", tol, "1e-3")))
+    max_steps = check_positive_int("max_steps", max_steps, hint="It caps the relaxation steps, e.g. max_steps=2000.")
+    insertion_rounds = check_nonnegative_int("insertion_rounds", insertion_rounds,
+                                             hint="0 relaxes the first band only (plain NEB).")
+    max_points = 2 * num_points if max_points is None else check_positive_int(
+        "max_points", max_points, minimum=num_points,
+        hint=f"It caps the images AutoNEB may reach from num_points={num_points} (equal: none inserted).")
+    if gradient_fn is not None:
+        _check_callable("gradient_fn", gradient_fn)
+    source = ("gradient_fn returned it; make gradient_fn finite wherever the loss is" if gradient_fn is not None
+              else "loss_fn is not differentiable there (e.g. sqrt or norm at 0); smooth it, or pass gradient_fn")
     evaluate = _value_and_gradient(loss, gradient_fn)
-    max_points = 2 * num_points if max_points is None else int(max_points)
     path = straight_path(loss, loss.params, end, num_points=num_points).points
     total_steps = 0
     for round_ in range(insertion_rounds + 1):
         path, converged, force, steps = _relax(loss, path, evaluate, spring=spring, step_size=step_size,
-                                               max_steps=max_steps, tol=tol, climb=climbing)
+                                               max_steps=max_steps, tol=tol, climb=climbing, source=source)
         total_steps += steps
         if round_ == insertion_rounds or len(path) >= max_points:
             break
@@ -297,6 +379,8 @@ def curvature_along_path(loss_fn: Union[FlatLoss, LossFn], path: EnergyPath, *, 
 
     Returns ``{"arc_length", "position" (0 to 1), "loss", "top_eigenvalue", "trace", "trace_stderr"}``.
     """
+    _check_path(path)
+    tol, seed = _positive("tol", tol, "1e-3"), _check_seed(seed)
     loss = as_flat_loss(loss_fn, path.points[0])
     top, trace, stderr = [], [], []
     for point in path.points:
@@ -375,22 +459,28 @@ def projected_dynamics(path: EnergyPath, gradient_fn: GradientFn, *, start: floa
     >>> round(float(run.position[-1, 0]), 3)    # SGD slides to the minimum in the middle
     0.5
     """
-    if not 0.0 <= start <= 1.0:
+    _check_path(path)
+    _check_callable("gradient_fn", gradient_fn)
+    if not 0.0 <= check_number("start", start, "0.5") <= 1.0:
         raise ValueError(f"start is a position along the path in [0, 1], got {start!r}.")
-    if not (math.isfinite(step_size) and step_size > 0):
-        raise ValueError(f"step_size must be a positive finite number, got {step_size!r}.")
-    if not (math.isfinite(temperature) and temperature >= 0):
-        raise ValueError(f"temperature must be >= 0, got {temperature!r}.")
-    for name, value in (("num_steps", num_steps), ("num_chains", num_chains), ("record_every", record_every)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+    if not (math.isfinite(check_number("temperature", temperature, "0.01")) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0 (0: SGD), got temperature={temperature!r}.")
+    start, step_size, temperature = float(start), _positive("step_size", step_size, "1e-2"), float(temperature)
+    num_steps, num_chains, record_every = (check_positive_int(name, value) for name, value in (
+        ("num_steps", num_steps), ("num_chains", num_chains), ("record_every", record_every)))
+    seed = _check_seed(seed)
     points = path.points
     generator = torch.Generator(device=points.device)
     generator.manual_seed(torch.seed() if seed is None else seed)
     noise_scale = math.sqrt(2 * step_size * temperature)
+    finite_gradient = [True]  # whether the last gradient was finite: says why a chain diverged
 
     def gradients(x: torch.Tensor) -> torch.Tensor:
-        g = gradient_fn(x) if vectorized else torch.stack([gradient_fn(xi) for xi in x])
+        if vectorized:
+            g = _checked_gradient(gradient_fn(x), x.shape, "(all chains, vectorized=True)")
+        else:
+            g = torch.stack([_checked_gradient(gradient_fn(xi), xi.shape, "(one chain)") for xi in x])
+        finite_gradient[0] = torch.isfinite(g).all()  # read only if a chain diverges: no sync per step
         return g.detach()
 
     if constrained:
@@ -429,8 +519,10 @@ def projected_dynamics(path: EnergyPath, gradient_fn: GradientFn, *, start: floa
     for k in range(1, num_steps + 1):
         if not advance():
             diverged = True
-            warnings.warn(f"projected_dynamics diverged at iteration {k} (non-finite weights); the record stops "
-                          f"at iteration {steps[-1]}. Lower step_size (now {step_size:g}).", RuntimeWarning,
+            why, fix = (("non-finite weights", "Lower") if bool(finite_gradient[0]) else
+                        ("gradient_fn returned a non-finite gradient at finite weights", "Check gradient_fn, or lower"))
+            warnings.warn(f"projected_dynamics diverged at iteration {k} ({why}); the record stops "
+                          f"at iteration {steps[-1]}. {fix} step_size (now {step_size:g}).", RuntimeWarning,
                           stacklevel=2)
             break
         if k % record_every == 0 or k == num_steps:

@@ -53,6 +53,7 @@ from pyro.infer import ELBO
 
 from .fisher import gaussian_parameters
 from .minibatch import SameMinibatch
+from ..validation import check_number
 from .sam import check_base, check_radius
 
 BALLS = ("kl", "euclidean", "fisher-sam")
@@ -74,15 +75,13 @@ class SABMA_ELBO(ELBO):
 
     def __init__(self, gamma: float, base: Optional[ELBO] = None, *, ball: str = "kl", params: str = "all",
                  fisher_eta: float = 1.0):
-        self.gamma = check_radius("gamma", gamma, "SABMA_ELBO")
+        self.gamma = check_radius("gamma", gamma, "SABMA_ELBO", example="0.01")
         self.base = check_base(base, "SABMA_ELBO")
         if ball not in BALLS:
             raise ValueError(f"SABMA_ELBO: ball must be one of {BALLS}, got {ball!r}")
         if params not in PARAMS:
             raise ValueError(f"SABMA_ELBO: params must be one of {PARAMS}, got {params!r}")
-        if not (math.isfinite(fisher_eta) and fisher_eta >= 0):
-            raise ValueError(f"SABMA_ELBO: fisher_eta must be >= 0, got {fisher_eta!r}")
-        self.ball, self.params, self.fisher_eta = ball, params, float(fisher_eta)
+        self.ball, self.params, self.fisher_eta = ball, params, _check_fisher_eta(fisher_eta)
         self.last_perturbation = {}
         self.last_kl_radius = torch.tensor(float("nan"))
         super().__init__(num_particles=self.base.num_particles)
@@ -133,6 +132,15 @@ class SABMA_ELBO(ELBO):
     def differentiable_loss(self, model, guide, *args, **kwargs):
         raise NotImplementedError("SABMA_ELBO's gradient is not the gradient of one loss: use it through "
                                   "SVI.step (loss_and_grads)")
+
+
+def _check_fisher_eta(value) -> float:
+    """Fisher-SAM's η: a finite float >= 0 (0 gives the Euclidean ball)."""
+    x = check_number("fisher_eta", value, "1.0")
+    if not (math.isfinite(x) and x >= 0):
+        raise ValueError(f"fisher_eta must be a finite number >= 0, got fisher_eta={value!r}. It is "
+                         "Fisher-SAM's η in 1 + η g² (0: the Euclidean ball); the default is 1.0.")
+    return x
 
 
 __all__ = ["SABMA_ELBO", "BALLS", "PARAMS"]

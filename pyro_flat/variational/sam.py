@@ -33,7 +33,6 @@ True
 
 from __future__ import annotations
 
-import math
 from typing import Dict, List, Optional
 
 import torch
@@ -43,6 +42,7 @@ import pyro.poutine as poutine
 from pyro.infer import ELBO, Trace_ELBO
 from pyro.poutine.util import prune_subsample_sites
 
+from ..validation import check_number, check_positive, check_positive_int
 from .minibatch import SameMinibatch
 
 
@@ -54,14 +54,14 @@ def check_base(base: Optional[ELBO], owner: str) -> ELBO:
     if base.vectorize_particles:
         raise ValueError(f"{owner} runs its particles one after another: pass a base ELBO with "
                          "vectorize_particles=False")
+    check_positive_int("base.num_particles", base.num_particles, hint="Pass e.g. Trace_ELBO(num_particles=1).")
     return base
 
 
-def check_radius(name: str, value: float, owner: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{owner}: {name} must be a positive finite number (the size of the "
-                         f"sharpness ball), got {value!r}")
-    return float(value)
+def check_radius(name: str, value: float, owner: str, example: str = "0.05") -> float:
+    """The size of a sharpness ball: a positive finite float."""
+    check_number(name, value, example)
+    return check_positive(name, value, hint=f"It is the size of {owner}'s sharpness ball, e.g. {name}={example}.")
 
 
 class SAM_ELBO(ELBO):

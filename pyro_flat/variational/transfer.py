@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Mapping, Sequence, Union
+from typing import Callable, Dict, Iterable, Mapping, Sequence, Union
 
 import torch
 
@@ -29,16 +29,27 @@ def transfer_model(model: Callable, pretrained: Union[Mapping[str, torch.Tensor]
     >>> trace.nodes["body.weight"]["is_observed"], trace.nodes["head.weight"]["is_observed"]
     (True, False)
     """
+    if not callable(model):
+        raise TypeError(f"model must be a callable Pyro model, got {type(model).__name__} model={model!r}.")
     if isinstance(pretrained, torch.nn.Module):
         pretrained = dict(pretrained.state_dict())
-    if isinstance(variational, str) or not len(variational):
+    if not isinstance(pretrained, Mapping):
+        raise TypeError("pretrained must be a dict {site name: tensor} or an nn.Module whose state_dict names "
+                        f"the sites, got {type(pretrained).__name__}.")
+    if not isinstance(variational, Iterable):
+        raise TypeError(f"variational must be a list of site names or submodule prefixes, e.g. ['fc2'], got "
+                        f"{type(variational).__name__} {variational!r}.")
+    prefixes = [] if isinstance(variational, str) else [str(v) for v in variational]
+    if not prefixes:
         raise ValueError("variational must be a non-empty list of site names or submodule prefixes, "
                          f"e.g. ['fc2'], got {variational!r}")
-    prefixes = [str(v) for v in variational]
     fixed: Dict[str, torch.Tensor] = {}
 
     def is_variational(name: str) -> bool:
         return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+    values = {name: _pretrained_value(name, value) for name, value in pretrained.items()
+              if not is_variational(str(name))}
 
     def resolve(args, kwargs) -> None:
         with poutine.block():  # a private run: invisible to any trace the caller is recording
@@ -52,10 +63,10 @@ def transfer_model(model: Callable, pretrained: Union[Mapping[str, torch.Tensor]
         for name in latents:
             if is_variational(name):
                 continue
-            if name not in pretrained:
+            if name not in values:
                 raise ValueError(f"no pretrained value for the latent site {name!r}: pass it in pretrained "
                                  "or list it (or its submodule) in variational")
-            value = torch.as_tensor(pretrained[name])
+            value = values[name]
             if value.shape != trace.nodes[name]["value"].shape:
                 raise ValueError(f"pretrained[{name!r}] has shape {tuple(value.shape)}, the site has "
                                  f"{tuple(trace.nodes[name]['value'].shape)}")
@@ -67,6 +78,24 @@ def transfer_model(model: Callable, pretrained: Union[Mapping[str, torch.Tensor]
         return poutine.condition(model, data=fixed)(*args, **kwargs)
 
     return conditioned
+
+
+def _pretrained_value(name: str, value) -> torch.Tensor:
+    """``pretrained[name]`` as a tensor, refused if it is not one or has a non-finite entry."""
+    try:
+        value = torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"pretrained[{name!r}] must be a tensor (the site's pre-trained value), got "
+                        f"{type(value).__name__} {value!r}.") from None
+    if value.is_floating_point():
+        bad = ~torch.isfinite(value.detach())
+        if bad.any():
+            first = tuple(int(i) for i in bad.nonzero()[0])
+            raise ValueError(f"pretrained[{name!r}] has {int(bad.sum())} non-finite entries of {value.numel()} "
+                             f"(e.g. {float(value.reshape(-1)[bad.reshape(-1)][0])} at index {first}): a fixed "
+                             "site must hold finite values; fix the pre-trained weights or list the site (or its "
+                             "submodule) in variational.")
+    return value
 
 
 __all__ = ["transfer_model"]
