@@ -1,14 +1,18 @@
-"""ArviZ conversion: the one place that knows which ArviZ is installed.
+"""ArviZ conversion and convergence verdicts: the one place that knows which ArviZ is installed.
 
 ArviZ 0.x (Python 3.11 here) builds an ``InferenceData`` with ``az.from_dict``; ArviZ 1.x builds an
 ``xarray.DataTree`` with ``arviz_base.from_dict``. :func:`to_arviz` hides the difference: both carry
 a ``posterior`` group with ``(chain, draw, ...)`` variables for every θ and θa site, and a
 ``sample_stats`` group with the kernels' per-draw statistics.
+
+:func:`diagnostics_table` gives every coordinate's R-hat and ESS **unrounded** (``az.summary``
+rounds to two decimals, so an R-hat of 1.0124 would read 1.01 and pass a 1.01 threshold), and
+:func:`convergence_verdict` applies ArviZ's thresholds to it.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Mapping, Optional, Union
+from typing import Dict, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -28,6 +32,53 @@ def mcmc_sample_stats(mcmc) -> Dict[str, torch.Tensor]:
     if not (per_chain and all(per_chain)):
         return {}
     return {name: torch.stack([torch.as_tensor(s[name]) for s in per_chain]) for name in per_chain[0]}
+
+
+#: ArviZ's thresholds for a converged run (Vehtari et al. 2021): rank-normalised split R-hat and
+#: bulk and tail ESS of every coordinate
+MAX_R_HAT, MIN_ESS = 1.01, 400
+
+
+def diagnostics_table(idata, var_names: Optional[Sequence[str]] = None):
+    """``pandas.DataFrame`` of every coordinate's ``r_hat``, ``ess_bulk`` and ``ess_tail``, unrounded.
+
+    >>> import torch
+    >>> table = diagnostics_table(to_arviz({"w": torch.randn(4, 500, 2)}))
+    >>> list(table.columns), len(table), bool(table["r_hat"].max() < 1.01)
+    (['ess_bulk', 'ess_tail', 'r_hat'], 2, True)
+    """
+    import arviz as az
+
+    table = az.summary(idata, var_names=list(var_names) if var_names else None, kind="diagnostics",
+                       round_to="none")
+    return table[["ess_bulk", "ess_tail", "r_hat"]]
+
+
+def convergence_verdict(table, sample_stats: Optional[Mapping[str, torch.Tensor]] = None, *,
+                        advice: str = "run more iterations") -> dict:
+    """``{"converged", "text", "worst"}`` by ArviZ's thresholds over every row of ``table`` (a
+    :func:`diagnostics_table`: R-hat ≤ :data:`MAX_R_HAT`, bulk and tail ESS ≥ :data:`MIN_ESS`),
+    with ``advice`` when not converged; EntropyHMC's acceptance rate and divergences are added.
+    R-hat is printed to four decimals, so that a printed value above 1.01 is never called converged.
+    """
+    bad = table[(table["r_hat"] > MAX_R_HAT) | (table["ess_bulk"] < MIN_ESS) | (table["ess_tail"] < MIN_ESS)]
+    worst = bad.assign(_ess=bad[["ess_bulk", "ess_tail"]].min(axis=1)).sort_values(
+        ["r_hat", "_ess"], ascending=[False, True]).head(3)
+    hmc = {}
+    if sample_stats and "acceptance_rate" in sample_stats:
+        hmc = {"acceptance_rate": float(sample_stats["acceptance_rate"].mean()),
+               "divergences": int(sample_stats.get("diverging", torch.zeros(1)).sum())}
+    extra = (f"; acceptance rate {hmc['acceptance_rate']:.2f}, {hmc['divergences']} divergent transitions"
+             if hmc else "")
+    if bad.empty:
+        text = (f"converged (max R-hat {table['r_hat'].max():.4f}, min ESS bulk {table['ess_bulk'].min():.0f}, "
+                f"tail {table['ess_tail'].min():.0f})" + extra)
+    else:
+        rows = ", ".join(f"{i} (R-hat {r.r_hat:.4f}, ESS bulk {r.ess_bulk:.0f}, tail {r.ess_tail:.0f})"
+                         for i, r in worst.iterrows())
+        text = (f"NOT converged: {len(bad)} of {len(table)} coordinates miss the thresholds (R-hat ≤ {MAX_R_HAT}, "
+                f"ESS ≥ {MIN_ESS}); worst {rows}. {advice[0].upper() + advice[1:]}" + extra)
+    return {"converged": bad.empty, "text": text, "worst": list(worst.index), **hmc}
 
 
 def _from_mcmc(mcmc) -> tuple[ArrayDict, ArrayDict]:

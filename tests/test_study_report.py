@@ -32,3 +32,28 @@ def test_reference_comparison_measures_shift_and_spread():
     c = compare_with_reference(shifted, ref)["θ"]
     assert abs(c["median_abs_mean_diff"] - 0.5) < 0.05 and abs(c["median_sd_ratio"] - 2.0) < 0.05
     assert set(compare_with_reference(ref, ref)) == {"θ"}  # no θa without twins
+
+
+def test_verdict_reads_unrounded_r_hat_between_1_010_and_1_015():
+    """az.summary rounds R-hat to 1.01, which passed the 1.01 threshold before. The chains' offsets
+    are scaled until the unrounded split R-hat of one coordinate is 1.0125."""
+    import arviz as az
+    import numpy as np
+
+    from pyro_flat import to_arviz
+    from pyro_flat.diagnostics import convergence_verdict as verdict_of, diagnostics_table
+
+    draws = np.random.default_rng(0).standard_normal((4, 4000, 2))  # (chain, draw, coordinate)
+    centred = draws[..., 0] - draws[..., 0].mean(1, keepdims=True)
+    offsets = np.array([-1.0, -0.3, 0.3, 1.0])[:, None]  # chain means apart: R-hat grows with the scale
+    lo, hi = 0.0, 1.0
+    for _ in range(60):  # bisect the scale to R-hat(w[0]) = 1.0125
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if float(az.rhat(centred + mid * offsets)) < 1.0125 else (lo, mid)
+    draws[..., 0] = centred + lo * offsets
+    idata = to_arviz({"w": torch.as_tensor(draws)})
+    table = diagnostics_table(idata)
+    assert 1.010 < table["r_hat"].max() < 1.015
+    assert az.summary(idata, kind="diagnostics")["r_hat"].max() == 1.01  # what the old verdict read
+    verdict = verdict_of(table)
+    assert not verdict["converged"] and verdict["worst"] == ["w[0]"] and "R-hat 1.012" in verdict["text"]
