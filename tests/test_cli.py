@@ -117,6 +117,7 @@ def test_synthetic2d_writes_report_and_figures(tmp_path, capsys):
     assert by["EntropySGLD θ (η = 2)"]["exact"] == pytest.approx(0.700, abs=2e-3)  # p itself
     assert by["FlatSGLD (σ = 0.3) θ"]["exact"] == pytest.approx(0.989, abs=2e-3)
     assert by["SGD θ"]["at_saddle"] == 1.0 and by["SGLD θ"]["at_saddle"] == 0.0  # every chain starts at the saddle
+    assert by["SGD θ"]["share"] == 0.0  # a chain at the saddle is in neither basin
     assert report["exact"]["smoothed"]["0.5"]["own_flat_basin"] == pytest.approx(0.698, abs=2e-3)
     assert report["line"]["share"]["SGD θ"][0] == 0 and report["line"]["share"]["SGD θ"][-1] == 1  # sharp -> flat
     printed = capsys.readouterr().out

@@ -215,13 +215,27 @@ def _study_report(toward_noisy, distance_noisy):
                          dict(run, batch_size=10, toward_end=toward_noisy, final_distance=distance_noisy)]}
 
 
+def test_draws_within_their_error_are_a_tie_not_a_winner():
+    """The issue's case: 3.8116 against 3.8111 from 2 draws each is no ranking."""
+    from pyro_flat.experiments.paths import findings
+
+    report = _study_report(toward_noisy=0.2, distance_noisy=1.5)
+    pair = report["draws"]["SGLD"]
+    report["draws"] = {"EntropySGLD θa": [dict(pair[0], top_eigenvalue=3.70), dict(pair[1], top_eigenvalue=3.9232)],
+                       "FlatSGLD": [dict(pair[0], top_eigenvalue=3.75), dict(pair[1], top_eigenvalue=3.8722)]}
+    seen = " ".join(findings(report))
+    assert "EntropySGLD θa's and FlatSGLD's have the highest mean top eigenvalue" in seen
+    assert "tied within 2 standard errors" in seen and "beyond 2 standard errors" not in seen
+
+
 def test_path_study_findings_follow_the_numbers():
     from pyro_flat.experiments.paths import findings
 
     seen = " ".join(findings(_study_report(toward_noisy=0.2, distance_noisy=1.5)))
     assert "Minibatch noise drives SGD back toward the ends" in seen and "moved 0.199 of the path" in seen
     assert "curvature rises away from both endpoints" in seen
-    assert "FlatSGLD's have the lowest mean top eigenvalue (1; highest: SGLD's, 3)" in seen
+    assert "FlatSGLD's have the lowest mean top eigenvalue (± its standard error over 2 draws) (1 ± 0), beyond 2 " \
+        "standard errors of every other; SGLD's have the highest" in seen
     assert " FlatSGLD: farther from the path than half its length" in seen  # SGLD has a draw 10 from it
     assert "SGLD, FlatSGLD: farther" not in seen and "FlatSGLD, SGLD: farther" not in seen
     assert "2000x the path's highest" not in seen and "250x the path's highest" in seen

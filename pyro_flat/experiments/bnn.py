@@ -22,7 +22,7 @@ import json
 import math
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -36,6 +36,7 @@ from ..kernels import kernel_class, make_kernel
 from ..mcmc import MCMC
 from ..models import BayesianMLP
 from ..predictive import bma_predict
+from .compare import best_text, compare_text, differ
 from .output import StudyError, require_positive, staged_output
 
 #: The compared samplers, as names of :data:`pyro_flat.kernels.KERNELS`; reported by class name.
@@ -276,8 +277,11 @@ def _run_bnn_study(config: BNNConfig, out, log: Callable[[str], None]) -> dict:
         variational.append(row)
         log(_row_text(row))
     toy = run_toy_study(config, log=log)
-    report = {"config": asdict(config), "n_train": n_train, "rows": rows, "variational": variational,
-              "ensembles": ensembles, "toy": toy["rows"]}
+    report = {"config": asdict(config), "n_train": n_train, "n_test": len(data.X_test), "rows": rows,
+              "variational": variational, "ensembles": ensembles, "toy": toy["rows"]}
+    report["findings"] = findings(report)
+    for text in report["findings"]:
+        log(text)
     import matplotlib.pyplot as plt
 
     from .plots import plot_bma_by_ensemble_size
@@ -303,10 +307,14 @@ def _evaluate(model, samples, use, config, data, args, kwargs) -> dict:
         flat = flatness.flatness_at_samples(model, samples, *args, use=use, k=1, num_probes=config.trace_probes,
                                             num_draws=config.flatness_draws, seed=config.seed,
                                             likelihood_only=True, **kwargs)
-        row.update(top_eigenvalue=float(flat["top_eigenvalues"][:, 0].mean()),
-                   top_eigenvalue_sd=float(flat["top_eigenvalues"][:, 0].std()),
-                   trace=float(flat["trace"].mean()),
-                   trace_stderr=float(np.sqrt((flat["trace_stderr"] ** 2).sum()) / len(flat["trace"])))
+        top, trace = flat["top_eigenvalues"][:, 0], flat["trace"]
+        n = len(trace)
+        probe_se = float(np.sqrt((flat["trace_stderr"] ** 2).sum()) / n)  # Hutchinson's error of the mean
+        row.update(top_eigenvalue=float(top.mean()), top_eigenvalue_sd=float(top.std()),
+                   top_eigenvalue_se=float(top.std(ddof=1) / np.sqrt(n)) if n > 1 else 0.0,
+                   trace=float(trace.mean()), trace_stderr=probe_se,
+                   trace_se=float(np.sqrt((trace.var(ddof=1) / n if n > 1 else 0.0) + probe_se ** 2)),
+                   flatness_draws=n)
     return row
 
 
@@ -406,18 +414,65 @@ def _toy_figure(mixture, finals, rows):
                                 paths_shown=0, start="the sharp mode")
 
 
+def plus_minus(value: float, error: float) -> str:
+    """``value ± error`` with both to the error's second significant digit: ``7372 ± 170``,
+    ``3.812 ± 0.034``."""
+    if not (np.isfinite(error) and error > 0):
+        return f"{value:.4g} ± {error:g}"
+    decimals = max(0, 1 - int(np.floor(np.log10(error))))
+    return f"{value:.{decimals}f} ± {error:.{decimals}f}"
+
+
 def _row_text(row: dict) -> str:
     flat = ("" if "trace" not in row else
-            f", top eigenvalue {row['top_eigenvalue']:.4g}, trace {row['trace']:.4g} ± {row['trace_stderr']:.2g}")
+            f", top eigenvalue {plus_minus(row['top_eigenvalue'], row['top_eigenvalue_se'])}, trace "
+            f"{plus_minus(row['trace'], row['trace_se'])}")
     return (f"{row['sampler']}: accuracy {row['accuracy']:.3f}, NLL {row['nll']:.3f}, ECE {row['ece']:.3f}, "
             f"OOD AUROC {row['ood_auroc']:.3f}{flat}")
 
 
 def _table_row(r: dict) -> str:
     flat = ("– | –" if "trace" not in r else
-            f"{r['top_eigenvalue']:.4g} ± {r['top_eigenvalue_sd']:.2g} | {r['trace']:.4g} ± {r['trace_stderr']:.2g}")
+            f"{plus_minus(r['top_eigenvalue'], r['top_eigenvalue_se'])} | {plus_minus(r['trace'], r['trace_se'])}")
     return (f"| {r['sampler']} | {r['accuracy']:.3f} | {r['nll']:.3f} | {r['ece']:.3f} | "
             f"{r['ood_auroc']:.3f} | {flat} |")
+
+
+def findings(report: dict) -> List[str]:
+    """Sentences that state what the BNN study's numbers show, by the studies' one rule for a
+    difference (:mod:`.compare`: beyond 2 combined standard errors)."""
+    rows = [r for r in report["rows"] if "trace" in r]
+    n_test = report["n_test"]
+    out = []
+    if rows:
+        top = {r["sampler"]: (r["top_eigenvalue"], r["top_eigenvalue_se"]) for r in rows}
+        trace = {r["sampler"]: (r["trace"], r["trace_se"]) for r in rows}
+        n = min(r["flatness_draws"] for r in rows)
+        out.append(f"Flatness of the training NLL at {n} draws per sampler: {best_text(top, lowest=True, what='mean top eigenvalue')}; "
+                   f"{best_text(trace, lowest=True, what='mean Hessian trace')}.")
+    every = report["rows"] + report.get("variational", [])
+    accuracy = {r["sampler"]: (r["accuracy"], np.sqrt(max(r["accuracy"] * (1 - r["accuracy"]), 1e-12) / n_test))
+                for r in every}
+    out.append(f"Test accuracy ({n_test} images; binomial standard errors): "
+               f"{best_text(accuracy, lowest=False, what='BMA accuracy')}.")
+    sgld = next((r for r in report["rows"] if r["sampler"] == "SGLD"), None)
+    if sgld is not None and rows:
+        flatter = [r["sampler"] for r in rows if r is not sgld
+                   and differ(r["top_eigenvalue"], r["top_eigenvalue_se"], sgld["top_eigenvalue"], sgld["top_eigenvalue_se"])
+                   and r["top_eigenvalue"] < sgld["top_eigenvalue"]]
+        better = [r["sampler"] for r in report["rows"] if r is not sgld and differ(
+            r["accuracy"], accuracy[r["sampler"]][1], sgld["accuracy"], accuracy["SGLD"][1]) and r["accuracy"] > sgld["accuracy"]]
+        out.append("Against SGLD, its own baseline: flatter (lower top eigenvalue beyond 2 standard errors): "
+                   f"{', '.join(flatter) or 'none'}; more accurate beyond 2 standard errors: {', '.join(better) or 'none'}"
+                   + (" — so on this problem the flatter draws do not classify better." if flatter and not better else "."))
+    toy = report.get("toy", [])
+    base = next((r for r in toy if r["sampler"].startswith("SGLD")), None)
+    if base is not None:
+        parts = [f"{r['sampler']} {compare_text(r['flat_basin'], r['flat_basin_se'], base['flat_basin'], base['flat_basin_se'])}"
+                 for r in toy if r is not base]
+        out.append(f"2-D toy (toy.png), share of draws in the flat basin against {base['sampler']}'s "
+                   f"{base['flat_basin']:.2f} ± {base['flat_basin_se']:.2f}: " + "; ".join(parts) + ".")
+    return out
 
 
 def _report_markdown(report: dict) -> str:
@@ -433,10 +488,21 @@ def _report_markdown(report: dict) -> str:
         f"{report['n_train']} images, prior excluded) at "
         f"{c['flatness_draws']} draws ({c['trace_probes']} Hutchinson probes).",
         "",
+        "Top eigenvalue and trace: mean over the draws ± its standard error (the spread between draws; "
+        "for the trace also Hutchinson's probe error). Accuracy is on "
+        f"{report.get('n_test', 'the')} test images (one binomial standard error: "
+        + (f"{np.sqrt(0.25 / report['n_test']):.3f} at most)." if report.get("n_test") else "see n_test).")
+        + " OOD AUROC: the BMA's predictive entropy separating the other digits' test images from the test set.",
+        "",
         "| sampler | accuracy | NLL | ECE | OOD AUROC | top eigenvalue | trace |",
         "|---|---|---|---|---|---|---|",
     ]
     lines += [_table_row(r) for r in report["rows"]]
+    lines += ["", "## What the numbers show", ""] + [f"- {t}" for t in report.get("findings", [])]
+    lines += ["", "Figures: `flatness.png` (loss along the line between two chains' last draws, under random "
+                  "perturbations of growing radius, and the Hessian's eigenvalue density by SLQ, per sampler), "
+                  "`bma_vs_models.png` (BMA test NLL against the number of averaged draws, variational fits), "
+                  "`toy.png` (the 2-D sharp/flat energy below)."]
     if report.get("variational"):
         ens = report["ensembles"]
         budget = ("the same gradient budget" if not c.get("svi_grad_evals")

@@ -37,6 +37,7 @@ from .. import flatness
 from ..datasets import load_mnist_ood
 from ..models import BayesianMLP
 from ..predictive import iter_draws
+from .compare import best_text, mean_and_se
 from .output import StudyError, require_int, require_positive, staged_output
 
 
@@ -279,14 +280,15 @@ def _draw_findings(report: dict) -> list:
                    f"{pair[0]['top_eigenvalue']:.3g} and {pair[1]['top_eigenvalue']:.3g}; {pair[0]['distance']:.3g} "
                    f"and {pair[1]['distance']:.3g} from the path, nearest at positions {pair[0]['position']:.2f} "
                    f"and {pair[1]['position']:.2f}.")
-    means = {k: np.mean([d["top_eigenvalue"] for d in v]) for k, v in report["draws"].items()}
-    flattest = min(means, key=means.get)
+    estimates = {k: mean_and_se(d["top_eigenvalue"] for d in v) for k, v in report["draws"].items()}
     far = sorted(k for k, v in report["draws"].items() if min(d["distance"] for d in v) > 0.5 * report["path_length"])
     if far:
         out.append(f"{', '.join(far)}: farther from the path than half its length, so the nearest path point "
                    "says little (such a point is about as far from every image).")
-    out.append(f"Of the samplers' draws, {flattest}'s have the lowest mean top eigenvalue ({means[flattest]:.3g}; "
-               f"highest: {max(means, key=means.get)}'s, {max(means.values()):.3g}).")
+    n = min(len(v) for v in report["draws"].values())
+    what = f"mean top eigenvalue (± its standard error over {n} draws)"
+    out.append(f"Of the samplers' draws, {best_text(estimates, lowest=True, what=what)}; "
+               f"{best_text(estimates, lowest=False, what=what)}.")
     draws = [d for pair in report["draws"].values() for d in pair]
     lowest = min(d["loss"] for d in draws)
     nearest = min(d["distance"] for d in draws)

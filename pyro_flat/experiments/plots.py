@@ -176,15 +176,19 @@ def plot_basin_endpoints(mixture: SharpFlatMixture, states: Mapping[str, np.ndar
     for ax, (label, path) in zip(axes.flat, states.items()):
         _contours_2d(ax, mixture)
         end = path[-1]
-        flat = mixture.in_flat_basin(torch.as_tensor(end)).numpy()
+        stuck = np.linalg.norm(end - mixture.saddle().numpy(), axis=-1) < 1e-3  # in neither basin
+        flat = mixture.in_flat_basin(torch.as_tensor(end)).numpy() & ~stuck
+        sharp = ~flat & ~stuck
         ax.scatter(end[flat, 0], end[flat, 1], s=3, color="C0", alpha=0.5, lw=0)
-        ax.scatter(end[~flat, 0], end[~flat, 1], s=3, color="C3", alpha=0.5, lw=0)
+        ax.scatter(end[sharp, 0], end[sharp, 1], s=3, color="C3", alpha=0.5, lw=0)
+        ax.scatter(end[stuck, 0], end[stuck, 1], s=30, facecolor="none", edgecolor="C2", lw=1)
         for c in range(min(paths_shown, path.shape[1])):
             ax.plot(path[:, c, 0], path[:, c, 1], "-", color="k", lw=0.5, alpha=0.7)
         r = by_label[label]
         exact = "" if r["exact"] is None else f", exact {r['exact']:.2f}"
-        where = (f"{r['at_saddle']:.0%} still at the saddle" if r.get("at_saddle", 0) > 0.5
-                 else f"flat basin: {r['share']:.2f} ± {r['se']:.2f}{exact}")
+        where = f"flat basin: {r['share']:.2f} ± {r['se']:.2f}{exact}"
+        if r.get("at_saddle", 0) > 0:
+            where += f"; at the saddle: {r['at_saddle']:.2f}"
         ax.set_title(f"{label}\n{where}", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.set_xlabel("θ₁ (or θa₁)", fontsize=7)
@@ -196,7 +200,9 @@ def plot_basin_endpoints(mixture: SharpFlatMixture, states: Mapping[str, np.ndar
                plt.Line2D([], [], color="k", marker="x", ls="",
                           label="saddle = every chain's start" if start == "the saddle" else "saddle"),
                plt.Line2D([], [], color="C0", marker="o", ls="", ms=4, label="last state, flat basin"),
-               plt.Line2D([], [], color="C3", marker="o", ls="", ms=4, label="last state, sharp basin")]
+               plt.Line2D([], [], color="C3", marker="o", ls="", ms=4, label="last state, sharp basin"),
+               plt.Line2D([], [], color="C2", marker="o", mfc="none", ls="", ms=6,
+                          label="last state at the saddle (neither basin)")]
     if paths_shown:
         handles.append(plt.Line2D([], [], color="k", lw=0.6, label=f"paths of {paths_shown} chains"))
     if start != "the saddle":
@@ -209,7 +215,8 @@ def plot_basin_endpoints(mixture: SharpFlatMixture, states: Mapping[str, np.ndar
 
 def plot_basin_shares(steps: Sequence[int], rows: Sequence[dict]):
     """Share of chains in the flat basin of U against the step, θ (left) and θa (right), with
-    ±2 standard-error bands and the exact stationary share of each as a dashed line."""
+    ±2 standard-error bands and the exact stationary share of each as a dashed line; chains still
+    at the saddle (in neither basin) are not in the share, and their own share is dotted."""
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.4), sharey=True)
     steps = np.asarray(steps)
@@ -224,12 +231,15 @@ def plot_basin_shares(steps: Sequence[int], rows: Sequence[dict]):
             ax.fill_between(steps[keep], share - 2 * se, share + 2 * se, color=color, alpha=0.15, lw=0)
             if r["exact"] is not None:
                 ax.axhline(r["exact"], color=color, ls="--", lw=1)
+            stuck = np.asarray(r.get("at_saddle_by_step", np.zeros(len(steps))))[keep]
+            if stuck.max() > 0:
+                ax.plot(steps[keep], stuck, color=color, ls=":", lw=1.4, label=f"{r['label']}: at the saddle")
         ax.plot([], [], "k--", lw=1, label="exact stationary share (same colour)")
         ax.set(xscale="log", xlabel="step (log scale)", ylim=(-0.02, 1.02),
                title="θ of each sampler" if panel == 0 else "θa of EntropySGLD (law p * N(0, ηI))")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")
-    axes[0].set_ylabel("share of chains in the flat basin of U = −log p")
+    axes[0].set_ylabel("share of chains in the flat basin of U = −log p\n(dotted: share still at the saddle)")
     fig.suptitle("All chains start at the saddle (bands: ±2 standard errors)", fontsize=10)
     fig.tight_layout()
     return fig
@@ -252,10 +262,13 @@ def plot_line_shares(line: Mapping, steps: int):
     return fig
 
 
-def plot_smoothed_landscape(mixture: SharpFlatMixture, etas: Sequence[float], eta_grid: Sequence[float]):
+def plot_smoothed_landscape(mixture: SharpFlatMixture, etas: Sequence[float], eta_grid: Sequence[float],
+                            exact: Optional[dict] = None):
     """Exact facts of Gaussian smoothing: log p_η along the axis between the modes for each η
     (left), and against η the mass of p_η in the flat basin of U, in its own flat basin, and the
-    flat component's mass (right)."""
+    flat component's mass (right). ``exact`` (from
+    :func:`~pyro_flat.experiments.synthetic2d.exact_landscape` over ``eta_grid``) saves computing
+    the masses again."""
     plt = _plt()
     fig, (ax, ax_mass) = plt.subplots(1, 2, figsize=(12, 4.4))
     sharp, flat = mixture.sharp_loc, mixture.flat_loc
@@ -271,8 +284,9 @@ def plot_smoothed_landscape(mixture: SharpFlatMixture, etas: Sequence[float], et
     grid = np.asarray(eta_grid, dtype=float)
     merge = mixture.unimodal_beyond()
     bimodal = grid[grid < merge]
-    in_u = [mixture.flat_basin_mass(eta=e) for e in grid]
-    own = [mixture.flat_basin_mass(eta=e, basin_eta=e) for e in bimodal]
+    rows = {} if exact is None else {float(r["eta"]): r for r in exact["smoothed"].values()}
+    in_u = [rows[e]["flat_basin_of_U"] if e in rows else mixture.flat_basin_mass(eta=e) for e in grid]
+    own = [rows[e]["own_flat_basin"] if e in rows else mixture.flat_basin_mass(eta=e, basin_eta=e) for e in bimodal]
     ax_mass.plot(grid, in_u, "o-", ms=3, label="mass of p_η in the flat basin of U = −log p")
     ax_mass.plot(bimodal, own, "s-", ms=3, label="mass of p_η in the flat basin of its own energy")
     ax_mass.axvspan(merge, grid.max(), color="0.9", label=f"p_η unimodal (η > {merge:.2f})")

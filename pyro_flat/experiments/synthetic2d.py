@@ -41,6 +41,7 @@ import pyro
 
 from ..kernels import make_kernel
 from ..mixtures import SharpFlatMixture, sharp_flat_2d
+from .compare import compare_text
 from .output import StudyError, require_int, require_positive, staged_output
 
 #: Sample paths drawn per panel of ``paths.png``.
@@ -168,7 +169,7 @@ def run_synthetic2d(config: Synthetic2DConfig, *, log: Callable[[str], None] = p
 
     config.check()
     mixture = sharp_flat_2d()
-    exact = exact_landscape(mixture, config.etas, config.sigma)
+    exact = exact_landscape(mixture, sorted({*config.etas, *LANDSCAPE_ETAS}), config.sigma)
     saddle = mixture.saddle().float()
     stride = max(1, config.num_steps // 400)
     marks = sorted(set(range(0, min(100, config.num_steps) + 1)) | set(range(0, config.num_steps + 1, stride))
@@ -187,19 +188,22 @@ def run_synthetic2d(config: Synthetic2DConfig, *, log: Callable[[str], None] = p
                             progress_bar=False)[config.line_steps]
         for site, label in sampler.variables():
             path = torch.stack([run[k][site] for k in marks])  # (marks, chains, 2)
-            flat_path = mixture.in_flat_basin(path)
+            stuck = (path - saddle).norm(dim=-1) < AT_SADDLE  # at the saddle: in neither basin
+            flat_path = mixture.in_flat_basin(path) & ~stuck
             share, se = _share(flat_path[-1])
             by_step = flat_path.double().mean(1).tolist()
-            at_saddle = float(((path[-1] - saddle).norm(dim=-1) < AT_SADDLE).double().mean())
+            at_saddle = float(stuck[-1].double().mean())
             law, exact_share = _stationary_law(mixture, sampler, site, exact)
             ridge.append({"label": label, "sampler": sampler.name, "variable": site, "share": share, "se": se,
                           "chains": config.num_chains, "early_step": marks[early], "early_share": by_step[early],
-                          "at_saddle": at_saddle, "law": law, "exact": exact_share, "share_by_step": by_step})
+                          "at_saddle": at_saddle, "at_saddle_by_step": stuck.double().mean(1).tolist(),
+                          "law": law, "exact": exact_share, "share_by_step": by_step})
             states[label] = path.numpy()
             line[label] = mixture.in_flat_basin(ends[site]).reshape(config.line_points, -1).double().mean(1).tolist()
             exact_text = "no exact value" if exact_share is None else f"exact stationary {exact_share:.3f}"
-            log(f"{label}: {share:.3f} ± {se:.3f} of chains in the flat basin after {config.num_steps} steps "
-                f"({exact_text}: {law})")
+            saddle_text = f", {at_saddle:.3f} still at the saddle (neither basin)" if at_saddle else ""
+            log(f"{label}: {share:.3f} ± {se:.3f} of chains in the flat basin after {config.num_steps} steps"
+                f"{saddle_text} ({exact_text}: {law})")
     saddle_position = float((mixture.saddle().float() - sharp) @ (flat - sharp) / ((flat - sharp) ** 2).sum())
     report = {"config": asdict(config), "mixture": asdict(mixture), "exact": exact, "marks": marks,
               "ridge": ridge, "line": {"position": [round(x, 4) for x in positions.tolist()], "saddle_position": saddle_position,
@@ -212,12 +216,8 @@ def run_synthetic2d(config: Synthetic2DConfig, *, log: Callable[[str], None] = p
 
 
 def _compare(a: dict, b: dict) -> str:
-    """``a`` against ``b`` in units of their combined Monte Carlo error."""
-    diff = a["share"] - b["share"]
-    se = math.hypot(a["se"], b["se"])
-    if abs(diff) <= 2 * se:
-        return f"the same within Monte Carlo error (difference {diff:+.3f} ± {se:.3f})"
-    return f"{'higher' if diff > 0 else 'lower'} by {abs(diff):.3f} ± {se:.3f}"
+    """``a``'s share against ``b``'s, by the studies' one rule (:mod:`.compare`)."""
+    return compare_text(a["share"], a["se"], b["share"], b["se"])
 
 
 def _share_text(row: dict) -> str:
@@ -237,9 +237,9 @@ def findings(ridge: List[dict], exact: dict, config: Synthetic2DConfig) -> List[
     sgd = by_label.get("SGD θ")
     if sgd is not None and sgd["at_saddle"] > 0.5:
         lines.append(f"SGD has no noise and the gradient vanishes at the saddle: {sgd['at_saddle']:.0%} of its "
-                     f"chains are still there after {config.num_steps} steps, so its share "
-                     f"({sgd['share']:.3f}) only says on which side the saddle was rounded. From the segment "
-                     "between the modes (line.png) it ends in the basin it starts in.")
+                     f"chains are still there after {config.num_steps} steps, in neither basin (counted apart: "
+                     f"{sgd['share']:.3f} in the flat basin). From the segment between the modes (line.png) it "
+                     "ends in the basin it starts in.")
     for eta in config.etas:
         theta, aux = by_label[f"EntropySGLD θ (η = {eta:g})"], by_label[f"EntropySGLD θa (η = {eta:g})"]
         smoothed = exact["smoothed"][str(float(eta))]
@@ -258,8 +258,31 @@ def findings(ridge: List[dict], exact: dict, config: Synthetic2DConfig) -> List[
                          f"{exact_text}.")
     lines.append(f"Smoothing keeps each component's mass ({landscape['flat_component_mass']:.2f} flat for every η), "
                  f"moves the highest peak to the flat mode for η > {exact['peak_crossover']:.2f} and leaves a "
-                 f"single mode for η > {exact['unimodal_beyond']:.2f}.")
+                 f"single mode for η > {exact['unimodal_beyond']:.2f}. " + own_basin_text(exact))
     return lines
+
+
+def own_basin_text(exact: dict, tolerance: float = 0.01) -> str:
+    """Where p_η's mass in the flat basin of its own energy stays within ``tolerance`` of the flat
+    component's mass, and what it becomes as the two modes merge (from ``exact["smoothed"]``)."""
+    rows = sorted((r for r in exact["smoothed"].values() if r["saddle"] is not None), key=lambda r: r["eta"])
+    mass = rows[0]["flat_component_mass"]
+    near = [r for r in rows if abs(r["own_flat_basin"] - mass) <= tolerance]
+    kept = []
+    for r in rows:  # the leading run of η values that stay near the component's mass
+        if abs(r["own_flat_basin"] - mass) > tolerance:
+            break
+        kept.append(r)
+    values = [r["own_flat_basin"] for r in (kept or near)]
+    text = (f"In the basins of its own energy, p_η keeps {min(values):.3f}-{max(values):.3f} in the flat one for "
+            f"η ≤ {kept[-1]['eta']:g}" if kept else "")
+    beyond = rows[len(kept):]
+    if beyond:
+        last = beyond[-1]
+        text += (f"; beyond, the saddle moves toward the sharp mode and that share grows before the modes merge "
+                 f"({beyond[0]['own_flat_basin']:.3f} at η = {beyond[0]['eta']:g}, {last['own_flat_basin']:.3f} at "
+                 f"η = {last['eta']:g})")
+    return text + "."
 
 
 def run_synthetic2d_study(config: Synthetic2DConfig, *, log: Callable[[str], None] = print) -> dict:
@@ -280,7 +303,7 @@ def run_synthetic2d_study(config: Synthetic2DConfig, *, log: Callable[[str], Non
             "paths.png": plots.plot_basin_endpoints(mixture, states, report["ridge"], paths_shown=PATHS_SHOWN),
             "shares.png": plots.plot_basin_shares(report["marks"], report["ridge"]),
             "line.png": plots.plot_line_shares(report["line"], config.line_steps),
-            "landscape.png": plots.plot_smoothed_landscape(mixture, config.etas, LANDSCAPE_ETAS),
+            "landscape.png": plots.plot_smoothed_landscape(mixture, config.etas, LANDSCAPE_ETAS, report["exact"]),
         }
         for name, fig in figures.items():
             fig.savefig(staging / name, dpi=110)
