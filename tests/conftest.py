@@ -1,7 +1,12 @@
 import os
 
-import pytest
-import torch
+# Before torch loads OpenMP: threads that wait sleep instead of spinning. With 2 threads on a busy
+# machine, spinning made iterations 4-50x slower (a notebook test once hit its cell timeout).
+# The notebooks' kernels inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 os.environ.setdefault("CI", "1")  # Pyro: no progress bars in tests
 

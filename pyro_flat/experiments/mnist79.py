@@ -102,7 +102,7 @@ class MNIST79Config:
     progress: bool = True
     threads: Optional[int] = 1
     reference: Optional[str] = "entropy-hmc"
-    reference_samples: int = 800
+    reference_samples: int = 1500
     reference_warmup: int = 250
 
     @classmethod
