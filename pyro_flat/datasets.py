@@ -298,7 +298,7 @@ def load_mnist_digits(root: Optional[PathLike] = None, *, split: str = "train",
         root = Path(root).expanduser()
         if not root.exists():
             raise MNISTFileError(f"MNIST data directory {root} does not exist; pass the directory that "
-                                 "holds the IDX files or mnist.npz, or root=None for the embedded subset")
+                                 "holds the IDX files or mnist.npz, or none (root=None, no --data-dir) for the embedded subset")
         if root.is_file():
             images, labels = _read_npz_split(root, split)
         elif _locate(root, MNIST_FILES[split][0]) is None and (root / "mnist.npz").is_file():

@@ -187,3 +187,15 @@ def test_batch_size_above_the_data_is_said_and_recorded(tmp_path, capsys):
     report = json.loads((out / "report.json").read_text())
     assert report["batch_size_used"] == 800 and report["config"]["batch_size"] == 5000
     assert "minibatch 800" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("command", ["mnist79", "synthetic2d", "bnn", "paths"])
+def test_an_unknown_flag_points_to_the_commands_own_help_and_seed_has_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--bogus", "1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"unrecognized arguments: --bogus 1 (see pyro-flat {command} --help)" in err and err.count("\n") == 1
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    assert "random seed of every sampler" in capsys.readouterr().out

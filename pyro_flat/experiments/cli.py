@@ -69,7 +69,7 @@ def _add_mnist79(sub) -> None:
     p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"minibatch size (default {d.batch_size})")
     p.add_argument("--prior-scale", type=float, default=d.prior_scale,
                    help=f"prior sd of the weights (default {d.prior_scale})")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=int, default=d.seed, help=f"random seed of every sampler (default {d.seed})")
     _add_out(p, d.out)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -96,7 +96,7 @@ def _add_synthetic2d(sub) -> None:
                    help=f"chains per start point on the segment (default {d.line_chains})")
     p.add_argument("--line-steps", type=int, default=d.line_steps,
                    help=f"steps of the chains started on the segment (default {d.line_steps})")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=int, default=d.seed, help=f"random seed of every sampler (default {d.seed})")
     _add_out(p, d.out)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -128,7 +128,7 @@ def _add_bnn(sub) -> None:
     p.add_argument("--svi-lr", type=float, default=d.svi_lr, help=f"Adam step of the SVI fits (default {d.svi_lr})")
     p.add_argument("--svi-grad-evals", type=int, default=None,
                    help="gradient evaluations of each SVI fit (default: --grad-evals, the samplers' budget)")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=int, default=d.seed, help=f"random seed of every sampler (default {d.seed})")
     _add_out(p, d.out)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -175,7 +175,7 @@ def _add_paths(sub) -> None:
                         f"{' '.join(map(str, d.dynamics_batch_sizes))})")
     p.add_argument("--dynamics-steps", type=int, default=d.dynamics_steps,
                    help=f"SGD steps from the path (default {d.dynamics_steps})")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=int, default=d.seed, help=f"random seed of every sampler (default {d.seed})")
     _add_out(p, d.out)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -193,11 +193,12 @@ def run_paths_command(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pyro-flat", description="Flatness-seeking Bayesian inference with Pyro")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_mnist79(sub)
     _add_synthetic2d(sub)
     _add_bnn(sub)
     _add_paths(sub)
+    parser.commands = sub.choices  # each command's own parser, for its own error messages
     return parser
 
 
@@ -232,7 +233,10 @@ def run_synthetic2d_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # name the command's help, not the top level's
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     command = {"mnist79": run_mnist79_command, "synthetic2d": run_synthetic2d_command,
                "bnn": run_bnn_command, "paths": run_paths_command}[args.command]
     try:
