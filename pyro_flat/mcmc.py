@@ -58,13 +58,17 @@ CHAIN_METHODS = ("auto", "vectorized", "sequential", "parallel")
 Params = Dict[str, torch.Tensor]
 
 
-def _logging_hook(logger, progress_bar, user_hook=None):
-    """After every iteration: the kernel's ``logging()`` to Pyro's MCMC logger (which feeds the
-    progress bar's postfix), the phase as the bar's title, then the user's ``hook_fn``."""
+def _logging_hook(logger, progress_bar, user_hook=None, iterations_per_draw: int = 1):
+    """After every draw: the kernel's ``logging()`` to Pyro's MCMC logger (which feeds the progress
+    bar's postfix and advances it by one), the kernel's name and the phase as the bar's title, then
+    the user's ``hook_fn``. With thinning inside the kernel a kept draw is ``iterations_per_draw``
+    iterations, and the bar counts iterations, so its rate and time left stay true."""
 
     def hook(kernel, params, stage, i):
         logger.info(json.dumps(kernel.logging()), extra={"msg_type": DIAGNOSTIC_MSG})
-        progress_bar.set_description(stage, refresh=False)
+        if stage == "Sample" and iterations_per_draw > 1:
+            progress_bar.update(iterations_per_draw - 1)
+        progress_bar.set_description(f"{type(kernel).__name__} {stage}", refresh=False)
         if user_hook is not None:
             user_hook(kernel, params, stage, i)
 
@@ -193,9 +197,9 @@ class MCMC(pyro.infer.MCMC):
             kernel.initial_params = initial_params
         self._args, self._kwargs = args, kwargs
         args = tuple(a.detach() if torch.is_tensor(a) else a for a in args)
-        progress_bar = ProgressBar(warmup, num_samples, disable=self.sampler.disable_progbar)
+        progress_bar = ProgressBar(warmup, num_samples * self.thinning, disable=self.sampler.disable_progbar)
         logger = initialize_logger(logging.getLogger("pyro.infer.mcmc"), "", progress_bar)
-        hook = _logging_hook(logger, progress_bar, self.sampler.hook)
+        hook = _logging_hook(logger, progress_bar, self.sampler.hook, iterations_per_draw=self.thinning)
         try:
             with poutine.block(), optional(pyro.validation_enabled(not self.disable_validation),
                                            self.disable_validation is not None):

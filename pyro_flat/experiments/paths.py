@@ -208,6 +208,7 @@ def _run_path_study(config: PathConfig, staging: Optional[Path], log: Callable[[
     draws = by_sampler["SGLD"]
     full = flatness.FlatLoss.from_model(model, draws[0], data.X_train, data.y_train, likelihood_only=True)
     loss = flatness.FlatLoss(lambda x: full.fn(x) / n, full.params, full.blocks, full.model_target)  # NLL per image
+    log(f"endpoints: {len(draws)} draws descend {config.descent_steps} Adam steps each ...")
     start = time.perf_counter()
     ends = [_descend(loss.fn, loss.flatten(d), config.descent_steps, config.descent_lr) for d in draws]
     descent_seconds = time.perf_counter() - start
@@ -216,6 +217,7 @@ def _run_path_study(config: PathConfig, staging: Optional[Path], log: Callable[[
     start = time.perf_counter()
     line = flatness.straight_path(loss, ends[0], ends[1], num_points=config.num_points)
     line_seconds = time.perf_counter() - start
+    log(f"minimum-energy path: relaxing {config.num_points} images (at most {config.max_steps} FIRE steps) ...")
     start = time.perf_counter()
     path = flatness.minimum_energy_path(loss, ends[0], ends[1], num_points=config.num_points,
                                         step_size=config.neb_step_size, spring=config.spring, tol=config.tol,
@@ -229,9 +231,18 @@ def _run_path_study(config: PathConfig, staging: Optional[Path], log: Callable[[
         start = time.perf_counter()
         profiles[label] = flatness.curvature_along_path(loss, p, num_probes=config.trace_probes, seed=config.seed)
         profiles[label]["seconds"] = time.perf_counter() - start
+        log(f"curvature along the {label}: top eigenvalue and trace ({config.trace_probes} probes) at "
+            f"{len(p.points)} images in {profiles[label]['seconds']:.1f} s")
+    start = time.perf_counter()
     at_draws = {label: [_point_measures(loss, loss.flatten(d), path, config.trace_probes, config.seed) for d in pair]
                 for label, pair in by_sampler.items()}
+    log(f"curvature at the samplers' last draws: {sum(map(len, by_sampler.values()))} draws in "
+        f"{time.perf_counter() - start:.1f} s")
+    start = time.perf_counter()
+    log(f"SGD started on the path: step sizes {config.dynamics_step_sizes}, batch sizes "
+        f"{config.dynamics_batch_sizes} and the full batch, {config.dynamics_steps} steps ...")
     dynamics = _dynamics(config, model, loss, path, data, log)
+    log(f"SGD started on the path: done in {time.perf_counter() - start:.1f} s")
     report = {"config": asdict(config), "n_train": n,
               "endpoints_loss": [float(loss.fn(e)) for e in ends],
               "path": {"converged": path.converged, "max_force": path.max_force, "iterations": path.iterations,
