@@ -281,17 +281,26 @@ def compare_with_reference(samples: Dict[str, torch.Tensor], reference: Dict[str
 
 def _trace_figure(idata, var_names, config: MNIST79Config):
     import arviz as az
+    import matplotlib.pyplot as plt
 
-    axes = np.atleast_2d(az.plot_trace(idata, var_names=var_names, coords=CENTRE_COORDS, legend=True,
+    chains = int(idata.posterior.sizes["chain"])
+    colours = [f"C{c}" for c in range(chains)]
+    axes = np.atleast_2d(az.plot_trace(idata, var_names=var_names, coords=CENTRE_COORDS, compact=False,
+                                       chain_prop={"color": colours, "linestyle": ["-"] * chains},
                                        figsize=(12, 2.2 * len(var_names))))
     for row, name in zip(axes, var_names):
         label = f"{name}[{CENTRE_PIXEL}]" if name.startswith("w") else name
         row[0].set(xlabel=f"value of {label}", ylabel="density", title=label)
         row[1].set(xlabel=f"kept draw (every {config.thin}th iteration after warm-up)", ylabel=label, title=label)
+        for ax in row:
+            if ax.get_legend() is not None:
+                ax.get_legend().remove()
     fig = axes.flat[0].figure
+    handles = [plt.Line2D([], [], color=colour, lw=1.5, label=f"chain {c}") for c, colour in enumerate(colours)]
+    fig.legend(handles=handles, loc="upper right", ncol=chains, fontsize=8, frameon=False)
     fig.suptitle(f"{config.sampler}: bias b and the centre pixel's weight w[{CENTRE_PIXEL}], θ and θa; "
-                 "one line style per chain")
-    fig.tight_layout()
+                 "one colour per chain", x=0.02, ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     return fig
 
 

@@ -75,10 +75,13 @@ def plot_reliability(curves: Mapping[str, Mapping[str, np.ndarray]], *, title: s
     fig, ax = plt.subplots(figsize=(5.6, 5))
     ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
     low = 1.0
+    styles = ("-", "--", ":", "-.")
     for i, (label, c) in enumerate(curves.items()):
+        # curves that coincide stay visible: earlier ones wider and underneath, each its own dash
         sizes = 300 * c["count"] / c["count"].sum()
-        ax.plot(c["confidence"], c["accuracy"], "-", color=f"C{i}", lw=1.2, label=label)
-        ax.scatter(c["confidence"], c["accuracy"], s=sizes, color=f"C{i}", alpha=0.6)
+        ax.plot(c["confidence"], c["accuracy"], styles[i % len(styles)], color=f"C{i}", lw=max(1.0, 3.4 - 0.6 * i),
+                zorder=2 + i, label=label)
+        ax.scatter(c["confidence"], c["accuracy"], s=sizes, color=f"C{i}", alpha=0.45, zorder=2 + i)
         low = min(low, float(np.min(c["confidence"])), float(np.min(c["accuracy"])))
     low = max(0.0, np.floor(low * 10) / 10)
     ax.set(xlim=(low, 1.0), ylim=(low, 1.0), xlabel="mean top-class confidence in the bin",
