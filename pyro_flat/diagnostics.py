@@ -84,8 +84,9 @@ def convergence_verdict(table, sample_stats: Optional[Mapping[str, torch.Tensor]
 def _from_mcmc(mcmc) -> tuple[ArrayDict, ArrayDict]:
     if not hasattr(mcmc, "get_samples"):
         raise TypeError(f"to_arviz takes an MCMC object or a dict {{site: tensor}}, got {type(mcmc).__name__}.")
-    if getattr(mcmc, "_samples", None) is None:
-        raise ValueError("to_arviz(mcmc): this MCMC has no draws yet; call mcmc.run(...) first.")
+    from .mcmc import require_draws
+
+    require_draws(mcmc, "to_arviz(mcmc)")
     posterior = {k: to_numpy(v, None) for k, v in mcmc.get_samples(group_by_chain=True).items()}
     return posterior, {k: to_numpy(v, None) for k, v in mcmc_sample_stats(mcmc).items()}
 

@@ -188,6 +188,14 @@ class MCMC(pyro.infer.MCMC):
             self.kernel.configure(steps_per_draw=self.thinning)
         return super().run(*args, **kwargs)
 
+    def get_samples(self, num_samples=None, group_by_chain=False):
+        require_draws(self, "get_samples")
+        return super().get_samples(num_samples, group_by_chain)
+
+    def summary(self, prob: float = 0.9):
+        require_draws(self, "summary")
+        return super().summary(prob)
+
     def _run_vectorized(self, num_chains: int, initial_params, args, kwargs) -> None:
         """Pyro's sampling loop for one kernel that holds every chain; draws go straight into
         preallocated ``(chain, draw, ...)`` buffers."""
@@ -225,13 +233,25 @@ class MCMC(pyro.infer.MCMC):
         self._diagnostics = _split_diagnostics(diagnostics, num_chains)
 
 
+def require_draws(mcmc, what: str) -> None:
+    """A ``ValueError`` that says why ``mcmc`` has no draws, instead of Pyro's ``NoneType`` errors."""
+    if getattr(mcmc, "_samples", None) is None:
+        raise ValueError(f"{what}: this MCMC has no draws: call mcmc.run(...) first. A run that stopped "
+                         "with an error has none either; after a DivergenceError its draws are in "
+                         "err.samples and err.completed_chains (also kernel.partial_samples).")
+
+
 def _check_initial_params(initial_params, num_chains: int) -> None:
     """``initial_params`` must be a dict of tensors with a leading chain dim for several chains."""
     if not isinstance(initial_params, dict):
         raise ValueError(f"initial_params must be a dict {{site name: tensor}}, got "
                          f"{type(initial_params).__name__}.")
     for name, value in initial_params.items():
-        value = torch.as_tensor(value)
+        try:
+            value = torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise TypeError(f"initial_params[{name!r}] must be a tensor (or array) of numbers, got "
+                            f"{type(value).__name__} {value!r}.") from err
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
             bad = ~torch.isfinite(value.reshape(len(value), -1)).all(-1) if num_chains > 1 and value.dim() else None
             where = "" if bad is None else f" (chain {int(bad.nonzero()[0, 0])})"

@@ -32,9 +32,9 @@ def check_positive(name: str, value, *, hint: str = "") -> float:
     """``float(value)`` if it is a positive finite number, else a ``ValueError`` naming ``name``."""
     try:
         x = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RuntimeError):
         x = float("nan")
-    if isinstance(value, bool) or not math.isfinite(x) or x <= 0:
+    if isinstance(value, (bool, str, bytes)) or not math.isfinite(x) or x <= 0:  # "0.1" is not a number
         raise ValueError(_hinted(f"{name} must be a positive finite number, got {name}={value!r}.", hint))
     return x
 

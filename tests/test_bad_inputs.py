@@ -43,7 +43,7 @@ def test_pyro_driver_zero_samples_is_refused_before_the_warmup():
 
 @pytest.mark.parametrize("driver", [MCMC, PyroMCMC])
 def test_to_arviz_before_run_says_run_first(driver):
-    with pytest.raises(ValueError, match=r"no draws yet; call mcmc.run\(...\) first"):
+    with pytest.raises(ValueError, match=r"has no draws: call mcmc.run\(...\) first"):
         to_arviz(driver(SGLD(gaussian, step_size=0.1), num_samples=5))
 
 
@@ -133,3 +133,58 @@ def test_an_npz_without_sevens_or_nines_says_which_digits_are_missing(tmp_path):
         load_mnist79(tmp_path / "d.npz")
     with pytest.raises(MNISTFileError, match=r"has no image of digit\(s\) 9; it needs images of 7, 9"):
         load_mnist_ood(tmp_path / "d.npz", in_digits=(7, 9))
+
+
+# ----------------------------------------------------------------------------- round 2 (the stress run)
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(step_size="0.1"), "step_size must be a positive finite number, got step_size='0.1'"),
+    (dict(step_size=1e-3, temperature="1"), "temperature must be a positive finite number, got temperature='1'"),
+])
+def test_numbers_given_as_strings_are_refused(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        SGLD(gaussian, **kwargs)
+    with pytest.raises(ValueError, match="eta must be a positive finite number, got eta='0.1'"):
+        EntropySGLD(gaussian, eta="0.1", step_size=1e-3)
+
+
+def test_other_kernel_numbers_are_named():
+    from pyro_flat import LocalEntropySGLD
+
+    with pytest.raises(TypeError, match="target_accept_prob must be a number"):
+        EntropyHMC(gaussian, eta=0.1, target_accept_prob="abc")
+    with pytest.raises(ValueError, match="max_tree_depth must be a positive integer, got max_tree_depth=True"):
+        EntropyHMC(gaussian, eta=0.1, use_nuts=True, max_tree_depth=True)
+    for weight in ("abc", None):
+        with pytest.raises(TypeError, match="mean_weight must be a number"):
+            LocalEntropySGLD(gaussian, eta=0.1, step_size=1e-3, mean_weight=weight)
+
+
+@pytest.mark.parametrize("factor", [float("nan"), -1.0, 0.0, "1"])
+def test_a_schedule_that_gives_no_positive_step_is_named(factor):
+    mcmc = MCMC(SGLD(gaussian, step_size=1e-2, schedule=lambda k: 1.0 if k < 3 else factor), num_samples=5,
+                warmup_steps=5, disable_progbar=True)
+    with pytest.raises(ValueError, match=r"schedule\(3\) returned .*; a schedule must give a positive finite factor"):
+        mcmc.run()
+
+
+def test_summary_and_get_samples_without_draws_say_why():
+    mcmc = MCMC(SGLD(gaussian, step_size=0.1), num_samples=5, disable_progbar=True)
+    for call in (mcmc.summary, mcmc.get_samples):
+        with pytest.raises(ValueError, match=r"has no draws: call mcmc.run\(...\) first"):
+            call()
+    diverging = MCMC(SGLD(gaussian, step_size=0.1, schedule=lambda k: 1.0 if k < 10 else 1e8), num_samples=20,
+                     warmup_steps=5, disable_progbar=True)
+    with pytest.raises(DivergenceError):
+        diverging.run()
+    for call in (diverging.summary, lambda: to_arviz(diverging)):
+        with pytest.raises(ValueError, match="after a DivergenceError its draws are in err.samples"):
+            call()
+
+
+def test_initial_params_of_the_wrong_shape_or_type_are_named_in_the_users_shapes():
+    start = {"x": torch.zeros(2, 5)}
+    with pytest.raises(ValueError, match=r"initial_params\['x'\] has shape \(2, 5\), but the site's unconstrained "
+                                         r"value has shape \(2, 3\)"):
+        MCMC(SGLD(gaussian, step_size=0.1), num_samples=5, num_chains=2, initial_params=start).run()
+    with pytest.raises(TypeError, match=r"initial_params\['x'\] must be a tensor"):
+        MCMC(SGLD(gaussian, step_size=0.1), num_samples=5, initial_params={"x": "abc"})

@@ -163,7 +163,9 @@ def _logistic_full(X, y, subsample_size=None):
 @pytest.mark.parametrize("case, needle", [
     ("empty", r"model argument 0 is empty \(shape \(0, 3\)\)"),
     ("subsample", r"subsample_size=50 but only 20 data points; pass subsample_size <= 20"),
-    ("initial_params", r"initial_params\['w'\] has shape \(5,\), but the site's unconstrained value has shape \(3,\)"),
+    # vectorized: the shapes passed, chains first; Pyro's driver hands each chain its row
+    ("initial_params", r"initial_params\['w'\] has shape \((2, 5|5,)\), but the site's unconstrained value has "
+                       r"shape \((2, 3|3,)\)"),
 ])
 def test_bad_data_and_initial_values_name_the_argument_in_both_drivers(chain_method, case, needle):
     from pyro_flat import MCMC as FlatMCMC

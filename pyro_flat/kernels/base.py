@@ -30,6 +30,7 @@ from .errors import DivergenceError
 from .integrators import langevin_step
 from .preconditioning import DEFAULT_STEP_SIZE, Preconditioner
 from ..targets import CallablePotential, CompiledTarget, CoupledPotential, ModelPotential, Params, compile_target
+from ..targets.potential import InitialShapeError
 
 
 class TargetKernel(MCMCKernel):
@@ -238,7 +239,10 @@ class TargetKernel(MCMCKernel):
             # latent, a subsampled plate for HMC, ...) are the user's to see, not a reason to fall back
             self.num_chains, self._pending_initial_params = None, first
             single = self.build_target(args, kwargs)
-            single.initial_params(first)  # a wrong initial value is the user's error too
+            try:
+                single.initial_params(first)  # a wrong initial value is the user's error too
+            except InitialShapeError as err:  # say it in the shapes the user passed: chains first
+                raise InitialShapeError(err.name, (num_chains, *err.given), (num_chains, *err.expected)) from None
             single = getattr(single, "base", single)
             try:
                 return self._compare_batched(single, num_chains, args, kwargs, initial_params)
@@ -466,7 +470,7 @@ class StochasticGradientKernel(TargetKernel):
                 self.num_grad_evals += 2 * self.preconditioner.adapt(k, params)
             explore = not self.in_sampling_phase(k)
             temperature = 0.0 if explore else self.temperature  # exploration: optimisation steps
-            step_size = self.step_size * float(self.schedule(k))
+            step_size = self.step_size * self._schedule_factor(k)
             new_params, energy, grads = self._transition(params, step_size, temperature)
             self.num_grad_evals += self.grads_per_iteration
             problem = step_blow_up(energy, params, new_params, self.max_growth)
@@ -488,6 +492,19 @@ class StochasticGradientKernel(TargetKernel):
             self._stats["grad_evals"].append(self.num_grad_evals)
             self._record_draw(params)
         return params
+
+    def _schedule_factor(self, k: int) -> float:
+        """``schedule(k)``, refused unless it is a positive finite number (a step of 0 freezes the
+        chain; a negative or NaN one is no step)."""
+        factor = self.schedule(k)
+        try:
+            value = float(factor)
+        except (TypeError, ValueError):
+            value = float("nan")
+        if isinstance(factor, (bool, str, bytes)) or not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{type(self).__name__}: schedule({k}) returned {factor!r}; a schedule must give a "
+                             "positive finite factor of step_size at every iteration k.")
+        return value
 
     def in_sampling_phase(self, iteration: int) -> bool:
         """Whether ``iteration`` injects noise and may make a draw: always, unless the schedule

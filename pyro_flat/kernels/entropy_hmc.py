@@ -9,7 +9,7 @@ import torch
 from pyro.infer.autoguide.initialization import init_to_sample
 
 from ..targets import ChainLayout, CoupledPotential, Params, coupling
-from ..validation import check_eta, check_positive, check_positive_int
+from ..validation import check_eta, check_number, check_positive, check_positive_int
 from .adaptation import StepSizeAdapter, WelfordCovariance, adaptation_windows
 from .base import TargetKernel, coupled_target
 from .curvature import hessian, inverse_curvature
@@ -153,7 +153,7 @@ class EntropyHMC(TargetKernel):
             )
         self.aux_update = aux_update
         self.temperature = check_positive("temperature", temperature)
-        if not 0.0 < float(target_accept_prob) < 1.0:
+        if not 0.0 < check_number("target_accept_prob", target_accept_prob, "0.8") < 1.0:
             raise ValueError(f"target_accept_prob must lie in (0, 1), got {target_accept_prob!r}.")
         self.target_accept_prob = float(target_accept_prob)
         self.max_energy_error = check_positive("max_energy_error", max_energy_error)
@@ -166,8 +166,8 @@ class EntropyHMC(TargetKernel):
         if use_nuts and (num_steps is not None or trajectory_length is not None):
             raise ValueError("use_nuts=True chooses the trajectory length itself: drop num_steps "
                              "and trajectory_length.")
-        if not isinstance(max_tree_depth, int) or max_tree_depth < 1:
-            raise ValueError(f"max_tree_depth must be a positive int, got {max_tree_depth!r}.")
+        max_tree_depth = check_positive_int("max_tree_depth", max_tree_depth,
+                                            hint="NUTS stops doubling after 2**max_tree_depth steps.")
         self.use_nuts, self.max_tree_depth = bool(use_nuts), max_tree_depth
 
     def vectorization_error(self, num_chains, args, kwargs, initial_params=None):

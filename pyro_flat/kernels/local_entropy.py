@@ -11,8 +11,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..validation import check_eta
-from ..validation import check_positive
+from ..validation import check_eta, check_number, check_positive
 from .base import StochasticGradientKernel
 from .integrators import langevin_step
 from ..targets import Params
@@ -108,7 +107,7 @@ class LocalEntropySGLD(StochasticGradientKernel):
                                 check_positive("inner_step_size", inner_step_size,
                                                hint="It must keep the inner chain stable: "
                                                "inner_step_size * (curvature + 1/eta) < 1."))
-        a = float(mean_weight)
+        a = check_number("mean_weight", mean_weight, "0.25")
         if not 0.0 < a <= 1.0:
             raise ValueError(f"mean_weight must lie in (0, 1], got mean_weight={mean_weight!r}.")
         self.mean_weight = a

@@ -197,6 +197,17 @@ def potential_and_grad(
     }
 
 
+class InitialShapeError(ValueError):
+    """An ``initial_params`` value of the wrong shape (``given`` against ``expected``, one chain's)."""
+
+    def __init__(self, name: str, given: tuple, expected: tuple):
+        super().__init__(
+            f"initial_params[{name!r}] has shape {given}, but the site's unconstrained value has shape "
+            f"{expected} (a leading chain dimension included when chains are vectorized); pass a tensor "
+            "of that shape.")
+        self.name, self.given, self.expected = name, given, expected
+
+
 def merge_overrides(params: Params, overrides: Optional[Params]) -> Params:
     """``params`` with the user's values put in, cast to each site's dtype and device."""
     unknown = set(overrides or {}) - set(params)
@@ -206,10 +217,7 @@ def merge_overrides(params: Params, overrides: Optional[Params]) -> Params:
     for name, value in (overrides or {}).items():
         value = torch.as_tensor(value)
         if value.shape != params[name].shape:
-            raise ValueError(
-                f"initial_params[{name!r}] has shape {tuple(value.shape)}, but the site's "
-                f"unconstrained value has shape {tuple(params[name].shape)} (a leading chain "
-                "dimension included when chains are vectorized); pass a tensor of that shape.")
+            raise InitialShapeError(name, tuple(value.shape), tuple(params[name].shape))
         params[name] = value.to(params[name]).clone()
     return params
 
