@@ -178,3 +178,83 @@ def test_sigterm_cleans_up_and_never_leaves_a_stub(tmp_path):
         for name in FILES:
             assert (out / name).stat().st_size > 0, name
         assert json.loads((out / "report.json").read_text())["interrupted_by"] == "SIGTERM"
+
+
+# ----------------------------------------------------------------------------- the stress round
+def test_a_file_the_user_added_to_an_earlier_run_keeps_the_folder_from_being_replaced(tmp_path, capsys):
+    out = tmp_path / "run"
+    with staged_output(str(out), "mnist79") as staging:
+        (staging / "report.md").write_text("run 1")
+    assert (out / MARKER).read_text().split() == ["mnist79", "report.md"]  # what the run wrote
+    with staged_output(str(out), "mnist79") as staging:  # an earlier run alone: replaced
+        (staging / "report.md").write_text("run 2")
+    (out / "my_notes.txt").write_text("precious")
+    assert main(["mnist79", "--out", str(out), "--no-progress"]) == 2
+    assert "holds files that run did not write" in capsys.readouterr().err
+    assert (out / "my_notes.txt").read_text() == "precious" and (out / "report.md").read_text() == "run 2"
+
+
+@pytest.mark.parametrize("out", ["", ".", ".."])
+def test_the_current_folder_cannot_be_out(tmp_path, monkeypatch, capsys, out):
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    assert main(["mnist79", "--out", out, "--no-progress"]) == 2
+    assert "is the current folder or one of its parents" in capsys.readouterr().err
+    assert leftovers(tmp_path) == leftovers(tmp_path / "cwd") == []
+
+
+def test_the_output_folder_follows_the_umask(tmp_path):
+    umask = os.umask(0o022)
+    try:
+        with staged_output(str(tmp_path / "run"), "mnist79") as staging:
+            (staging / "a.txt").write_text("x")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "run").stat().st_mode & 0o777 == 0o755  # not mkdtemp's 0700
+
+
+def test_ctrl_c_while_the_files_are_written_waits_for_them(tmp_path, monkeypatch):
+    """The draws are made: a Ctrl-C during the figures must not throw them away."""
+    out = tmp_path / "run"
+    earlier_run(out)
+    trace = mnist79._trace_figure
+
+    def interrupted_trace(*args):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the files are written
+        return trace(*args)
+
+    monkeypatch.setattr(mnist79, "_trace_figure", interrupted_trace)
+    assert main(["mnist79", *SMALL, "--baseline", "none", "--out", str(out)]) == 130
+    for name in FILES:
+        assert not (out / name).read_bytes().startswith(b"earlier"), name
+    assert not json.loads((out / "report.json").read_text())["interrupted"]  # every draw was made
+    assert leftovers(tmp_path) == []
+
+
+def test_an_interrupted_report_gives_the_draws_kept(tmp_path, monkeypatch):
+    interrupt_at(monkeypatch, 230)
+    out = tmp_path / "run"
+    assert main(["mnist79", *SMALL, "--out", str(out)]) == 130
+    report = json.loads((out / "report.json").read_text())
+    assert report["draws_per_chain"] == {"entropy-sgld": 30}
+    assert "(Ctrl-C): the files hold the draws made before it stopped, per chain: entropy-sgld 30" in \
+        (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["mnist79", "--reference", "bogus"], "--reference 'bogus': the reference must be exact: entropy-hmc or none"),
+    (["mnist79", "--seed", "-1"], "--seed must be an integer from 0 to 2**32 - 1, got -1"),
+    (["synthetic2d", "--seed", str(2 ** 40)], "--seed must be an integer from 0 to 2**32 - 1"),
+    (["paths", "--seed", "-3"], "--seed must be an integer from 0 to 2**32 - 1"),
+    (["bnn", "--seed", "-3"], "--seed must be an integer from 0 to 2**32 - 1"),
+    (["mnist79", "--chains", "10000000"], "--chains x --num-samples / --thin: the run would keep about"),
+    (["mnist79", "--num-samples", "1000000000000"], "--chains x --num-samples / --thin: the run would keep about"),
+    (["bnn", "--num-chains", "-1"], "--num-chains must be an integer >= 1, got -1"),
+    (["mnist79", "--step-size", "1e6", "--chains", "2", "--warmup", "20", "--num-samples", "40", "--thin", "1",
+      "--reference", "none", "--baseline", "none"], "diverged at iteration 0"),
+])
+def test_bad_values_found_by_the_stress_run_are_one_line(tmp_path, capsys, args, needle):
+    assert main([*args, "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1 and "Traceback" not in err
+    assert leftovers(tmp_path) == [] and not (tmp_path / "o").exists()

@@ -37,7 +37,7 @@ from ..mcmc import MCMC
 from ..models import BayesianMLP
 from ..predictive import bma_predict
 from .compare import best_text, compare_text, differ
-from .output import StudyError, require_positive, staged_output
+from .output import StudyError, hold_signals, require_int, require_positive, require_seed, staged_output
 
 #: The compared samplers, as names of :data:`pyro_flat.kernels.KERNELS`; reported by class name.
 BNN_SAMPLERS = ("sgld", "entropy-sgld", "sasgld", "flat-sgld")
@@ -161,9 +161,12 @@ class BNNConfig:
             require_positive(f"--{name.replace('_', '-')}", getattr(self, name))
         if not 0.0 <= self.warmup_fraction < 1.0:
             raise StudyError(f"--warmup-fraction must lie in [0, 1), got {self.warmup_fraction}")
-        if min(self.grad_evals // 2, self.num_draws, self.flatness_draws, self.batch_size, self.toy_chains,
-               self.num_chains) < 1:
-            raise StudyError("--grad-evals must be >= 2 and the draw counts, batch size and chains >= 1")
+        require_int("--grad-evals", self.grad_evals, 2)
+        require_int("--num-chains", self.num_chains, 1)
+        require_int("--batch-size", self.batch_size, 1)
+        require_seed(self.seed)
+        if min(self.num_draws, self.flatness_draws, self.toy_chains) < 1:
+            raise StudyError("the draw counts and the toy study's chains must be >= 1")
         if self.svi_grad_evals is not None and self.svi_grad_evals < 2:
             raise StudyError(f"--svi-grad-evals must be >= 2, got {self.svi_grad_evals}")
         if self.trace_probes < 2:
@@ -285,6 +288,8 @@ def _run_bnn_study(config: BNNConfig, out, log: Callable[[str], None]) -> dict:
     import matplotlib.pyplot as plt
 
     from .plots import plot_bma_by_ensemble_size
+
+    hold_signals()  # the study is done: a Ctrl-C from here waits until the files are written
 
     for fig, name in ((_flatness_figure(curves, densities, n_train), "flatness.png"),
                       (plot_bma_by_ensemble_size(ensembles, len(data.X_test)), "bma_vs_models.png"),

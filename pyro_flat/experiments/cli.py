@@ -17,11 +17,12 @@ replaces ``--out`` when it is done (see :mod:`pyro_flat.experiments.output`).
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from typing import List, Optional
 
 from .mnist79 import PRECONDITIONERS, SAMPLERS, MNIST79Config
-from .output import Terminated
+from .output import Terminated, held_signal
 
 
 class _Parser(argparse.ArgumentParser):
@@ -240,9 +241,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     command = {"mnist79": run_mnist79_command, "synthetic2d": run_synthetic2d_command,
                "bnn": run_bnn_command, "paths": run_paths_command}[args.command]
     try:
-        return command(args)
+        code = command(args)
+        held = held_signal()  # a Ctrl-C or SIGTERM that waited for the files to be written
+        return code if held is None else (143 if held == signal.SIGTERM else 130)
     except ValueError as err:  # StudyError, MNISTFileError and the kernels' argument checks
         print(f"pyro-flat: error: {err}", file=sys.stderr)
+        return 2
+    except FloatingPointError as err:  # DivergenceError: the message says which step size to try
+        print(f"pyro-flat: error: {err} On the command line: --step-size.", file=sys.stderr)
         return 2
     except OSError as err:  # e.g. the disk filled up while writing: --out is left as it was
         print(f"pyro-flat: error: {err}; --out left as it was", file=sys.stderr)

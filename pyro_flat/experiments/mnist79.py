@@ -28,7 +28,8 @@ from ..diagnostics import MAX_R_HAT, MIN_ESS, convergence_verdict, diagnostics_t
 from ..kernels import EntropyHMC, kernel_class, make_kernel
 from ..mcmc import MCMC
 from ..models import logistic_probs, logistic_regression
-from .output import StudyError, Terminated, require_int, require_positive, staged_output, torch_threads
+from .output import (StudyError, Terminated, hold_signals, require_int, require_memory, require_positive, require_seed,
+                     staged_output, torch_threads)
 
 #: The samplers the study runs (names of :data:`pyro_flat.kernels.KERNELS`).
 SAMPLERS = ("entropy-sgld", "sgld", "entropy-hmc")
@@ -117,8 +118,9 @@ class MNIST79Config:
         check_sampler(self.baseline, "--baseline")
         if self.preconditioner not in PRECONDITIONERS:
             raise StudyError(f"--preconditioner {self.preconditioner!r} is not one of {', '.join(PRECONDITIONERS)}")
-        if self.reference is not None and kernel_class(self.reference) is not EntropyHMC:
+        if self.reference is not None and (self.reference not in SAMPLERS or kernel_class(self.reference) is not EntropyHMC):
             raise StudyError(f"--reference {self.reference!r}: the reference must be exact: entropy-hmc or none")
+        require_seed(self.seed)
         require_int("--reference-samples", self.reference_samples, 1)
         require_int("--reference-warmup", self.reference_warmup, 0)
         for name in ("eta", "step_size", "prior_scale"):
@@ -129,6 +131,8 @@ class MNIST79Config:
         if self.num_samples < self.thin:
             raise StudyError(f"--num-samples {self.num_samples} keeps no draw with --thin {self.thin}; "
                              "pass --num-samples >= --thin")
+        draws = max(self.num_samples // self.thin, self.reference_samples if self.reference else 0) + 10
+        require_memory("--chains x --num-samples / --thin", 2 * 4 * 2 * 785 * self.chains * draws)  # θ, θa; a copy
 
 
 @dataclass
@@ -393,6 +397,8 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None]) -
               "files": files}
     if not main.samples:
         raise _NothingDrawn(report)  # keep the previous output: nothing of this run is worth it
+    hold_signals()  # the draws are made: a Ctrl-C from here waits until they are written
+    report["draws_per_chain"] = {name: int(run.samples["b"].shape[1]) for name, run in runs.items() if run.samples}
 
     idata = to_arviz(main.samples, sample_stats=main.sample_stats or None)
     files["samples"] = "samples.nc"
@@ -493,7 +499,9 @@ def _report_markdown(report: dict, config: MNIST79Config) -> str:
     files = report["files"]
     md = [f"# MNIST 7 vs 9: {config.sampler}", ""]
     if report["interrupted"]:
-        md += ["**The run was interrupted**: the files hold the draws made before it stopped.", ""]
+        kept = ", ".join(f"{name} {n}" for name, n in report["draws_per_chain"].items())
+        md += [f"**The run was interrupted** ({report['interrupted_by']}): the files hold the draws made before it "
+               f"stopped, per chain: {kept} (of the schedule below).", ""]
     md += [f"Bayesian logistic regression (784 weights + bias, prior N(0, {config.prior_scale}²)) on "
            f"{report['data']['n_train']} training images from {report['data']['source']}; "
            f"test metrics on {report['data']['n_test']} images.",

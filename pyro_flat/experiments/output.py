@@ -7,7 +7,8 @@ An existing folder is replaced only if it holds nothing or the output of an earl
 same command (marked by :data:`MARKER`), or with ``overwrite=True``; anything else is refused, so
 that ``--out ~/Documents`` cannot wipe a user's files. ``--out`` is checked (kind, owner, write
 permission) before any work. SIGTERM is turned into :class:`Terminated` (a ``KeyboardInterrupt``)
-while a study runs, so it cleans up as Ctrl-C does; the folders a SIGKILL leaves behind are
+while a study runs, so it cleans up as Ctrl-C does; once the work is done and only the files are
+being written, both wait until the output is in place (:func:`hold_signals`); the folders a SIGKILL leaves behind are
 removed by the next run into the same ``--out`` (and a previous run caught half-way through the
 final swap is put back).
 """
@@ -20,6 +21,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -27,7 +29,8 @@ from typing import Iterator, List, Optional
 
 import torch
 
-#: The file that marks a folder as a pyro-flat study's output (it holds the command's name).
+#: The file that marks a folder as a pyro-flat study's output: the command's name on its first
+#: line, then the names of the files the run wrote (a folder holding any other file is not replaced).
 MARKER = ".pyro-flat-output"
 
 
@@ -51,11 +54,37 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM received while a study runs: handled as Ctrl-C (the draws made so far are kept)."""
 
 
+def require_seed(value: int) -> None:
+    """A ``StudyError`` naming ``--seed`` unless it is an integer torch and numpy accept (0..2³²-1)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2 ** 32:
+        raise StudyError(f"--seed must be an integer from 0 to 2**32 - 1, got {value}")
+
+
+def require_memory(option: str, num_bytes: float, share: float = 0.5) -> None:
+    """A ``StudyError`` naming ``option`` when a run would keep more than ``share`` of this machine's
+    memory (``num_bytes``, estimated before any work)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: no bound
+        return
+    if num_bytes > share * total:
+        raise StudyError(f"{option}: the run would keep about {num_bytes / 2 ** 30:.3g} GiB of draws, more than "
+                         f"{share:.0%} of this machine's {total / 2 ** 30:.3g} GiB; pass smaller values")
+
+
 def _replaceable(out: Path, command: str) -> bool:
+    """Empty, or an earlier run of ``command`` holding only the files it wrote (markers written
+    before the file list was kept name the command alone)."""
     if not any(out.iterdir()):
         return True
     marker = out / MARKER
-    return marker.is_file() and marker.read_text().strip() == command
+    if not marker.is_file():
+        return False
+    lines = marker.read_text().split("\n")
+    if lines[0].strip() != command:
+        return False
+    written = {line for line in lines[1:] if line}
+    return not written or {p.name for p in out.iterdir()} <= written | {MARKER}
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -73,9 +102,14 @@ def check_output_dir(path: str, command: str, overwrite: bool = False) -> Path:
     out = Path(path).expanduser()
     if out.exists() and not out.is_dir():
         raise StudyError(f"--out {path} is a file; pass a directory (it is created if missing)")
+    cwd = Path.cwd().resolve()
+    if out.resolve() == cwd or out.resolve() in cwd.parents:
+        raise StudyError(f"--out {path!r} is the current folder or one of its parents, which a run cannot "
+                         "replace; pass a new folder's name, e.g. --out pyro-flat-out/run1")
     if out.is_dir() and not overwrite and not _replaceable(out, command):
         raise StudyError(f"--out {path} is not empty and is not the output of an earlier "
-                         f"`pyro-flat {command}`; pass --overwrite to replace it, or another --out")
+                         f"`pyro-flat {command}` (or holds files that run did not write); pass --overwrite "
+                         "to replace it, or another --out")
     parent = _nearest_existing(out.parent.absolute())
     if not parent.is_dir():
         raise StudyError(f"--out {path}: {parent} is a file, not a directory; pass another --out")
@@ -119,21 +153,49 @@ def remove_stale_staging(out: Path) -> List[Path]:
     return removed
 
 
+class _Signals:
+    """What the study's signal handlers do: raise at once, or (once the work is done and the files
+    are being written) remember the signal until the output is in place."""
+
+    holding = False
+    received: Optional[int] = None  # a signal held while writing, for the exit code
+
+
+def hold_signals() -> None:
+    """From now until the output is in place, Ctrl-C and SIGTERM wait: the run's work is done and
+    only its files are being written, so stopping now would throw the finished draws away."""
+    _Signals.holding = True
+
+
+def held_signal() -> Optional[int]:
+    """The signal (``signal.SIGINT`` or ``signal.SIGTERM``) held while the last output was written."""
+    return _Signals.received
+
+
 @contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM raises :class:`Terminated` (main thread only; restored after)."""
+def signals_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGINT raises ``KeyboardInterrupt`` and SIGTERM :class:`Terminated`, unless
+    :func:`hold_signals` was called (main thread only; the previous handlers are restored after)."""
+    _Signals.holding, _Signals.received = False, None
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum, frame):
-        raise Terminated(f"terminated by signal {signum}")
+        if _Signals.holding:
+            _Signals.received = signum
+            print(f"pyro-flat: {signal.Signals(signum).name} received while the files are written: "
+                  "finishing them first", file=sys.stderr)
+            return
+        raise Terminated(f"terminated by signal {signum}") if signum == signal.SIGTERM else KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        _Signals.holding = False
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 @contextlib.contextmanager
@@ -148,13 +210,16 @@ def staged_output(path: str, command: str, overwrite: bool = False) -> Iterator[
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{os.getpid()}-", dir=out.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        staging.chmod(0o777 & ~umask)  # mkdtemp's 0700 would outlive the run: the user's umask instead
     except OSError as err:
         raise StudyError(f"--out {path}: cannot create a folder beside it ({err.strerror or err}); "
                          "pass an --out you can write") from err
     try:
-        with sigterm_as_interrupt():
+        with signals_as_interrupt():
             yield staging
-        _publish(staging, out, command)
+            _publish(staging, out, command)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
@@ -176,7 +241,8 @@ def _signals_deferred() -> Iterator[None]:
 
 def _publish(staging: Path, out: Path, command: str) -> None:
     """Move ``staging`` to ``out`` (the previous ``out`` aside, then deleted), never half-done."""
-    (staging / MARKER).write_text(command + "\n")
+    written = sorted(p.name for p in staging.iterdir())
+    (staging / MARKER).write_text("\n".join([command, *written]) + "\n")
     old: Optional[Path] = None
     with _signals_deferred():
         if out.exists():

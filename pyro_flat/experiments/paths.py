@@ -38,7 +38,7 @@ from ..datasets import load_mnist_ood
 from ..models import BayesianMLP
 from ..predictive import iter_draws
 from .compare import best_text, mean_and_se
-from .output import StudyError, require_int, require_positive, staged_output
+from .output import StudyError, hold_signals, require_int, require_positive, require_seed, staged_output
 
 
 @dataclass
@@ -79,6 +79,7 @@ class PathConfig:
         return cls(**{**small, **overrides})
 
     def check(self) -> None:
+        require_seed(self.seed)
         for option in ("prior_scale", "step_size", "descent_lr", "neb_step_size", "spring", "tol"):
             require_positive(f"--{option.replace('_', '-')}", getattr(self, option))
         for option, minimum in (("grad_evals", 2), ("descent_steps", 1), ("max_steps", 1), ("batch_size", 1)):
@@ -256,6 +257,7 @@ def _run_path_study(config: PathConfig, staging: Optional[Path], log: Callable[[
     for text in report["findings"]:
         log(text)
     if staging is not None:
+        hold_signals()  # the study is done: a Ctrl-C from here waits until the files are written
         _write(report, profiles, staging)
     return report
 

@@ -42,7 +42,7 @@ import pyro
 from ..kernels import make_kernel
 from ..mixtures import SharpFlatMixture, sharp_flat_2d
 from .compare import compare_text
-from .output import StudyError, require_int, require_positive, staged_output
+from .output import StudyError, hold_signals, require_int, require_positive, require_seed, staged_output
 
 #: Sample paths drawn per panel of ``paths.png``.
 PATHS_SHOWN = 3
@@ -81,6 +81,7 @@ class Synthetic2DConfig:
         return cls(**{**small, **overrides})
 
     def check(self) -> None:
+        require_seed(self.seed)
         if not self.etas:
             raise StudyError("--eta needs at least one value")
         for eta in self.etas:
@@ -297,6 +298,7 @@ def run_synthetic2d_study(config: Synthetic2DConfig, *, log: Callable[[str], Non
     config.check()
     with staged_output(config.out, "synthetic2d", config.overwrite) as staging:  # --out checked first
         report = run_synthetic2d(config, log=log)
+        hold_signals()  # the chains have run: a Ctrl-C from here waits until the files are written
         states = report.pop("states")
         mixture = sharp_flat_2d()
         figures = {
