@@ -23,7 +23,9 @@ from .kernels.base import StochasticGradientKernel
 from .mcmc import run_chains
 from .theory import joint_hessian, preconditioned_constants
 from .theory import bounds as B
-from .theory.estimators import W2Estimate, W2Estimator
+from .flatness.probes import check_seed
+from .theory.estimators import METHODS, W2Estimate, W2Estimator
+from .validation import check_positive_int
 from .references import exact_chain, reference_law
 from .theory.problems import SITE, GaussianProblem, Problem
 
@@ -293,6 +295,14 @@ def check_convergence(
         (True, 'joint')
     """
     _check_arguments(problem, num_chains, num_iterations)
+    if estimator not in ("auto",) + METHODS:
+        raise ValueError(f"estimator must be 'auto' or one of {METHODS}, got estimator={estimator!r}.")
+    check_positive_int("num_checkpoints", num_checkpoints, minimum=2,
+                       hint="The checkpoints include the start and the end, e.g. num_checkpoints=21.")
+    check_positive_int("num_bootstrap", num_bootstrap, minimum=2,
+                       hint="The bootstrap needs 2 resamples for a standard error, e.g. num_bootstrap=50.")
+    seed = check_seed(seed)
+    x0 = _initial_point(problem, initial_point)
     if seed is not None:
         torch.manual_seed(seed)
     kernel = _kernel(sampler, problem, batch_size, kernel_kwargs)
@@ -307,8 +317,6 @@ def check_convergence(
         estimator = "gaussian" if dim <= num_chains // 4 else "marginal"
     if reference is None:
         reference = reference_law(problem, target, getattr(kernel, "eta", None))
-    x0 = torch.as_tensor(problem.initial_point() if initial_point is None else initial_point,
-                         dtype=torch.get_default_dtype()).reshape(problem.dim)
     checkpoints = np.unique(np.linspace(0, num_iterations, num_checkpoints).round().astype(int))
 
     t0 = time.perf_counter()
@@ -384,6 +392,24 @@ def _check_arguments(problem, num_chains, num_iterations) -> None:
     if isinstance(num_iterations, bool) or not isinstance(num_iterations, int) or num_iterations < 1:
         raise ValueError(f"num_iterations must be an integer >= 1, got {num_iterations!r}.")
     problem.constants()  # raises for a non-strongly-convex problem before any work
+
+
+def _initial_point(problem, initial_point) -> torch.Tensor:
+    """The chains' common start: ``problem.initial_point()`` or ``initial_point``, a finite ``(dim,)`` point."""
+    if initial_point is None:
+        return torch.as_tensor(problem.initial_point(), dtype=torch.get_default_dtype()).reshape(problem.dim)
+    try:
+        x0 = torch.as_tensor(initial_point, dtype=torch.get_default_dtype())
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise TypeError(f"initial_point must be a tensor of shape ({problem.dim},), got "
+                        f"{type(initial_point).__name__} initial_point={initial_point!r}.") from err
+    if x0.numel() != problem.dim:
+        raise ValueError(f"initial_point has shape {tuple(x0.shape)}, but the problem has dimension "
+                         f"{problem.dim}: pass one point of shape ({problem.dim},), shared by every chain.")
+    if not torch.isfinite(x0).all():
+        raise ValueError(f"initial_point holds NaN or inf: {x0.reshape(-1).tolist()}; pass a finite point "
+                         f"of shape ({problem.dim},), or None for the problem's own.")
+    return x0.reshape(problem.dim)
 
 
 def _mean_and_trace(reference):

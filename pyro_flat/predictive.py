@@ -10,6 +10,7 @@ Entropy-MCMC's evaluation.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Callable, Dict, Optional
 
 import torch
@@ -105,6 +106,12 @@ def bma_predict(
         >>> bma_predict(model, draws, torch.tensor([[1., 5.]]), use="theta")
         tensor([0.8418])
     """
+    if not callable(model):
+        raise TypeError(f"model must be the Pyro model (a callable) the samples came from, got "
+                        f"{type(model).__name__} model={model!r}.")
+    if not isinstance(samples, Mapping):
+        raise TypeError(f"samples must be a dict {{site: (num_draws, ...) tensor}} such as mcmc.get_samples(), "
+                        f"got {type(samples).__name__}.")
     if use not in _USES:
         raise ValueError(f"use must be one of {_USES}, got use={use!r}")
     model = getattr(model, "base_model", model)
@@ -123,6 +130,10 @@ def bma_predict(
             f"bma_predict(use={use!r}) needs auxiliary draws named '<site>{suffix}' "
             "(from EntropySGLD or flat_posterior); these samples have none. Use use='theta'."
         )
+    sites = [n for n, s in tr.nodes.items() if s["type"] == "sample" and not is_subsample_site(s)]
+    if site is not None and site not in sites:
+        raise ValueError(f"bma_predict: no site {site!r}; the model's sample sites are {sites}.")
+    _check_draws(samples, latents, suffix, tr)
     supports = {n: tr.nodes[n]["fn"].support for n in latents}
     plates = {
         n: (st["fn"].size, st["value"].numel())
@@ -141,6 +152,27 @@ def bma_predict(
             total = probs if total is None else total.add_(probs)
             count += 1
     return total / count
+
+
+def _check_draws(samples, latents, suffix, tr) -> None:
+    """Each latent's draws: ``(num_draws, *site shape)``, at least one, all finite (their twins too)."""
+    for n in latents:
+        draws, shape = samples[n], tuple(tr.nodes[n]["value"].shape)
+        if draws.dim() == len(shape) + 2 and tuple(draws.shape[2:]) == shape:
+            raise ValueError(
+                f"bma_predict: samples[{n!r}] has shape {tuple(draws.shape)}, grouped by chain; samples must be "
+                f"(num_draws, ...) with draws of the site's shape {shape}: flatten the chain dim, e.g. "
+                "mcmc.get_samples() without group_by_chain=True.")
+        if draws.dim() != len(shape) + 1 or tuple(draws.shape[1:]) != shape:
+            raise ValueError(f"bma_predict: samples[{n!r}] has shape {tuple(draws.shape)}, but the model's site "
+                             f"{n!r} has shape {shape}; samples must be (num_draws, *site shape).")
+        for key in (n, n + suffix):
+            if key in samples and samples[key].shape[:1] == (0,):
+                raise ValueError(f"bma_predict: samples hold no draws (samples[{key!r}] has shape "
+                                 f"{tuple(samples[key].shape)}); run the sampler with num_samples >= 1 first.")
+            if key in samples and not torch.isfinite(samples[key]).all():
+                raise ValueError(f"bma_predict: samples[{key!r}] holds NaN or inf; the chain diverged: "
+                                 "drop those draws or rerun with a smaller step size.")
 
 
 def _predict_probs(model, args, kwargs, values, plates, site):

@@ -21,8 +21,9 @@ from typing import Callable, Dict, List, Optional, Tuple, Union
 import numpy as np
 import torch
 
+from ..validation import check_number, check_positive, check_positive_int
 from .loss import FlatLoss, HessianOperator, LossFn, as_flat_loss
-from .probes import rademacher, seeded_generator
+from .probes import check_seed, rademacher, seeded_generator
 
 __all__ = [
     "top_eigenvalues",
@@ -49,6 +50,7 @@ def lanczos(op: HessianOperator, start: torch.Tensor, max_steps: int,
     off-diagonal ``betas`` (m - 1,) of :math:`T_m` and :math:`\beta_m`, the norm of the next
     residual (0 on an invariant subspace: the Ritz values are then exact eigenvalues).
     """
+    max_steps = check_positive_int("max_steps", max_steps, hint="It caps the Lanczos steps, e.g. max_steps=100.")
     q = start.to(torch.float64)
     q = q / q.norm()
     basis = torch.empty(max_steps, op.dim, dtype=torch.float64, device=q.device)
@@ -71,7 +73,7 @@ def lanczos(op: HessianOperator, start: torch.Tensor, max_steps: int,
             return np.array(alphas), np.array(betas), beta_next
         betas.append(beta_next)
         q_prev, q, beta = q, w / beta_next, beta_next
-    return np.array(alphas), np.array(betas), 0.0  # max_steps == 0 cannot happen
+    return np.array(alphas), np.array(betas), 0.0  # not reached: max_steps >= 1
 
 
 def _ritz(alphas: np.ndarray, betas: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
@@ -86,6 +88,11 @@ def _check_k(k: int, dim: int) -> int:
     if k > dim:
         raise ValueError(f"k={k} exceeds the dimension of params ({dim}); ask for k <= {dim}.")
     return int(k)
+
+
+def _check_tol(tol, example: str = "1e-4") -> float:
+    check_number("tol", tol, example)
+    return check_positive("tol", tol, hint=f"It is the relative accuracy, e.g. tol={example}.")
 
 
 def hessian_eigenvalues(loss_fn: Union[FlatLoss, LossFn], params: Optional[torch.Tensor] = None, *,
@@ -138,6 +145,10 @@ def top_eigenvalues(loss_fn: Union[FlatLoss, LossFn], params: Optional[torch.Ten
     >>> [round(v, 3) for v in top_eigenvalues(lambda x: 0.5 * x @ A @ x, torch.zeros(300), k=2)]
     [300.0, 299.0]
     """
+    tol, seed = _check_tol(tol), check_seed(seed)
+    if max_steps is not None:
+        max_steps = check_positive_int("max_steps", max_steps, hint="It caps the Lanczos steps; "
+                                       "None: min(d, max(10k, 100)).")
     loss = as_flat_loss(loss_fn, params)
     if per_site:
         return loss.per_block(top_eigenvalues, k=k, method=method, tol=tol,
@@ -155,7 +166,7 @@ def top_eigenvalues(loss_fn: Union[FlatLoss, LossFn], params: Optional[torch.Ten
     if method == "exact" or (method == "auto" and loss.dim <= AUTO_EXACT_DIM):
         return [float(v) for v in hessian_eigenvalues(loss)[:k]]
     op = HessianOperator(loss)
-    max_steps = min(loss.dim, max(10 * k, 100)) if max_steps is None else min(int(max_steps), loss.dim)
+    max_steps = min(loss.dim, max(10 * k, 100)) if max_steps is None else min(max_steps, loss.dim)
     start = torch.randn(loss.dim, generator=seeded_generator(seed), dtype=torch.float64).to(loss.params.device)
 
     def converged(alphas, betas, beta_next) -> bool:
@@ -186,6 +197,8 @@ def power_iteration(loss_fn: Union[FlatLoss, LossFn], params: Optional[torch.Ten
     against the eigenvectors :math:`U` found before, until the Rayleigh quotient changes by less
     than ``tol`` relative. One Hessian-vector product per iteration.
     """
+    tol = _check_tol(tol)
+    max_iter = check_positive_int("max_iter", max_iter, hint="It caps the iterations per eigenvalue, e.g. max_iter=1000.")
     loss = as_flat_loss(loss_fn, params)
     k = _check_k(k, loss.dim)
     op, gen = HessianOperator(loss), seeded_generator(seed)
@@ -285,14 +298,15 @@ def eigenvalue_density(loss_fn: Union[FlatLoss, LossFn], params: Optional[torch.
     >>> round(rho.expect()[0], 4)   # tr(H) / d = mean of 1..50
     25.5
     """
+    num_probes = check_positive_int("num_probes", num_probes, hint="e.g. num_probes=10.")
+    num_steps = check_positive_int("num_steps", num_steps, hint="e.g. num_steps=64.")
+    seed = check_seed(seed)
     loss = as_flat_loss(loss_fn, params)
     if per_site:
         return loss.per_block(eigenvalue_density, num_probes=num_probes, num_steps=num_steps, seed=seed)
-    if num_probes < 1 or num_steps < 1:
-        raise ValueError(f"num_probes and num_steps must be >= 1, got {num_probes}, {num_steps}.")
     op = HessianOperator(loss)
     probes = rademacher(num_probes, loss.dim, seeded_generator(seed)).to(loss.params.device)
-    m = min(int(num_steps), loss.dim)
+    m = min(num_steps, loss.dim)
     nodes = np.zeros((num_probes, m))
     weights = np.zeros((num_probes, m))
     for p, probe in enumerate(probes):

@@ -16,8 +16,9 @@ from typing import Dict, NamedTuple, Optional, Union
 
 import torch
 
+from ..validation import check_positive_int
 from .loss import FlatLoss, HessianOperator, LossFn, as_flat_loss
-from .probes import rademacher, seeded_generator
+from .probes import check_seed, rademacher, seeded_generator
 
 __all__ = ["hessian_trace", "TraceEstimate"]
 
@@ -50,11 +51,13 @@ def hessian_trace(loss_fn: Union[FlatLoss, LossFn], params: Optional[torch.Tenso
     >>> abs(est.value - 6.0) < 4 * est.stderr   # tr H = 6; the cross term adds noise
     True
     """
+    num_probes = check_positive_int("num_probes", num_probes, minimum=2,
+                                    hint="At least 2 probes give a standard error; e.g. num_probes=100.")
+    chunk_size = check_positive_int("chunk_size", chunk_size, hint="It is the probes per batch, e.g. chunk_size=16.")
+    seed = check_seed(seed)
     loss = as_flat_loss(loss_fn, params)
     if per_site:
         return loss.per_block(hessian_trace, num_probes=num_probes, seed=seed, chunk_size=chunk_size)
-    if isinstance(num_probes, bool) or not isinstance(num_probes, int) or num_probes < 2:
-        raise ValueError(f"num_probes must be an integer >= 2 (for a standard error), got {num_probes!r}.")
     op = HessianOperator(loss, chunk_size=chunk_size)
     probes = rademacher(num_probes, loss.dim, seeded_generator(seed)).to(loss.params.device)
     quad = (op.matmat(probes).to(torch.float64) * probes).sum(-1)
