@@ -52,7 +52,7 @@ from pyro import poutine
 from pyro.infer.mcmc.logger import DIAGNOSTIC_MSG, ProgressBar, initialize_logger
 from pyro.util import optional
 
-from .validation import check_nonnegative_int, check_positive_int
+from .validation import check_nonnegative_int, check_positive_int, check_tensor
 
 CHAIN_METHODS = ("auto", "vectorized", "sequential", "parallel")
 Params = Dict[str, torch.Tensor]
@@ -247,11 +247,7 @@ def _check_initial_params(initial_params, num_chains: int) -> None:
         raise ValueError(f"initial_params must be a dict {{site name: tensor}}, got "
                          f"{type(initial_params).__name__}.")
     for name, value in initial_params.items():
-        try:
-            value = torch.as_tensor(value)
-        except (TypeError, ValueError, RuntimeError) as err:
-            raise TypeError(f"initial_params[{name!r}] must be a tensor (or array) of numbers, got "
-                            f"{type(value).__name__} {value!r}.") from err
+        value = check_tensor(f"initial_params[{name!r}]", value, "a tensor (or array) of numbers")
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
             bad = ~torch.isfinite(value.reshape(len(value), -1)).all(-1) if num_chains > 1 and value.dim() else None
             where = "" if bad is None else f" (chain {int(bad.nonzero()[0, 0])})"

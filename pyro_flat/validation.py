@@ -57,6 +57,20 @@ def check_number(name: str, value, example: str) -> float:
         return float("nan")
 
 
+def check_tensor(name: str, value, what: str) -> torch.Tensor:
+    """``torch.as_tensor(value)``, or a ``TypeError`` naming ``name`` (``what`` says what to pass).
+
+    >>> check_tensor("start", "abc", "a 1-D tensor")
+    Traceback (most recent call last):
+    ...
+    TypeError: start must be a 1-D tensor, got str 'abc'.
+    """
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__} {value!r}.") from None
+
+
 def check_eta(eta) -> float:
     """The coupling variance :math:`\\eta` of the Entropy-MCMC joint: a positive finite float."""
     return check_positive(

@@ -154,8 +154,8 @@ def test_out_of_other_files_is_refused_and_kept(tmp_path, capsys):
     out.mkdir()
     (out / "notes.txt").write_text("precious")
     assert main(["mnist79", *SMALL, "--baseline", "none", "--out", str(out)]) == 2
-    assert "--out " + str(out) + " is not empty and is not the output of an earlier `pyro-flat mnist79`; " \
-        "pass --overwrite" in capsys.readouterr().err
+    assert "--out " + str(out) + " is not empty and is not the output of an earlier `pyro-flat mnist79` " \
+        "(or holds files that run did not write); pass --overwrite" in capsys.readouterr().err
     assert (out / "notes.txt").read_text() == "precious"
 
 

@@ -42,7 +42,7 @@ from typing import Callable, Dict, Mapping, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from ..validation import check_nonnegative_int, check_number, check_positive, check_positive_int
+from ..validation import check_nonnegative_int, check_number, check_positive, check_positive_int, check_tensor
 from .loss import FlatLoss, LossFn, as_flat_loss
 from .spectrum import top_eigenvalues
 from .trace import hessian_trace
@@ -166,11 +166,7 @@ def _check_path(path) -> None:
 
 def _point(name: str, value) -> torch.Tensor:
     """``start`` or ``end`` as a non-empty, finite, flat tensor."""
-    try:
-        x = torch.as_tensor(value)
-    except (TypeError, ValueError, RuntimeError):
-        raise TypeError(f"{name} must be a 1-D tensor (a point of the parameter space), got "
-                        f"{type(value).__name__} {name}={value!r}.") from None
+    x = check_tensor(name, value, "a 1-D tensor (a point of the parameter space)")
     if x.dim() != 1 or x.numel() == 0:
         raise ValueError(f"{name} must be a non-empty flat 1-D tensor, got shape {tuple(x.shape)}; pass e.g. "
                          "torch.tensor([x0]) for one parameter, or flatten the parameters "

@@ -8,6 +8,8 @@ import torch
 
 import pyro.poutine as poutine
 
+from ..validation import check_tensor
+
 
 def transfer_model(model: Callable, pretrained: Union[Mapping[str, torch.Tensor], torch.nn.Module],
                    variational: Sequence[str]) -> Callable:
@@ -82,11 +84,7 @@ def transfer_model(model: Callable, pretrained: Union[Mapping[str, torch.Tensor]
 
 def _pretrained_value(name: str, value) -> torch.Tensor:
     """``pretrained[name]`` as a tensor, refused if it is not one or has a non-finite entry."""
-    try:
-        value = torch.as_tensor(value)
-    except (TypeError, ValueError, RuntimeError):
-        raise TypeError(f"pretrained[{name!r}] must be a tensor (the site's pre-trained value), got "
-                        f"{type(value).__name__} {value!r}.") from None
+    value = check_tensor(f"pretrained[{name!r}]", value, "a tensor (the site's pre-trained value)")
     if value.is_floating_point():
         bad = ~torch.isfinite(value.detach())
         if bad.any():
