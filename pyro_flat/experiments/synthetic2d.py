@@ -32,7 +32,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -163,14 +163,17 @@ def exact_landscape(mixture: SharpFlatMixture, etas, sigma: float) -> dict:
             "flat_sgld_flat_basin": round(mixture.flat_basin_mass(mixture.randomly_smoothed_log_density(sigma, 8)), 4)}
 
 
-def run_synthetic2d(config: Synthetic2DConfig, *, log: Callable[[str], None] = print) -> dict:
+def run_synthetic2d(config: Synthetic2DConfig, *, log: Callable[[str], None] = print,
+                    landscape_etas: Sequence[float] = ()) -> dict:
     """Run the study (no files written) and return its report; the ridge run's states are under
-    ``report["states"]`` (label -> ``(marks, chains, 2)`` array) for the figures."""
+    ``report["states"]`` (label -> ``(marks, chains, 2)`` array) for the figures. The exact
+    landscape is computed at ``config.etas`` and ``landscape_etas`` (the study's figure passes
+    :data:`LANDSCAPE_ETAS`; each η costs a few seconds of quadrature)."""
     from ..convergence import run_ensemble
 
     config.check()
     mixture = sharp_flat_2d()
-    exact = exact_landscape(mixture, sorted({*config.etas, *LANDSCAPE_ETAS}), config.sigma)
+    exact = exact_landscape(mixture, sorted({*config.etas, *landscape_etas}), config.sigma)
     saddle = mixture.saddle().float()
     stride = max(1, config.num_steps // 400)
     marks = sorted(set(range(0, min(100, config.num_steps) + 1)) | set(range(0, config.num_steps + 1, stride))
@@ -279,10 +282,10 @@ def own_basin_text(exact: dict, tolerance: float = 0.01) -> str:
             f"η ≤ {kept[-1]['eta']:g}" if kept else "")
     beyond = rows[len(kept):]
     if beyond:
-        last = beyond[-1]
+        shown = beyond[:1] + beyond[1:][-1:]  # the first and the last η past that range
+        values = ", ".join(f"{r['own_flat_basin']:.3f} at η = {r['eta']:g}" for r in shown)
         text += (f"; beyond, the saddle moves toward the sharp mode and that share grows before the modes merge "
-                 f"({beyond[0]['own_flat_basin']:.3f} at η = {beyond[0]['eta']:g}, {last['own_flat_basin']:.3f} at "
-                 f"η = {last['eta']:g})")
+                 f"({values})")
     return text + "."
 
 
@@ -297,7 +300,7 @@ def run_synthetic2d_study(config: Synthetic2DConfig, *, log: Callable[[str], Non
 
     config.check()
     with staged_output(config.out, "synthetic2d", config.overwrite) as staging:  # --out checked first
-        report = run_synthetic2d(config, log=log)
+        report = run_synthetic2d(config, log=log, landscape_etas=LANDSCAPE_ETAS)
         hold_signals()  # the chains have run: a Ctrl-C from here waits until the files are written
         states = report.pop("states")
         mixture = sharp_flat_2d()
