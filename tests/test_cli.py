@@ -164,7 +164,8 @@ def test_rerun_replaces_the_whole_folder_and_a_failed_run_keeps_the_old_one(tmp_
     assert main(["mnist79", *SMALL, "--baseline", "none", "--out", str(out)]) == 0
     first = json.loads((out / "report.json").read_text())
     assert (out / MARKER).read_text().split()[0] == "mnist79"  # then the files the run wrote
-    (out / "stale.png").write_text("from an older version")
+    (out / "stale.png").write_text("from an older version")  # a file the earlier run wrote:
+    (out / MARKER).write_text((out / MARKER).read_text() + "stale.png\n")  # replaceable (a user's file is not)
 
     def broken(*args, **kwargs):  # the plots of a second run fail half-way
         raise RuntimeError("disk full")

@@ -165,7 +165,7 @@ def test_sigterm_cleans_up_and_never_leaves_a_stub(tmp_path):
         while not any(".partial-" in p.name for p in tmp_path.iterdir()):  # the run has started
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.2)
-        time.sleep(8)  # into the sampling
+        time.sleep(4)  # into the sampling
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=120)
     finally:
