@@ -21,3 +21,25 @@ def _single_thread_and_seed():
     pyro.clear_param_store()
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def interrupt_study_at(monkeypatch):
+    """``interrupt_study_at(k)``: the MNIST study's EntropySGLD raises KeyboardInterrupt (Ctrl-C) at
+    iteration ``k`` (warm-up included); its other samplers run as they are."""
+    from pyro_flat.experiments import mnist79
+    from pyro_flat.kernels import EntropySGLD
+
+    def at(iteration: int) -> None:
+        class Interrupted(EntropySGLD):
+            def sample(self, params):
+                if self._iteration == iteration:
+                    raise KeyboardInterrupt
+                return super().sample(params)
+
+        make = mnist79.make_study_kernel
+        monkeypatch.setattr(mnist79, "make_study_kernel", lambda name, c, model: (
+            Interrupted(model, eta=c.eta, step_size=c.step_size, preconditioner=c.preconditioner)
+            if name == "entropy-sgld" else make(name, c, model)))
+
+    return at

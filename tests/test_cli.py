@@ -9,7 +9,6 @@ import pytest
 from pyro_flat.experiments import mnist79
 from pyro_flat.experiments.output import MARKER
 from pyro_flat.experiments.cli import main
-from pyro_flat.kernels import EntropySGLD
 
 SMALL = ["--chains", "2", "--warmup", "200", "--num-samples", "300", "--thin", "1", "--no-progress",
          "--reference", "none"]
@@ -78,17 +77,8 @@ def test_wrong_layout_and_out_is_a_file(tmp_path, capsys):
     assert "is a file; pass a directory" in capsys.readouterr().err
 
 
-def test_ctrl_c_keeps_the_draws(tmp_path, monkeypatch):
-    class Interrupted(EntropySGLD):
-        def sample(self, params):  # Ctrl-C after 50 draws of the (vectorized) chains
-            if self._iteration == 250:
-                raise KeyboardInterrupt
-            return super().sample(params)
-
-    make = mnist79.make_study_kernel
-    monkeypatch.setattr(mnist79, "make_study_kernel", lambda name, c, model: (
-        Interrupted(model, eta=c.eta, step_size=c.step_size, preconditioner=c.preconditioner)
-        if name == "entropy-sgld" else make(name, c, model)))
+def test_ctrl_c_keeps_the_draws(tmp_path, interrupt_study_at):
+    interrupt_study_at(250)  # Ctrl-C after 50 draws of the (vectorized) chains
     out = tmp_path / "run"
     assert main(["mnist79", *SMALL, "--out", str(out)]) == 130
     idata = az.from_netcdf(str(out / "samples.nc"))

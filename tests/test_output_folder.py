@@ -15,7 +15,6 @@ import pytest
 from pyro_flat.experiments import mnist79, output, paths, synthetic2d
 from pyro_flat.experiments.cli import main
 from pyro_flat.experiments.output import MARKER, remove_stale_staging, staged_output
-from pyro_flat.kernels import EntropySGLD
 
 SMALL = ["--chains", "2", "--warmup", "200", "--num-samples", "300", "--thin", "1", "--no-progress",
          "--reference", "none"]
@@ -40,33 +39,19 @@ def leftovers(parent: Path) -> list:
     return sorted(p.name for p in parent.iterdir() if ".partial-" in p.name or ".old-" in p.name)
 
 
-def interrupt_at(monkeypatch, iteration: int) -> None:
-    """EntropySGLD of the study raises KeyboardInterrupt at ``iteration`` (warm-up is 200)."""
-    class Interrupted(EntropySGLD):
-        def sample(self, params):
-            if self._iteration == iteration:
-                raise KeyboardInterrupt
-            return super().sample(params)
-
-    make = mnist79.make_study_kernel
-    monkeypatch.setattr(mnist79, "make_study_kernel", lambda name, c, model: (
-        Interrupted(model, eta=c.eta, step_size=c.step_size, preconditioner=c.preconditioner)
-        if name == "entropy-sgld" else make(name, c, model)))
-
-
-def test_ctrl_c_in_the_warmup_leaves_an_earlier_run_untouched(tmp_path, monkeypatch, capsys):
+def test_ctrl_c_in_the_warmup_leaves_an_earlier_run_untouched(tmp_path, interrupt_study_at, capsys):
     out = tmp_path / "run"
     before = earlier_run(out)
-    interrupt_at(monkeypatch, 50)
+    interrupt_study_at(50)
     assert main(["mnist79", *SMALL, "--out", str(out)]) == 130
     assert snapshot(out) == before and leftovers(tmp_path) == []
     assert "before the first draw" in capsys.readouterr().out
 
 
-def test_ctrl_c_after_two_draws_replaces_it_with_a_complete_folder(tmp_path, monkeypatch):
+def test_ctrl_c_after_two_draws_replaces_it_with_a_complete_folder(tmp_path, interrupt_study_at):
     out = tmp_path / "run"
     earlier_run(out)
-    interrupt_at(monkeypatch, 202)
+    interrupt_study_at(202)
     assert main(["mnist79", *SMALL, "--out", str(out)]) == 130
     for name in FILES:
         assert (out / name).stat().st_size > 0 and not (out / name).read_bytes().startswith(b"earlier"), name
@@ -231,8 +216,8 @@ def test_ctrl_c_while_the_files_are_written_waits_for_them(tmp_path, monkeypatch
     assert leftovers(tmp_path) == []
 
 
-def test_an_interrupted_report_gives_the_draws_kept(tmp_path, monkeypatch):
-    interrupt_at(monkeypatch, 230)
+def test_an_interrupted_report_gives_the_draws_kept(tmp_path, interrupt_study_at):
+    interrupt_study_at(230)
     out = tmp_path / "run"
     assert main(["mnist79", *SMALL, "--out", str(out)]) == 130
     report = json.loads((out / "report.json").read_text())

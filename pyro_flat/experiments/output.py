@@ -225,30 +225,17 @@ def staged_output(path: str, command: str, overwrite: bool = False) -> Iterator[
             shutil.rmtree(staging, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM until the block is done (they are delivered after it)."""
-    signals = {signal.SIGINT, signal.SIGTERM}
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
-
-
 def _publish(staging: Path, out: Path, command: str) -> None:
-    """Move ``staging`` to ``out`` (the previous ``out`` aside, then deleted), never half-done."""
+    """Move ``staging`` to ``out`` (the previous ``out`` aside, then deleted), never half-done: it
+    runs inside :func:`signals_as_interrupt` with the signals held."""
     written = sorted(p.name for p in staging.iterdir())
     (staging / MARKER).write_text("\n".join([command, *written]) + "\n")
     old: Optional[Path] = None
-    with _signals_deferred():
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-{os.getpid()}-", dir=out.parent))
-            out.replace(old / out.name)
-        staging.replace(out)
+    hold_signals()  # the two moves below are never interrupted between them
+    if out.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-{os.getpid()}-", dir=out.parent))
+        out.replace(old / out.name)
+    staging.replace(out)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -170,6 +170,8 @@ def plot_basin_endpoints(mixture: SharpFlatMixture, states: Mapping[str, np.ndar
     ``states[label]`` is ``(steps, chains, 2)``; ``rows`` are the study's rows (label, share, se,
     exact, at_saddle) for the panel titles; ``start`` says where the chains started (legend).
     """
+    from .synthetic2d import at_saddle
+
     plt = _plt()
     by_label = {r["label"]: r for r in rows}
     n = len(states)
@@ -179,7 +181,7 @@ def plot_basin_endpoints(mixture: SharpFlatMixture, states: Mapping[str, np.ndar
     for ax, (label, path) in zip(axes.flat, states.items()):
         _contours_2d(ax, mixture)
         end = path[-1]
-        stuck = np.linalg.norm(end - mixture.saddle().numpy(), axis=-1) < 1e-3  # in neither basin
+        stuck = at_saddle(mixture, end).numpy()  # in neither basin
         flat = mixture.in_flat_basin(torch.as_tensor(end)).numpy() & ~stuck
         sharp = ~flat & ~stuck
         ax.scatter(end[flat, 0], end[flat, 1], s=3, color="C0", alpha=0.5, lw=0)

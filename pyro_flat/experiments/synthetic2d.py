@@ -140,6 +140,11 @@ def _share(flat: torch.Tensor) -> Tuple[float, float]:
     return p, math.sqrt(max(p * (1 - p), 0.0) / flat.numel())
 
 
+def at_saddle(mixture: SharpFlatMixture, points: torch.Tensor) -> torch.Tensor:
+    """Which ``(..., 2)`` points sit at the saddle (within :data:`AT_SADDLE`): in neither basin."""
+    return (torch.as_tensor(points) - mixture.saddle().float()).norm(dim=-1) < AT_SADDLE
+
+
 def exact_landscape(mixture: SharpFlatMixture, etas, sigma: float) -> dict:
     """The exact facts of the study: for each η the saddle and barriers of ``U_η``, which peak is
     highest, and the mass of ``p_η`` in the flat basin of U and in its own flat basin."""
@@ -192,20 +197,20 @@ def run_synthetic2d(config: Synthetic2DConfig, *, log: Callable[[str], None] = p
                             progress_bar=False)[config.line_steps]
         for site, label in sampler.variables():
             path = torch.stack([run[k][site] for k in marks])  # (marks, chains, 2)
-            stuck = (path - saddle).norm(dim=-1) < AT_SADDLE  # at the saddle: in neither basin
+            stuck = at_saddle(mixture, path)  # in neither basin
             flat_path = mixture.in_flat_basin(path) & ~stuck
             share, se = _share(flat_path[-1])
             by_step = flat_path.double().mean(1).tolist()
-            at_saddle = float(stuck[-1].double().mean())
+            saddle_share = float(stuck[-1].double().mean())
             law, exact_share = _stationary_law(mixture, sampler, site, exact)
             ridge.append({"label": label, "sampler": sampler.name, "variable": site, "share": share, "se": se,
                           "chains": config.num_chains, "early_step": marks[early], "early_share": by_step[early],
-                          "at_saddle": at_saddle, "at_saddle_by_step": stuck.double().mean(1).tolist(),
+                          "at_saddle": saddle_share, "at_saddle_by_step": stuck.double().mean(1).tolist(),
                           "law": law, "exact": exact_share, "share_by_step": by_step})
             states[label] = path.numpy()
             line[label] = mixture.in_flat_basin(ends[site]).reshape(config.line_points, -1).double().mean(1).tolist()
             exact_text = "no exact value" if exact_share is None else f"exact stationary {exact_share:.3f}"
-            saddle_text = f", {at_saddle:.3f} still at the saddle (neither basin)" if at_saddle else ""
+            saddle_text = f", {saddle_share:.3f} still at the saddle (neither basin)" if saddle_share else ""
             log(f"{label}: {share:.3f} ± {se:.3f} of chains in the flat basin after {config.num_steps} steps"
                 f"{saddle_text} ({exact_text}: {law})")
     saddle_position = float((mixture.saddle().float() - sharp) @ (flat - sharp) / ((flat - sharp) ** 2).sum())
@@ -271,13 +276,12 @@ def own_basin_text(exact: dict, tolerance: float = 0.01) -> str:
     component's mass, and what it becomes as the two modes merge (from ``exact["smoothed"]``)."""
     rows = sorted((r for r in exact["smoothed"].values() if r["saddle"] is not None), key=lambda r: r["eta"])
     mass = rows[0]["flat_component_mass"]
-    near = [r for r in rows if abs(r["own_flat_basin"] - mass) <= tolerance]
     kept = []
     for r in rows:  # the leading run of η values that stay near the component's mass
         if abs(r["own_flat_basin"] - mass) > tolerance:
             break
         kept.append(r)
-    values = [r["own_flat_basin"] for r in (kept or near)]
+    values = [r["own_flat_basin"] for r in kept]
     text = (f"In the basins of its own energy, p_η keeps {min(values):.3f}-{max(values):.3f} in the flat one for "
             f"η ≤ {kept[-1]['eta']:g}" if kept else "")
     beyond = rows[len(kept):]

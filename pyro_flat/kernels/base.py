@@ -17,7 +17,7 @@ import math
 import time
 import warnings
 from collections import defaultdict
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from pyro.infer.autoguide.initialization import init_to_sample
@@ -326,25 +326,29 @@ class TargetKernel(MCMCKernel):
         return [{k: v[:, c] for k, v in out.items()} for c in range(chains)]
 
 
-def step_blow_up(energy: torch.Tensor, params: Params, new_params: Params,
-                 max_growth: Optional[float]) -> Optional[str]:
-    """Why the step ``params -> new_params`` is a divergence, or ``None``; one host sync.
+def inf_norm(params: Params) -> float:
+    """The largest absolute coordinate of a state (NaN if it holds one), with one host sync."""
+    return float(torch.stack(torch._foreach_norm(list(params.values()), math.inf)).amax())
+
+
+def step_blow_up(energy: torch.Tensor, new_params: Params, norm_before: float,
+                 max_growth: Optional[float]) -> Tuple[Optional[str], float]:
+    """``(why the step is a divergence or None, the new state's largest |coordinate|)``; one host sync.
 
     A divergence is either a NaN/inf energy or state, or a finite blow-up: the largest absolute
     coordinate of the state growing more than ``max_growth`` times in one iteration,
     :math:`\\|\\theta_{k+1}\\|_\\infty > g \\max(1, \\|\\theta_k\\|_\\infty)`
-    (``None`` turns that part off). The largest absolute value of each tensor (an inf-norm, which
-    keeps NaN) is finite exactly when the tensor is: unlike a sum, it cannot overflow while every
-    entry is finite.
+    (``None`` turns that part off); ``norm_before`` is :math:`\\|\\theta_k\\|_\\infty`, the previous
+    step's second value. The largest absolute value of each tensor (an inf-norm, which keeps NaN)
+    is finite exactly when the tensor is: unlike a sum, it cannot overflow while every entry is finite.
     """
-    norms = torch._foreach_norm([energy.reshape(-1), *new_params.values(), *params.values()], math.inf)
-    n = 1 + len(new_params)
-    norms = torch.stack(norms).tolist() if max_growth is not None else [float(torch.stack(norms[:n]).amax())]
-    if not all(math.isfinite(v) for v in norms[:n]):
-        return "non-finite"
-    if max_growth is not None and max(norms[1:n]) > max_growth * max(1.0, *norms[n:]):
-        return "growth"
-    return None
+    norms = torch.stack(torch._foreach_norm([energy.reshape(-1), *new_params.values()], math.inf))
+    energy_norm, norm_after = torch.stack([norms[0], norms[1:].amax()]).tolist()
+    if not (math.isfinite(energy_norm) and math.isfinite(norm_after)):
+        return "non-finite", norm_after
+    if max_growth is not None and norm_after > max_growth * max(1.0, norm_before):
+        return "growth", norm_after
+    return None, norm_after
 
 
 class StochasticGradientKernel(TargetKernel):
@@ -473,7 +477,10 @@ class StochasticGradientKernel(TargetKernel):
             step_size = self.step_size * self._schedule_factor(k)
             new_params, energy, grads = self._transition(params, step_size, temperature)
             self.num_grad_evals += self.grads_per_iteration
-            problem = step_blow_up(energy, params, new_params, self.max_growth)
+            # the state's norm: the previous step's result, computed only for a state it did not make
+            before = self._state_norm if params is self._normed_state else inf_norm(params)
+            problem, self._state_norm = step_blow_up(energy, new_params, before, self.max_growth)
+            self._normed_state = new_params
             if problem is not None:
                 self._raise_divergence(params, grads, new_params, energy, step_size, problem)
             self._iteration += 1
@@ -531,6 +538,7 @@ class StochasticGradientKernel(TargetKernel):
     def _reset_chain_state(self, warmup_steps: int) -> None:
         super()._reset_chain_state(warmup_steps)
         self.num_grad_evals = 0  # per chain, warm-up included
+        self._state_norm, self._normed_state = math.nan, None  # the last step's ‖θ‖∞ and its state
 
     def _record_state(self, state_stats: dict) -> None:
         for name, value in state_stats.items():
