@@ -237,7 +237,7 @@ def plot_basin_shares(steps: Sequence[int], rows: Sequence[dict]):
             if r["exact"] is not None:
                 ax.axhline(r["exact"], color=color, ls="--", lw=1)
             stuck = np.asarray(r.get("at_saddle_by_step", np.zeros(len(steps))))[keep]
-            if stuck.max() > 0:
+            if stuck[-1] > 0:  # chains still at the saddle at the end (one passing by is not drawn)
                 ax.plot(steps[keep], stuck, color=color, ls=":", lw=1.4, label=f"{r['label']}: at the saddle")
         ax.plot([], [], "k--", lw=1, label="exact stationary share (same colour)")
         ax.set(xscale="log", xlabel="step (log scale)", ylim=(-0.02, 1.02),
