@@ -19,24 +19,52 @@
   command (:mod:`pyro_flat.experiments`).
 """
 
-from . import datasets, flatness, metrics, mixtures, models, schedules, theory, variational
-from .convergence import ConvergenceError, ConvergenceResult, check_convergence
-from .diagnostics import to_arviz
-from .flat import flat_posterior, flat_potential
-from .kernels import (
-    SGD,
-    SGLD,
-    DivergenceError,
-    EntropyHMC,
-    EntropySGLD,
-    FlatSGLD,
-    LocalEntropySGD,
-    LocalEntropySGLD,
-    SASGLD,
-)
-from .mcmc import MCMC
-from .predictive import bma_predict
-from .variational import SABMA_ELBO, SAM_ELBO, transfer_model
+import importlib
+from typing import TYPE_CHECKING, Any, List
+
+#: Each public name and the module that defines it: imported on first use (PEP 562), so that
+#: ``import pyro_flat.experiments.cli`` and ``pyro-flat --help`` do not import torch and Pyro.
+_PUBLIC = {
+    "flat_posterior": "flat", "flat_potential": "flat",
+    "SGD": "kernels", "SGLD": "kernels", "EntropySGLD": "kernels", "LocalEntropySGD": "kernels",
+    "LocalEntropySGLD": "kernels", "SASGLD": "kernels", "FlatSGLD": "kernels", "EntropyHMC": "kernels",
+    "DivergenceError": "kernels",
+    "MCMC": "mcmc",
+    "check_convergence": "convergence", "ConvergenceResult": "convergence", "ConvergenceError": "convergence",
+    "to_arviz": "diagnostics",
+    "bma_predict": "predictive",
+    "SAM_ELBO": "variational", "SABMA_ELBO": "variational", "transfer_model": "variational",
+}
+#: The subpackages and modules reachable as attributes (``pyro_flat.flatness``, ...).
+_MODULES = ("datasets", "diagnostics", "flatness", "metrics", "mixtures", "models", "schedules", "theory",
+            "variational", "kernels", "targets", "predictive", "convergence", "experiments")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
+    elif name in _MODULES:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module 'pyro_flat' has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(_PUBLIC) | set(_MODULES))
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
+    from . import datasets, flatness, metrics, mixtures, models, schedules, theory, variational
+    from .convergence import ConvergenceError, ConvergenceResult, check_convergence
+    from .diagnostics import to_arviz
+    from .flat import flat_posterior, flat_potential
+    from .kernels import (SGD, SGLD, DivergenceError, EntropyHMC, EntropySGLD, FlatSGLD, LocalEntropySGD,
+                          LocalEntropySGLD, SASGLD)
+    from .mcmc import MCMC
+    from .predictive import bma_predict
+    from .variational import SABMA_ELBO, SAM_ELBO, transfer_model
 
 __version__ = "0.1.0"
 

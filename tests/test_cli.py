@@ -2,6 +2,8 @@
 
 import json
 import math
+import subprocess
+import sys
 
 import arviz as az
 import pytest
@@ -190,3 +192,40 @@ def test_an_unknown_flag_points_to_the_commands_own_help_and_seed_has_help(comma
     with pytest.raises(SystemExit):
         main([command, "--help"])
     assert "random seed of every sampler" in capsys.readouterr().out
+
+
+def test_help_imports_neither_torch_nor_pyro():
+    """``pyro-flat --help`` and the option checks import the configs alone: the studies, torch and
+    Pyro are imported when a command runs."""
+    code = ("import sys\nfrom pyro_flat.experiments.cli import build_parser\nbuild_parser()\n"
+            "from pyro_flat.experiments.configs import MNIST79Config\nMNIST79Config().validate()\n"
+            "print(sorted(m for m in ('torch', 'pyro', 'numpy', 'arviz') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("command", ["mnist79", "synthetic2d", "bnn", "paths"])
+def test_every_option_reaches_its_config(command):
+    """Each option of a command lands in a field of its config (none is dropped on the way): the
+    parsed value of every option, set away from its default, is the config's."""
+    from pyro_flat.experiments import cli, configs
+
+    cls = {"mnist79": configs.MNIST79Config, "synthetic2d": configs.Synthetic2DConfig,
+           "bnn": configs.BNNConfig, "paths": configs.PathConfig}[command]
+    parser = cli.build_parser().commands[command]
+    args = parser.parse_args([])
+    args.command = command
+    dests = [a.dest for a in parser._actions if a.dest not in ("help",)]
+    for dest in dests:
+        value = getattr(args, dest)
+        setattr(args, dest, "x" if value is None else value)
+    config = cli.config_from_args(cls, args)
+    for dest in dests:
+        if dest == "no_progress":
+            assert config.progress is (not args.no_progress)
+            continue
+        assert dest in cls.field_names(), f"--{dest.replace('_', '-')} has no field in {cls.__name__}"
+        expected = getattr(args, dest)
+        expected = tuple(expected) if isinstance(expected, list) else expected
+        assert getattr(config, dest) == expected or (dest in ("baseline", "reference") and expected == "none")

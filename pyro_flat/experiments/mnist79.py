@@ -1,6 +1,6 @@
 """The study behind ``pyro-flat mnist79``: Bayesian logistic regression on MNIST 7 vs 9.
 
-:func:`run_mnist79` samples the model with one of the kernels of :data:`SAMPLERS` (and a baseline),
+:func:`run_mnist79` samples the model with one of the kernels of :data:`~pyro_flat.experiments.configs.SAMPLERS` (and a baseline),
 then writes everything a user looks at: the draws (ArviZ netCDF), the ArviZ summary, figures, BMA
 metrics and a report. An interrupted run (Ctrl-C) still writes the draws made so far.
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
@@ -28,22 +28,13 @@ from ..diagnostics import MAX_R_HAT, MIN_ESS, convergence_verdict, diagnostics_t
 from ..kernels import EntropyHMC, kernel_class, make_kernel
 from ..mcmc import MCMC
 from ..models import logistic_probs, logistic_regression
-from .output import (StudyError, Terminated, hold_signals, require_int, require_memory, require_positive, require_seed,
-                     staged_output, torch_threads)
+from .configs import MNIST79Config
+from .output import Terminated, hold_signals, staged_output, torch_threads
 
-#: The samplers the study runs (names of :data:`pyro_flat.kernels.KERNELS`).
-SAMPLERS = ("entropy-sgld", "sgld", "entropy-hmc")
-#: ``--preconditioner`` choices of the stochastic-gradient samplers
-PRECONDITIONERS = ("dense", "diagonal", "none")
 #: The pixel shown in the trace and rank plots: the image's centre.
 CENTRE_PIXEL = pixel_index(14, 14)
 #: ArviZ ``coords`` selecting it in θ and θa
 CENTRE_COORDS = {"w_dim_0": [CENTRE_PIXEL], "w_aux_dim_0": [CENTRE_PIXEL]}
-
-
-def check_sampler(name: Optional[str], option: str = "--sampler") -> None:
-    if name is not None and name not in SAMPLERS:
-        raise StudyError(f"{option} {name!r} is not a sampler; choose one of {', '.join(SAMPLERS)}")
 
 
 def make_study_kernel(name: str, config: "MNIST79Config", model: Callable):
@@ -66,73 +57,6 @@ def schedule_text(config: "MNIST79Config") -> str:
     every = "every iteration kept" if config.thin == 1 else f"every {config.thin}th kept"
     return (f"({config.warmup} warm-up + {config.num_samples} iterations, {every}: "
             f"{config.num_samples // config.thin} draws per chain)")
-
-
-@dataclass
-class MNIST79Config:
-    """Settings of the MNIST 7-vs-9 study (the defaults are the CLI's).
-
-    ``prior_scale = 0.5`` (prior precision 4): among precisions 0.1..100 it gave the best MAP test
-    accuracy on the embedded split (94.5%). :meth:`reduced` is the small run of the tests and of
-    the tutorials' reduced mode. ``threads`` is torch's thread count during the run (restored
-    after): one thread was as fast as two for a model of this size (benchmarks/bench_kernels.py).
-
-    The stochastic-gradient samplers use the dense preconditioner (the full-data Hessian during
-    warm-up, then frozen; :mod:`pyro_flat.kernels.preconditioning`), so ``step_size`` is in its
-    units: 0.2 inflates the variances by ~1/(1 - 0.1), about +5 % on the sds. Without it
-    (``preconditioner="none"``) the weakly determined weights need ~10⁵ steps of a stable step
-    size. ``reference`` (EntropyHMC, exact) is run after them and every θ and θa coordinate is
-    compared with it: ``reference_samples`` draws per chain after ``reference_warmup``.
-    """
-
-    data_dir: Optional[str] = None
-    sampler: str = "entropy-sgld"
-    baseline: Optional[str] = "sgld"
-    eta: float = 0.01
-    step_size: float = 0.2
-    preconditioner: str = "dense"
-    num_samples: int = 10000
-    warmup: int = 500
-    chains: int = 4
-    thin: int = 5
-    batch_size: int = 100
-    prior_scale: float = 0.5
-    seed: int = 0
-    out: str = "pyro-flat-out/mnist79"
-    overwrite: bool = False
-    progress: bool = True
-    threads: Optional[int] = 1
-    reference: Optional[str] = "entropy-hmc"
-    reference_samples: int = 1500
-    reference_warmup: int = 250
-
-    @classmethod
-    def reduced(cls, **overrides) -> "MNIST79Config":
-        """A run small enough for tests: 2 chains x (200 warm-up + 300 draws), no thinning, a
-        reference of 2 x (50 + 100) EntropyHMC draws."""
-        return replace(cls(num_samples=300, warmup=200, chains=2, thin=1, reference_samples=100,
-                           reference_warmup=50), **overrides)
-
-    def validate(self) -> None:
-        check_sampler(self.sampler)
-        check_sampler(self.baseline, "--baseline")
-        if self.preconditioner not in PRECONDITIONERS:
-            raise StudyError(f"--preconditioner {self.preconditioner!r} is not one of {', '.join(PRECONDITIONERS)}")
-        if self.reference is not None and (self.reference not in SAMPLERS or kernel_class(self.reference) is not EntropyHMC):
-            raise StudyError(f"--reference {self.reference!r}: the reference must be exact: entropy-hmc or none")
-        require_seed(self.seed)
-        require_int("--reference-samples", self.reference_samples, 1)
-        require_int("--reference-warmup", self.reference_warmup, 0)
-        for name in ("eta", "step_size", "prior_scale"):
-            require_positive(f"--{name.replace('_', '-')}", getattr(self, name))
-        for name in ("num_samples", "chains", "batch_size", "thin"):
-            require_int(f"--{name.replace('_', '-')}", getattr(self, name), 1)
-        require_int("--warmup", self.warmup, 0)
-        if self.num_samples < self.thin:
-            raise StudyError(f"--num-samples {self.num_samples} keeps no draw with --thin {self.thin}; "
-                             "pass --num-samples >= --thin")
-        draws = max(self.num_samples // self.thin, self.reference_samples if self.reference else 0) + 10
-        require_memory("--chains x --num-samples / --thin", 2 * 4 * 2 * 785 * self.chains * draws)  # θ, θa; a copy
 
 
 @dataclass
@@ -162,7 +86,7 @@ def _stack_partial(chains: List[Dict[str, torch.Tensor]]) -> Dict[str, torch.Ten
 
 
 def run_sampler(name: str, config: MNIST79Config, X: torch.Tensor, y: torch.Tensor) -> SamplerRun:
-    """Run one sampler of :data:`SAMPLERS` on the logistic regression; Ctrl-C keeps the draws.
+    """Run one sampler of :data:`~pyro_flat.experiments.configs.SAMPLERS` on the logistic regression; Ctrl-C keeps the draws.
     EntropyHMC runs ``config.reference_samples`` draws after ``config.reference_warmup``, unthinned."""
     kernel = make_study_kernel(name, config, logistic_regression)
     exact = is_full_batch(name)

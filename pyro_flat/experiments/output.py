@@ -27,8 +27,6 @@ import threading
 from pathlib import Path
 from typing import Iterator, List, Optional
 
-import torch
-
 #: The file that marks a folder as a pyro-flat study's output: the command's name on its first
 #: line, then the names of the files the run wrote (a folder holding any other file is not replaced).
 MARKER = ".pyro-flat-output"
@@ -243,6 +241,8 @@ def _publish(staging: Path, out: Path, command: str) -> None:
 @contextlib.contextmanager
 def torch_threads(num_threads: Optional[int]) -> Iterator[None]:
     """Run with ``torch.set_num_threads(num_threads)`` (``None``: unchanged), then restore."""
+    import torch  # here, so that the CLI's option checks do not import it
+
     before = torch.get_num_threads()
     if num_threads is not None:
         torch.set_num_threads(num_threads)

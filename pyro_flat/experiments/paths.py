@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -38,69 +38,8 @@ from ..datasets import load_mnist_ood
 from ..models import BayesianMLP
 from ..predictive import iter_draws
 from .compare import best_text, mean_and_se
-from .output import StudyError, hold_signals, require_int, require_positive, require_seed, staged_output
-
-
-@dataclass
-class PathConfig:
-    """Settings of the path study (the defaults are the CLI's; :meth:`reduced` is for tests)."""
-
-    data_dir: Optional[str] = None
-    in_digits: Tuple[int, ...] = (0, 1, 2, 3, 4)
-    hidden: Tuple[int, ...] = (100,)
-    prior_scale: float = 0.1
-    batch_size: int = 100
-    step_size: float = 5e-5
-    grad_evals: int = 6000
-    descent_steps: int = 1000
-    descent_lr: float = 1e-3
-    num_points: int = 16
-    neb_step_size: float = 1e-2
-    spring: float = 1.0
-    tol: float = 1e-3
-    max_steps: int = 1000
-    trace_probes: int = 10
-    samplers: Tuple[str, ...] = ("sgld", "entropy-sgld", "sasgld", "flat-sgld")
-    dynamics_start: float = 0.25
-    dynamics_step_sizes: Tuple[float, ...] = (0.5, 2.0)
-    dynamics_batch_sizes: Tuple[int, ...] = (10, 100)
-    dynamics_steps: int = 1000
-    dynamics_chains: int = 4
-    seed: int = 0
-    out: str = "pyro-flat-out/paths"
-    overwrite: bool = False
-    progress: bool = True
-
-    @classmethod
-    def reduced(cls, **overrides) -> "PathConfig":
-        small = dict(grad_evals=200, descent_steps=50, num_points=5, max_steps=40, trace_probes=3,
-                     samplers=("sgld", "entropy-sgld"), dynamics_step_sizes=(2.0,), dynamics_batch_sizes=(10,),
-                     dynamics_steps=5, dynamics_chains=2)
-        return cls(**{**small, **overrides})
-
-    def check(self) -> None:
-        require_seed(self.seed)
-        for option in ("prior_scale", "step_size", "descent_lr", "neb_step_size", "spring", "tol"):
-            require_positive(f"--{option.replace('_', '-')}", getattr(self, option))
-        for option, minimum in (("grad_evals", 2), ("descent_steps", 1), ("max_steps", 1), ("batch_size", 1)):
-            require_int(f"--{option.replace('_', '-')}", getattr(self, option), minimum)
-        require_int("--num-points", self.num_points, 3)
-        require_int("--trace-probes", self.trace_probes, 2)
-        require_int("--dynamics-steps", self.dynamics_steps, 1)
-        require_int("--dynamics-chains", self.dynamics_chains, 1)
-        for value in self.dynamics_step_sizes:
-            require_positive("--dynamics-step-sizes", value)
-        for value in self.dynamics_batch_sizes:
-            require_int("--dynamics-batch-sizes", value, 1)
-        if not 0.0 < self.dynamics_start < 1.0:
-            raise StudyError(f"--dynamics-start is a position strictly inside the path, in (0, 1); got "
-                             f"{self.dynamics_start!r}.")
-        from .bnn import BNN_SAMPLERS
-
-        unknown = [k for k in self.samplers if k not in BNN_SAMPLERS]
-        if unknown or "sgld" not in self.samplers:
-            raise StudyError(f"--samplers must include sgld (its draws give the endpoints) and come from "
-                             f"{', '.join(BNN_SAMPLERS)}; got {', '.join(self.samplers)}.")
+from .configs import PathConfig
+from .output import hold_signals, staged_output
 
 
 def _last_draws(key: str, config: PathConfig, model, data, log) -> dict:
@@ -190,7 +129,7 @@ def _point_measures(loss, point, path, probes, seed) -> dict:
 def run_path_study(config: PathConfig, *, write: bool = True, log: Callable[[str], None] = print) -> dict:
     """Run the study; with ``write`` also write ``report.md``, ``report.json`` and the figures
     (``--out`` is checked before any work)."""
-    config.check()
+    config.validate()
     if not write:
         return _run_path_study(config, None, log)
     with staged_output(config.out, "paths", config.overwrite) as staging:

@@ -42,7 +42,8 @@ import pyro
 from ..kernels import make_kernel
 from ..mixtures import SharpFlatMixture, sharp_flat_2d
 from .compare import compare_text
-from .output import StudyError, hold_signals, require_int, require_positive, require_seed, staged_output
+from .configs import Synthetic2DConfig
+from .output import hold_signals, staged_output
 
 #: Sample paths drawn per panel of ``paths.png``.
 PATHS_SHOWN = 3
@@ -50,48 +51,6 @@ PATHS_SHOWN = 3
 LANDSCAPE_ETAS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.44, 0.6, 0.8, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 3.0, 4.0, 6.0)
 #: A chain nearer the saddle than this has not left the ridge (SGD: the gradient vanishes there).
 AT_SADDLE = 1e-3
-
-
-@dataclass
-class Synthetic2DConfig:
-    """Settings of the study (the defaults are the CLI's; :meth:`reduced` is for tests).
-
-    ``etas`` are EntropySGLD's coupling variances; ``rho`` is SASGLD's radius and ``sigma``
-    FlatSGLD's perturbation sd. All samplers share ``step_size`` and temperature 1.
-    """
-
-    etas: Tuple[float, ...] = (0.25, 1.0, 2.0)
-    step_size: float = 2e-3
-    rho: float = 0.1
-    sigma: float = 0.3
-    num_chains: int = 1000
-    num_steps: int = 5000
-    line_points: int = 26
-    line_chains: int = 200
-    line_steps: int = 2000
-    seed: int = 0
-    out: str = "pyro-flat-out/synthetic2d"
-    overwrite: bool = False
-    progress: bool = True
-
-    @classmethod
-    def reduced(cls, **overrides) -> "Synthetic2DConfig":
-        """A small run (seconds) for tests and the tutorials' reduced mode."""
-        small = dict(num_chains=200, num_steps=600, line_points=6, line_chains=50, line_steps=300)
-        return cls(**{**small, **overrides})
-
-    def check(self) -> None:
-        require_seed(self.seed)
-        if not self.etas:
-            raise StudyError("--eta needs at least one value")
-        for eta in self.etas:
-            require_positive("--eta", eta)
-        for option, value in (("--step-size", self.step_size), ("--rho", self.rho), ("--sigma", self.sigma)):
-            require_positive(option, value)
-        for option, value in (("--num-chains", self.num_chains), ("--num-steps", self.num_steps),
-                              ("--line-chains", self.line_chains), ("--line-steps", self.line_steps)):
-            require_int(option, value, 1)
-        require_int("--line-points", self.line_points, 2)
 
 
 @dataclass
@@ -176,7 +135,7 @@ def run_synthetic2d(config: Synthetic2DConfig, *, log: Callable[[str], None] = p
     :data:`LANDSCAPE_ETAS`; each η costs a few seconds of quadrature)."""
     from ..convergence import run_ensemble
 
-    config.check()
+    config.validate()
     mixture = sharp_flat_2d()
     exact = exact_landscape(mixture, sorted({*config.etas, *landscape_etas}), config.sigma)
     saddle = mixture.saddle().float()
@@ -302,7 +261,7 @@ def run_synthetic2d_study(config: Synthetic2DConfig, *, log: Callable[[str], Non
 
     from . import plots
 
-    config.check()
+    config.validate()
     with staged_output(config.out, "synthetic2d", config.overwrite) as staging:  # --out checked first
         report = run_synthetic2d(config, log=log, landscape_etas=LANDSCAPE_ETAS)
         hold_signals()  # the chains have run: a Ctrl-C from here waits until the files are written

