@@ -81,6 +81,38 @@ def convergence_verdict(table, sample_stats: Optional[Mapping[str, torch.Tensor]
     return {"converged": bad.empty, "text": text, "worst": list(worst.index), **hmc}
 
 
+def guidance_correlation(theta, theta_aux) -> Dict[str, float]:
+    r"""Does :math:`\theta` move toward :math:`\theta_a`? The correlation, per coordinate over all
+    chains and consecutive draws, between :math:`\theta`'s next move and the gap to its twin,
+
+    .. math:: r_j = \operatorname{corr}\big(\theta_{k+1,j} - \theta_{k,j},\
+              \theta_{a,k,j} - \theta_{k,j}\big),
+
+    averaged over coordinates (``mean``), with the share of coordinates where it is positive and
+    ``null_sd`` :math:`= 1/\sqrt n`, one coordinate's sd when :math:`\theta`'s moves ignore
+    :math:`\theta_a` (about; consecutive moves are not independent). Entropy-MCMC's drift pulls
+    :math:`\theta` toward :math:`\theta_a`, so ``mean`` is positive; under the joint's exact inverse
+    Hessian as metric it is 0 (:mod:`~pyro_flat.kernels.preconditioning`).
+
+    :param theta: ``(chain, draw, ...)`` draws of θ; ``theta_aux`` the same of θa.
+
+    >>> import torch
+    >>> theta = torch.randn(2, 300, 5).cumsum(1)          # a random walk that ignores θa
+    >>> r = guidance_correlation(theta, theta + torch.randn(2, 300, 5))
+    >>> abs(r["mean"]) < 3 * r["null_sd"]
+    True
+    """
+    x, a = to_numpy(theta).astype(np.float64), to_numpy(theta_aux).astype(np.float64)
+    x, a = x.reshape(*x.shape[:2], -1), a.reshape(*a.shape[:2], -1)
+    move = (x[:, 1:] - x[:, :-1]).reshape(-1, x.shape[-1])
+    gap = (a[:, :-1] - x[:, :-1]).reshape(-1, x.shape[-1])
+    move, gap = move - move.mean(0), gap - gap.mean(0)
+    denom = np.sqrt((move ** 2).sum(0) * (gap ** 2).sum(0))
+    r = np.where(denom > 0, (move * gap).sum(0) / np.where(denom > 0, denom, 1.0), 0.0)
+    return {"mean": float(r.mean()), "positive_share": float((r > 0).mean()),
+            "null_sd": float(1.0 / np.sqrt(len(move)))}
+
+
 def _from_mcmc(mcmc) -> tuple[ArrayDict, ArrayDict]:
     if not hasattr(mcmc, "get_samples"):
         raise TypeError(f"to_arviz takes an MCMC object or a dict {{site: tensor}}, got {type(mcmc).__name__}.")

@@ -243,3 +243,30 @@ def test_bad_values_found_by_the_stress_run_are_one_line(tmp_path, capsys, args,
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1 and "Traceback" not in err
     assert leftovers(tmp_path) == [] and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("load, expected", [(0.3, None), (1.2, None), (1.6, 1), (5.0, 1)])
+def test_threads_drop_to_one_on_a_busy_machine(monkeypatch, load, expected):
+    """``threads=None``: torch's default on an idle 2-core machine, one thread (and a line that
+    says so) once its cores are taken."""
+    monkeypatch.setattr(output.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(output.os, "getloadavg", lambda: (load, load, load))
+    threads, why = output.auto_threads()
+    assert threads == expected
+    assert ("busy" in why and "--threads" in why) if expected else why == ""
+
+
+def test_study_output_runs_with_the_config_threads_and_restores_them(tmp_path, monkeypatch):
+    import torch
+
+    from pyro_flat.experiments.configs import PathConfig
+
+    monkeypatch.setattr(output.os, "getloadavg", lambda: (9.0, 9.0, 9.0))
+    monkeypatch.setattr(output.os, "cpu_count", lambda: 2)
+    before, lines = torch.get_num_threads(), []
+    with output.study_output(PathConfig(out=str(tmp_path / "run")), lines.append):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before and len(lines) == 1 and "busy" in lines[0]
+    with output.study_output(PathConfig(out=str(tmp_path / "run"), threads=2), lines.append):
+        assert torch.get_num_threads() == 2
+    assert len(lines) == 1  # an explicit count is not announced

@@ -15,6 +15,7 @@ import torch
 import pyro
 import pyro.distributions as dist
 from pyro_flat import MCMC, SGD, SGLD, EntropySGLD, LocalEntropySGLD
+from pyro_flat.kernels.mass_matrix import CoupledFactor
 from pyro_flat.kernels.preconditioning import Preconditioner
 from pyro_flat.references import exact_chain
 from pyro_flat.theory import GaussianProblem
@@ -66,20 +67,75 @@ def test_preconditioned_sgld_has_the_exact_law_of_its_update(kind):
     assert_moments(x, mean, cov)
 
 
-def test_preconditioned_entropy_sgld_has_the_exact_joint_law_of_its_update():
-    """θ and θa together, with η = 0.01 far below the largest posterior variance (1): the coupled
-    metric must carry the stiff direction θ − θa."""
-    kernel = EntropySGLD(gaussian_model, eta=ETA, preconditioner="dense", step_size=STEP)
+@pytest.mark.parametrize("kind", ["dense", "diagonal"])
+@pytest.mark.parametrize("coupling_metric", ["block", "joint", 0.99])
+def test_preconditioned_entropy_sgld_has_the_exact_joint_law_of_its_update(coupling_metric, kind):
+    """θ and θa together, with η = 0.01 far below the largest posterior variance (1): every joint
+    metric must carry the stiff direction θ − θa (κ = 0.99: stable at α = 0.3 here, where
+    α < 2 / (1 + q + √(q(1 − κ + q))), q = (1 − κ)/(λη) ≤ 1)."""
+    kernel = EntropySGLD(gaussian_model, eta=ETA, preconditioner=kind, step_size=STEP,
+                         coupling_metric=coupling_metric)
     x = run(kernel)
     chain = exact_chain(PROBLEM, kernel)
     mean, cov = chain.stationary()
     assert_moments(x, mean, cov)
-    # and the law is close to the true joint (the discretisation error at α = 0.3 is bounded by
-    # the factor 1 / (1 - α/2) on every variance, for the exact metric)
-    true_cov = np.block([[np.linalg.inv(A.numpy())] * 2,
-                         [np.linalg.inv(A.numpy()), np.linalg.inv(A.numpy()) + ETA * np.eye(D)]])
-    ratio = np.diag(cov) / np.diag(true_cov)
-    assert np.allclose(ratio, 1 / (1 - STEP / 2), rtol=1e-3)
+    if coupling_metric == "joint" and kind == "dense":
+        # the law is close to the true joint (the discretisation error at α = 0.3 is the factor
+        # 1 / (1 - α/2) on every variance, for the exact metric)
+        true_cov = np.block([[np.linalg.inv(A.numpy())] * 2,
+                             [np.linalg.inv(A.numpy()), np.linalg.inv(A.numpy()) + ETA * np.eye(D)]])
+        ratio = np.diag(cov) / np.diag(true_cov)
+        assert np.allclose(ratio, 1 / (1 - STEP / 2), rtol=1e-3)
+
+
+class BlockDriftJointNoise(EntropySGLD):
+    """A wrong block-Jacobi update: the block metric's drift with the noise of the joint metric
+    (covariance [[Σ, Σ], [Σ, Σ + ηI]] instead of blockdiag((H + I/η)⁻¹, ηI))."""
+
+    def update(self, params, grads, step_size, temperature):
+        p = self.preconditioner
+        z, g = p._pack(params), p._pack(grads)
+        joint = CoupledFactor(p.factor.inner, p.factor.eta, p.factor.num_coupled)
+        noise = joint.increment(torch.zeros_like(g), torch.randn_like(z), 0.0, (2 * step_size * temperature) ** 0.5)
+        return p._unpack(z - step_size * p.factor.velocity(g) + noise)
+
+
+def test_the_block_metric_with_the_joint_noise_fails():
+    kernel = BlockDriftJointNoise(gaussian_model, eta=ETA, preconditioner="dense", step_size=STEP)
+    x = run(kernel)
+    mean, cov = exact_chain(PROBLEM, kernel).stationary()
+    with pytest.raises(AssertionError, match="Monte-Carlo sd"):
+        assert_moments(x, mean, cov)
+
+
+@pytest.mark.parametrize("coupling_metric, pulled", [("block", True), ("joint", False), (0.99, True)])
+def test_theta_feels_theta_aux_under_the_block_metric_only(coupling_metric, pulled):
+    """Move θa and compare θ's drift (one noise-free step from the same θ): under the block metric
+    it changes by α (H + I/η)⁻¹ Δθa / η, under the κ-mixed one by α (1 − κ) Σ Δθa / η; under the
+    joint's exact inverse Hessian not at all."""
+    kernel = EntropySGLD(gaussian_model, eta=ETA, preconditioner="dense", step_size=STEP,
+                         coupling_metric=coupling_metric)
+    run(kernel)  # estimates (and freezes) the metric
+    theta = MU.float().expand(CHAINS, D).clone()
+    shift = torch.full((CHAINS, D), 0.05)
+
+    def next_theta(aux):
+        grad_f = (theta.double() - MU) @ A
+        coupling = (theta - aux) / ETA
+        grads = {"theta": grad_f.float() + coupling, "theta_aux": -coupling}
+        return kernel.preconditioner.step({"theta": theta, "theta_aux": aux}, grads, STEP, 0.0)["theta"]
+
+    moved = next_theta(theta + shift) - next_theta(theta.clone())
+    if coupling_metric == "block":
+        expected = STEP * torch.linalg.solve(A + torch.eye(D, dtype=A.dtype) / ETA, shift[0].double() / ETA)
+    else:  # θ's drift α Σ(∇f + c) − α κ Σ c with c = (θ − θa)/η: the θa part is α (1 − κ) Σ Δθa / η
+        kappa = 1.0 if coupling_metric == "joint" else coupling_metric
+        expected = STEP * (1 - kappa) * torch.linalg.solve(A, shift[0].double() / ETA)
+    if pulled:
+        assert torch.allclose(moved[0].double(), expected, rtol=1e-3, atol=1e-6)
+        assert float(moved[0] @ shift[0]) > 0  # toward θa
+    else:
+        assert float(moved.abs().max()) < 1e-6
 
 
 class NoiseScaledByTheMetric(SGLD):

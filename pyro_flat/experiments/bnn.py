@@ -8,7 +8,8 @@ eigenvalue and the Hessian
 trace of the full-data negative log-likelihood (the training loss, summed; the Gaussian prior
 would only add :math:`I/\sigma_p^2`) at collected draws (:mod:`pyro_flat.flatness`), the BMA test
 accuracy, NLL and ECE, and the out-of-distribution AUROC (predictive entropy on the held-out
-digits). It draws the eigenvalue densities (SLQ) and the interpolation and perturbation curves.
+digits). It draws the top of the Hessian spectrum (the share of eigenvalues above λ, by SLQ) and the
+interpolation and perturbation curves.
 :func:`run_toy_study` runs the same samplers on the 2-D sharp/flat energy, from the sharp mode.
 
 >>> cfg = BNNConfig(grad_evals=100, num_draws=5, progress=False)
@@ -38,7 +39,7 @@ from ..models import BayesianMLP
 from ..predictive import bma_predict
 from .compare import best_text, compare_text, differ
 from .configs import BNN_SAMPLERS, VI_METHODS, BNNConfig
-from .output import StudyError, hold_signals, staged_output
+from .output import StudyError, hold_signals, study_output
 
 
 
@@ -147,7 +148,7 @@ def run_bnn_study(config: BNNConfig, *, log: Callable[[str], None] = print) -> d
     """Run the four samplers on the MNIST BNN and the 2-D toy problem; write ``report.md``,
     ``report.json``, ``flatness.png`` and ``toy.png`` to ``config.out``. Returns the report."""
     config.validate()
-    with staged_output(config.out, "bnn", config.overwrite) as staging:
+    with study_output(config, log) as staging:
         report = _run_bnn_study(config, staging, log)
     log(f"wrote {config.out}: report.md, report.json, flatness.png, bma_vs_models.png and toy.png")
     return report
@@ -169,12 +170,14 @@ def _run_bnn_study(config: BNNConfig, out, log: Callable[[str], None]) -> dict:
         uses = ("theta", "aux", "both") if name == "EntropySGLD" else ("theta",)
         for use in uses:
             label = name if use == "theta" and name != "EntropySGLD" else f"{name} {'θ+θa' if use == 'both' else ('θa' if use == 'aux' else 'θ')}"
+            start = time.perf_counter()
             row = {"sampler": label, "grad_evals": grad_evals, "seconds": seconds,
                    **_evaluate(model, samples, use, config, data, args, kwargs)}
             if use != "both":
                 curves[label], densities[label] = _curves(model, by_chain, use, config, args, kwargs)
             rows.append(row)
             log(_row_text(row))
+            log(f"{label}: {_measured_text(use, config)} in {time.perf_counter() - start:.1f} s")
     variational, ensembles = [], {}
     for key in VI_METHODS:
         label, samples, seconds, grad_evals, trend = _fit_variational(key, config, model, data, log)
@@ -203,6 +206,15 @@ def _run_bnn_study(config: BNNConfig, out, log: Callable[[str], None]) -> dict:
     (out / "report.json").write_text(json.dumps(report, indent=2, default=float))
     (out / "report.md").write_text(_report_markdown(report))
     return report
+
+
+def _measured_text(use: str, config: BNNConfig) -> str:
+    """What :func:`_evaluate` and :func:`_curves` measured for one variable (the stage line's words)."""
+    if use == "both":
+        return "BMA test and OOD predictions"
+    return (f"BMA predictions, top eigenvalue and trace ({config.trace_probes} probes) at {config.flatness_draws} "
+            f"draws, interpolation and perturbation curves, SLQ density ({config.slq_probes} x {config.slq_steps} "
+            "Lanczos steps)")
 
 
 def _evaluate(model, samples, use, config, data, args, kwargs) -> dict:
@@ -255,9 +267,17 @@ def _flatness_figure(curves, densities, n_train):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    # the share of eigenvalues above λ reads the top of the spectrum, where a smoothed density is a
+    # few isolated bumps; its right end is the top eigenvalue
+    top = max(float(rho.nodes.max()) for rho in densities.values())
+    grid = np.linspace(0.0, 1.05 * top, 2000)
     for label, rho in densities.items():
-        rho.plot(axes[0], label=label)
-    axes[0].set_title("Hessian eigenvalue density (SLQ, last draw)")
+        axes[0].step(grid, rho.share_above(grid), where="post", label=label)
+    dim = next(iter(densities.values())).dim
+    axes[0].axhline(1.0 / dim, color="grey", ls=":", lw=1, label=f"one eigenvalue of {dim} (1/d)")
+    probes = len(next(iter(densities.values())).nodes)
+    axes[0].set(yscale="log", xlabel="Hessian eigenvalue λ", ylabel="share of eigenvalues above λ",
+                title=f"top of the Hessian spectrum (SLQ, {probes} probes, last draw)")
     for label, c in curves.items():
         line = c["interpolation"]
         axes[1].plot(line.x, line.loss / n_train, marker=".", label=label)
@@ -289,8 +309,11 @@ def run_toy_study(config: BNNConfig, *, log: Callable[[str], None] = print) -> d
     potential = lambda p: -mixture.log_prob(p["theta"])  # noqa: E731
     energy = lambda x: -mixture.log_prob(x)  # noqa: E731
     rows, finals = [], {}
+    log(f"toy 2-D energy: {config.toy_chains} chains of each sampler from the sharp mode, "
+        f"{config.toy_grad_evals} gradient evaluations each ...")
     for key in BNN_SAMPLERS:
         name = sampler_label(key)
+        start = time.perf_counter()
         kernel = make_bnn_kernel(key, config, potential, toy=True)
         iterations = config.iterations(kernel.grads_per_iteration, toy=True)
         marks = list(range(iterations // 2, iterations + 1, max(1, iterations // 100)))
@@ -310,7 +333,7 @@ def run_toy_study(config: BNNConfig, *, log: Callable[[str], None] = print) -> d
                          "flat_basin_se": flat_se, "top_eigenvalue": float(top)})
             finals[label] = final.numpy()
             log(f"toy {label}: {100 * float(flat):.0f}% of draws in the flat basin of U, "
-                f"mean top eigenvalue {top:.1f}")
+                f"mean top eigenvalue {top:.1f} ({time.perf_counter() - start:.1f} s)")
     return {"rows": rows, "figure": _toy_figure(mixture, finals, rows)}
 
 
@@ -408,8 +431,9 @@ def _report_markdown(report: dict) -> str:
     ]
     lines += [_table_row(r) for r in report["rows"]]
     lines += ["", "## What the numbers show", ""] + [f"- {t}" for t in report.get("findings", [])]
-    lines += ["", "Figures: `flatness.png` (loss along the line between two chains' last draws, under random "
-                  "perturbations of growing radius, and the Hessian's eigenvalue density by SLQ, per sampler), "
+    lines += ["", "Figures: `flatness.png` (the top of the Hessian spectrum at chain 0's last draw by SLQ: the share "
+                  "of eigenvalues above λ, whose right end is the top eigenvalue; the loss along the line between "
+                  "two chains' last draws and under random perturbations of growing radius; per sampler), "
                   "`bma_vs_models.png` (BMA test NLL against the number of averaged draws, variational fits), "
                   "`toy.png` (the 2-D sharp/flat energy below)."]
     if report.get("variational"):

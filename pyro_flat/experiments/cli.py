@@ -42,6 +42,9 @@ def _add_common(p, d: StudyConfig) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="replace --out even if it holds other files")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--threads", type=int, default=d.threads,
+                   help=f"torch threads during the run (default {d.threads or 'one per core, or 1 on a busy machine'}"
+                        "); on a busy machine 1 is fastest")
 
 
 def config_from_args(cls, args: argparse.Namespace) -> StudyConfig:
@@ -60,6 +63,14 @@ def config_from_args(cls, args: argparse.Namespace) -> StudyConfig:
                 value = None
             values[name] = value
     return cls(**values)
+
+
+def _coupling_metric(text: str):
+    """``block``, ``joint`` or a number (κ)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def _add_data_dir(p) -> None:
@@ -82,6 +93,9 @@ def _add_mnist79(sub) -> None:
                    help=f"Langevin step, in the preconditioner's units (default {d.step_size})")
     p.add_argument("--preconditioner", default=d.preconditioner, choices=PRECONDITIONERS,
                    help=f"metric of the stochastic-gradient samplers (default {d.preconditioner})")
+    p.add_argument("--coupling-metric", type=_coupling_metric, default=d.coupling_metric,
+                   help=f"EntropySGLD's preconditioned metric: block (θ pulled by θa), joint (the exact inverse "
+                        f"Hessian; θ then ignores θa) or a number κ in [0, 1) (default {d.coupling_metric})")
     p.add_argument("--reference", default=d.reference,
                    help=f"exact sampler every coordinate is compared with: entropy-hmc or none (default {d.reference})")
     p.add_argument("--reference-samples", type=int, default=d.reference_samples,

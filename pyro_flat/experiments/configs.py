@@ -14,7 +14,7 @@ value. This module imports neither torch nor Pyro, so ``pyro-flat --help`` answe
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import ClassVar, Dict, Optional, Tuple
+from typing import ClassVar, Dict, Optional, Tuple, Union
 
 from .output import StudyError, require_int, require_memory, require_positive, require_seed
 
@@ -33,7 +33,18 @@ VI_METHODS = ("bbb", "sam", "sabma")
 @dataclass
 class StudyConfig:
     """What every study's settings share. Subclasses set :attr:`COMMAND`, their own ``out`` default
-    and :attr:`REDUCED`, the overrides of their small run."""
+    and :attr:`REDUCED`, the overrides of their small run.
+
+    ``threads`` is torch's thread count during the run (restored after). The small models of
+    ``mnist79`` and ``synthetic2d`` run on one thread (as fast as two). ``bnn`` and ``paths`` default
+    to ``None``: torch's own count (one per core), or one thread when the machine is busy
+    (:func:`~pyro_flat.experiments.output.auto_threads`, said in a line). Measured on 2 cores: all
+    cores are faster idle (``paths`` took 2 min 20 s on 2 threads, 4 min 50 s on one), but with 3
+    busy processes beside it 1,000 gradient evaluations of the ``bnn`` study's EntropySGLD took 80 s
+    on 2 threads (9 s idle), 24 s on 2 threads with ``OMP_WAIT_POLICY=PASSIVE`` and 11 s on one
+    thread: waiting OpenMP threads spin, and a step of many small operations pays a time slice at
+    each.
+    """
 
     COMMAND: ClassVar[str] = ""
     REDUCED: ClassVar[Dict[str, object]] = {}
@@ -41,6 +52,7 @@ class StudyConfig:
     seed: int = 0
     overwrite: bool = False
     progress: bool = True
+    threads: Optional[int] = None
 
     @classmethod
     def reduced(cls, **overrides):
@@ -54,6 +66,15 @@ class StudyConfig:
     def validate(self) -> None:
         """A :class:`~pyro_flat.experiments.output.StudyError` naming the option of a bad value."""
         require_seed(self.seed)
+        if self.threads is not None:
+            require_int("--threads", self.threads, 1)
+
+
+def check_coupling_metric(value) -> None:
+    if value in ("block", "joint"):
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise StudyError(f"--coupling-metric {value!r} is not block, joint or a number κ in [0, 1)")
 
 
 def check_sampler(name: Optional[str], option: str = "--sampler") -> None:
@@ -67,8 +88,8 @@ class MNIST79Config(StudyConfig):
 
     ``prior_scale = 0.5`` (prior precision 4): among precisions 0.1..100 it gave the best MAP test
     accuracy on the embedded split (94.5%). :meth:`reduced` is the small run of the tests and of
-    the tutorials' reduced mode. ``threads`` is torch's thread count during the run (restored
-    after): one thread was as fast as two for a model of this size (benchmarks/bench_kernels.py).
+    the tutorials' reduced mode. One thread (``threads``) was as fast as two for a model of this
+    size (benchmarks/bench_kernels.py).
 
     The stochastic-gradient samplers use the dense preconditioner (the full-data Hessian during
     warm-up, then frozen; :mod:`pyro_flat.kernels.preconditioning`), so ``step_size`` is in its
@@ -84,7 +105,8 @@ class MNIST79Config(StudyConfig):
     eta: float = 0.01
     step_size: float = 0.2
     preconditioner: str = "dense"
-    num_samples: int = 10000
+    coupling_metric: Union[str, float] = 0.9
+    num_samples: int = 5000
     warmup: int = 500
     chains: int = 4
     thin: int = 5
@@ -107,6 +129,7 @@ class MNIST79Config(StudyConfig):
         check_sampler(self.baseline, "--baseline")
         if self.preconditioner not in PRECONDITIONERS:
             raise StudyError(f"--preconditioner {self.preconditioner!r} is not one of {', '.join(PRECONDITIONERS)}")
+        check_coupling_metric(self.coupling_metric)
         if self.reference is not None and self.reference not in EXACT_SAMPLERS:
             raise StudyError(f"--reference {self.reference!r}: the reference must be exact: entropy-hmc or none")
         require_int("--reference-samples", self.reference_samples, 1)
@@ -140,6 +163,7 @@ class Synthetic2DConfig(StudyConfig):
     line_chains: int = 200
     line_steps: int = 2000
     out: str = "pyro-flat-out/synthetic2d"
+    threads: Optional[int] = 1
 
     COMMAND: ClassVar[str] = "synthetic2d"
     #: a run of seconds

@@ -24,12 +24,13 @@ import pyro
 
 from .. import metrics
 from ..datasets import load_mnist79, pixel_index
-from ..diagnostics import MAX_R_HAT, MIN_ESS, convergence_verdict, diagnostics_table, mcmc_sample_stats
+from ..diagnostics import (MAX_R_HAT, MIN_ESS, convergence_verdict, diagnostics_table, guidance_correlation,
+                           mcmc_sample_stats)
 from ..kernels import EntropyHMC, kernel_class, make_kernel
 from ..mcmc import MCMC
 from ..models import logistic_probs, logistic_regression
 from .configs import MNIST79Config
-from .output import Terminated, hold_signals, staged_output, torch_threads
+from .output import Terminated, hold_signals, study_output
 
 #: The pixel shown in the trace and rank plots: the image's centre.
 CENTRE_PIXEL = pixel_index(14, 14)
@@ -44,12 +45,28 @@ def make_study_kernel(name: str, config: "MNIST79Config", model: Callable):
     if kernel_class(name) is EntropyHMC:
         return make_kernel(name, model, eta=config.eta, full_mass="hessian")
     preconditioner = None if config.preconditioner == "none" else config.preconditioner
-    return make_kernel(name, model, eta=config.eta, step_size=config.step_size, preconditioner=preconditioner)
+    return make_kernel(name, model, eta=config.eta, step_size=config.step_size, preconditioner=preconditioner,
+                       coupling_metric=config.coupling_metric)
 
 
 def is_full_batch(name: str) -> bool:
     """Whether the sampler needs the full-batch potential (the study then ignores --batch-size)."""
     return kernel_class(name) is EntropyHMC
+
+
+def metric_text(config: "MNIST79Config") -> str:
+    """What EntropySGLD's preconditioned metric is and what it does to θ's dynamics."""
+    if config.preconditioner == "none":
+        return "no preconditioner: plain Entropy-MCMC steps, θ pulled toward θa"
+    m = config.coupling_metric
+    if m == "joint":
+        return ("joint metric (the exact inverse Hessian of the joint): θ moves as preconditioned SGLD on f and "
+                "ignores θa, so θ's chain is the SGLD baseline's; only θa's marginal is Entropy-MCMC's")
+    if m == "block":
+        return ("block-Jacobi metric: θ pulled toward θa as in Entropy-MCMC; θ and θa move together slowly "
+                "along the flattest directions")
+    return (f"κ-mixed joint metric, κ = {m:g} (the exact joint metric with its cross-covariance scaled by κ): θ "
+            f"pulled toward θa as in Entropy-MCMC, with the exact metric's mixing nearly kept")
 
 
 def schedule_text(config: "MNIST79Config") -> str:
@@ -270,7 +287,7 @@ def run_mnist79(config: MNIST79Config, *, log: Callable[[str], None] = print) ->
     config.validate()
     out = Path(config.out).expanduser()
     try:
-        with staged_output(config.out, "mnist79", config.overwrite) as staging, torch_threads(config.threads):
+        with study_output(config, log) as staging:
             report = _run_mnist79(config, staging, log)
     except _NothingDrawn as stop:
         log(f"interrupted ({stop.report['interrupted_by']}) before the first draw: {out} left as it was")
@@ -303,6 +320,8 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None]) -
     log(f"{config.sampler}: eta = {config.eta}, step size = {config.step_size} "
         f"(preconditioner: {config.preconditioner}), minibatch {batch_size}, {config.chains} chain(s) x "
         f"{schedule_text(config)}")
+    if kernel_class(config.sampler).__name__ == "EntropySGLD":
+        log(f"{config.sampler}: {metric_text(config)}")
 
     runs = {}
     names = [config.sampler, config.baseline, config.reference]
@@ -323,6 +342,11 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None]) -
         raise _NothingDrawn(report)  # keep the previous output: nothing of this run is worth it
     hold_signals()  # the draws are made: a Ctrl-C from here waits until they are written
     report["draws_per_chain"] = {name: int(run.samples["b"].shape[1]) for name, run in runs.items() if run.samples}
+    report["guidance"] = {name: guidance_correlation(run.samples["w"], run.samples["w_aux"])
+                          for name, run in runs.items() if run.has_aux and run.samples["w"].shape[1] > 2}
+    for name, g in report["guidance"].items():
+        log(f"{name}: θ's next move against θa − θ, correlation {g['mean']:+.3f} averaged over pixels "
+            f"(positive in {g['positive_share']:.0%}; about ±{g['null_sd']:.3f} per pixel if θ ignored θa)")
 
     idata = to_arviz(main.samples, sample_stats=main.sample_stats or None)
     files["samples"] = "samples.nc"
@@ -433,7 +457,17 @@ def _report_markdown(report: dict, config: MNIST79Config) -> str:
            f"{config.preconditioner}, minibatch {report['batch_size_used']}), {config.chains} chain(s) × "
            f"{schedule_text(config)}, "
            f"seed {config.seed}. Seconds: "
-           + ", ".join(f"{k} {v}" for k, v in report["seconds"].items()) + ".", "",
+           + ", ".join(f"{k} {v}" for k, v in report["seconds"].items()) + ".", ""]
+    if report.get("guidance"):
+        md += ["## Does θ follow θa?", "",
+               f"Metric of `{config.sampler}`: {metric_text(config)}. Per pixel, the correlation between θ's next "
+               "move (from one kept draw to the next) and the gap θa − θ; averaged over pixels, with the share of "
+               "pixels where it is positive. If θ ignored θa it would be 0 (about ± the null sd per pixel).", "",
+               "| sampler | mean correlation | positive in | null sd per pixel |", "|---|---|---|---|"]
+        md += [f"| {name} | {g['mean']:+.4f} | {g['positive_share']:.0%} | {g['null_sd']:.4f} |"
+               for name, g in report["guidance"].items()]
+        md += [""]
+    md += [
            "## Bayesian model average on the test set", "",
            "| sampler | draws | accuracy | NLL | ECE | Brier |", "|---|---|---|---|---|---|"]
     for name, per_use in report["bma"].items():

@@ -25,7 +25,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Callable, Iterator, List, Optional, Tuple
 
 #: The file that marks a folder as a pyro-flat study's output: the command's name on its first
 #: line, then the names of the files the run wrote (a folder holding any other file is not replaced).
@@ -236,6 +236,42 @@ def _publish(staging: Path, out: Path, command: str) -> None:
     staging.replace(out)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def study_output(config, log: Callable[[str], None] = print) -> Iterator[Path]:
+    """:func:`staged_output` for a study's config (``out``, ``COMMAND``, ``overwrite``), run with
+    torch's thread count set to ``config.threads``; ``None`` is :func:`auto_threads`' choice (said
+    through ``log`` when it is one thread)."""
+    threads = config.threads
+    if threads is None:
+        threads, why = auto_threads()
+        if why:
+            log(why)
+    with staged_output(config.out, config.COMMAND, config.overwrite) as staging, torch_threads(threads):
+        yield staging
+
+
+#: a machine whose 1-minute load average is at least its core count minus this is busy (its cores are taken)
+BUSY_LOAD_MARGIN = 0.5
+
+
+def auto_threads() -> Tuple[Optional[int], str]:
+    """One thread on a busy machine (1-minute load average at least the core count minus
+    :data:`BUSY_LOAD_MARGIN`), else ``None`` (torch's default, one per core), and the sentence that
+    says so.
+
+    Waiting OpenMP threads spin: under load a run on all cores slows down many times (see
+    :class:`~pyro_flat.experiments.configs.StudyConfig`), one on a single thread hardly at all."""
+    cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):  # not POSIX: no load average
+        return None, ""
+    if cores > 1 and load >= cores - BUSY_LOAD_MARGIN:
+        return 1, (f"the machine is busy (load average {load:.1f} on {cores} cores): running on one thread, "
+                   "which suffers least from the load (--threads N to choose)")
+    return None, ""
 
 
 @contextlib.contextmanager

@@ -39,7 +39,7 @@ from ..models import BayesianMLP
 from ..predictive import iter_draws
 from .compare import best_text, mean_and_se
 from .configs import PathConfig
-from .output import hold_signals, staged_output
+from .output import hold_signals, study_output
 
 
 def _last_draws(key: str, config: PathConfig, model, data, log) -> dict:
@@ -132,7 +132,7 @@ def run_path_study(config: PathConfig, *, write: bool = True, log: Callable[[str
     config.validate()
     if not write:
         return _run_path_study(config, None, log)
-    with staged_output(config.out, "paths", config.overwrite) as staging:
+    with study_output(config, log) as staging:
         report = _run_path_study(config, staging, log)
     log(f"wrote {config.out}: report.md, report.json, paths.png, draws.png, dynamics.png")
     return report
@@ -314,20 +314,31 @@ def _write(report, profiles, staging: Path) -> None:
 
 
 def plot_draws(report: dict):
-    """Each sampler's last draws in the (training NLL, top eigenvalue) plane, beside both paths."""
+    """Left: each sampler's last draws in the (training NLL, top eigenvalue) plane, beside both
+    paths. Right: the draws alone, on linear axes, each sampler's mean with ± 2 standard errors, so
+    that the samplers can be ranked (they sit far from the paths, in one corner of the left panel)."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.6))
+    fig, (wide, near) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [1, 1.15]})
     for i, (label, p) in enumerate(report["profiles"].items()):
-        ax.plot(p["loss"], p["top_eigenvalue"], ".-", color=f"C{i}", alpha=0.6, label=f"{label} (images)")
+        wide.plot(p["loss"], p["top_eigenvalue"], ".-", color=f"C{i}", alpha=0.6, label=f"{label} (images)")
     markers = "os^vDP*X"
     for j, (label, pair) in enumerate(report["draws"].items()):
-        ax.scatter([d["loss"] for d in pair], [d["top_eigenvalue"] for d in pair], s=60, color=f"C{j + 2}",
-                   marker=markers[j % len(markers)], label=f"{label}: last draws of 2 chains", edgecolor="k")
-    ax.set(xscale="log", yscale="log", xlabel="training NLL per image", ylabel="top Hessian eigenvalue",
-           title="where the samplers' draws sit, against the paths between two minima")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7, loc="best")
+        style = dict(color=f"C{j + 2}", marker=markers[j % len(markers)], edgecolor="k")
+        loss = np.array([d["loss"] for d in pair])
+        top = np.array([d["top_eigenvalue"] for d in pair])
+        wide.scatter(loss, top, s=60, label=label, **style)
+        near.scatter(loss, top, s=50, alpha=0.6, **style)
+        (mx, sx), (my, sy) = mean_and_se(loss), mean_and_se(top)
+        near.errorbar(mx, my, xerr=2 * sx, yerr=2 * sy, color=style["color"], capsize=3, lw=1.5)
+        near.scatter([mx], [my], s=140, label=f"{label}: mean of {len(pair)} draws ± 2 SE", **style)
+    wide.set(xscale="log", yscale="log", xlabel="training NLL per image", ylabel="top Hessian eigenvalue",
+             title="the samplers' last draws against the paths between two minima")
+    near.set(xlabel="training NLL per image", ylabel="top Hessian eigenvalue",
+             title="the draws alone (small markers: each draw)")
+    for ax in (wide, near):
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     return fig
 

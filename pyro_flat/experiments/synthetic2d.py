@@ -43,7 +43,7 @@ from ..kernels import make_kernel
 from ..mixtures import SharpFlatMixture, sharp_flat_2d
 from .compare import compare_text
 from .configs import Synthetic2DConfig
-from .output import hold_signals, staged_output
+from .output import hold_signals, study_output
 
 #: Sample paths drawn per panel of ``paths.png``.
 PATHS_SHOWN = 3
@@ -262,7 +262,7 @@ def run_synthetic2d_study(config: Synthetic2DConfig, *, log: Callable[[str], Non
     from . import plots
 
     config.validate()
-    with staged_output(config.out, "synthetic2d", config.overwrite) as staging:  # --out checked first
+    with study_output(config, log) as staging:  # --out checked first
         report = run_synthetic2d(config, log=log, landscape_etas=LANDSCAPE_ETAS)
         hold_signals()  # the chains have run: a Ctrl-C from here waits until the files are written
         states = report.pop("states")

@@ -265,6 +265,14 @@ class SpectralDensity:
         stderr = per_probe.std(0, ddof=1) / math.sqrt(n) if n > 1 else np.full(grid.shape, np.nan)
         return per_probe.mean(0), stderr
 
+    def share_above(self, grid: np.ndarray) -> np.ndarray:
+        r"""The share of eigenvalues above each point of ``grid``, :math:`\#\{i: \lambda_i > x\}/d`,
+        estimated as :math:`\frac1P\sum_p\sum_j w_{pj}\,[\vartheta_{pj} > x]` (no smoothing: it
+        reads the top of the spectrum, where the density is a few isolated nodes)."""
+        grid = np.asarray(grid, dtype=np.float64)
+        above = self.nodes[:, :, None] > grid[None, None, :]
+        return (self.weights[:, :, None] * above).sum(1).mean(0)
+
     def plot(self, ax=None, *, bandwidth: Optional[float] = None, label: Optional[str] = None,
              num_points: int = 400, log: bool = True):
         """Plot the smoothed density (log scale by default, as is usual for Hessian spectra)."""

@@ -2,12 +2,13 @@ r"""Entropy-MCMC with SGLD updates (Li & Zhang, ICLR 2024, Algorithm 1)."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, Optional
+from typing import Callable, Dict, Iterable, Optional, Union
 
 import torch
 
 from ..validation import check_eta
 from .base import coupled_target
+from .preconditioning import check_coupling_metric
 from ..targets import CoupledPotential, Params
 from .sgld import SGLD
 
@@ -41,6 +42,12 @@ class EntropySGLD(SGLD):
     :param eta: coupling variance :math:`\eta > 0`.
     :param sites: latent sites to couple (default: every continuous latent).
     :param suffix: name suffix of the auxiliary sites.
+    :param coupling_metric: with a ``preconditioner``: ``"block"`` (default; block-Jacobi:
+        :math:`\theta` pulled toward :math:`\theta_a` as above, slower mixing of the flattest
+        directions), a float :math:`\kappa \in [0, 1)` (the joint metric with its cross-covariance
+        scaled by :math:`\kappa`: the pull kept, near the exact metric's mixing, smaller stable steps) or
+        ``"joint"`` (the joint's exact inverse Hessian: :math:`\theta` then moves as preconditioned
+        SGLD on :math:`f` and ignores :math:`\theta_a`); see :mod:`~pyro_flat.kernels.preconditioning`.
 
     Other arguments as :class:`~pyro_flat.SGLD`. ``sample_stats`` gain ``coupling_distance``
     :math:`\lVert\theta - \theta_a\rVert` (over all coupled sites); at stationarity its square
@@ -73,6 +80,7 @@ class EntropySGLD(SGLD):
         schedule=None,
         sites: Optional[Iterable[str]] = None,
         suffix: str = "_aux",
+        coupling_metric: Union[str, float] = "block",
         **kwargs,
     ):
         self.eta = check_eta(eta)
@@ -86,6 +94,9 @@ class EntropySGLD(SGLD):
             schedule=schedule,
             **kwargs,
         )
+        self.coupling_metric = check_coupling_metric(coupling_metric)
+        if self.preconditioner is not None:
+            self.preconditioner.coupling_metric = self.coupling_metric
 
     def build_target(self, args: tuple, kwargs: dict) -> CoupledPotential:
         return coupled_target(self, args, kwargs)

@@ -50,12 +50,34 @@ one estimate. ``"dense"`` keeps the latest estimate (a matrix has no single larg
 its estimates are unchanged by this rule): it is meant for log-concave targets such as the logistic
 regression; on a non-convex one use ``"diagonal"`` or a fixed tensor.
 
-For Entropy-MCMC the metric is that of the **joint** (:class:`CoupledFactor`):
-:math:`\theta_a = \theta + \sqrt\eta\,\xi` gives
-:math:`M^{-1} = \begin{pmatrix}\Sigma & \Sigma\\ \Sigma & \Sigma + \eta I\end{pmatrix}`, the exact
-inverse Hessian of :math:`U(\theta,\theta_a)` when :math:`\Sigma = (\nabla^2 f)^{-1}`: the stiff
-coupling direction :math:`\theta - \theta_a` (curvature :math:`1/\eta`) and the weakly determined
-directions of :math:`\theta` then move at the same rate.
+For Entropy-MCMC the metric acts on the **joint** :math:`(\theta, \theta_a)`, whose Hessian is
+:math:`\begin{pmatrix} H + I/\eta & -I/\eta\\ -I/\eta & I/\eta\end{pmatrix}` (:math:`H = \nabla^2 f`,
+:math:`\Sigma = H^{-1}`). Two metrics, chosen by ``coupling_metric``:
+
+- ``"block"`` (the default, :class:`~pyro_flat.kernels.mass_matrix.BlockFactor`): block-Jacobi,
+  :math:`M^{-1} = \mathrm{blockdiag}((H + I/\eta)^{-1},\ \eta I)`. The drift of :math:`\theta` is
+  :math:`-\alpha(H + I/\eta)^{-1}(\nabla f + (\theta - \theta_a)/\eta)`: :math:`\theta` is pulled
+  toward :math:`\theta_a`, as in Entropy-MCMC's plain update, and :math:`\theta_a` relaxes toward
+  :math:`\theta` at rate :math:`\alpha`. The price is mixing: along a direction of curvature
+  :math:`\lambda` the drift matrix :math:`M^{-1}\nabla^2 U` has eigenvalues
+  :math:`1 \pm (1 + \lambda\eta)^{-1/2}`, so :math:`\theta` and :math:`\theta_a` move together at
+  the slow rate :math:`\alpha(1 - (1 + \lambda\eta)^{-1/2}) \approx \alpha\lambda\eta/2` per step,
+  and the update is stable for :math:`\alpha < 2/(1 + (1 + \lambda\eta)^{-1/2})`, about 1 (not 2).
+- ``"joint"`` (:class:`~pyro_flat.kernels.mass_matrix.CoupledFactor`): the exact inverse Hessian,
+  :math:`M^{-1} = \begin{pmatrix}\Sigma & \Sigma\\ \Sigma & \Sigma + \eta I\end{pmatrix}`
+  (:math:`\theta_a = \theta + \sqrt\eta\,\xi`). Every direction relaxes at rate :math:`\alpha`,
+  but with :math:`c = (\theta - \theta_a)/\eta` the drift is
+  :math:`M^{-1}\nabla U = (\Sigma\nabla f,\ \Sigma\nabla f - (\theta - \theta_a))`: **θ's update is
+  exactly preconditioned SGLD on f and never feels θa**; θa is θ plus an AR(1) noise. Its marginals
+  are right, but it does not run Entropy-MCMC's dynamics; it is the preconditioned SGLD baseline's
+  equivalent.
+- a float :math:`\kappa \in [0, 1)`: the joint metric with its cross-covariance scaled,
+  :math:`M^{-1} = \begin{pmatrix}\Sigma & \kappa\Sigma\\ \kappa\Sigma & \Sigma + \eta I\end{pmatrix}`.
+  Along a direction of curvature :math:`\lambda`, with :math:`q = (1 - \kappa)/(\lambda\eta)`, the
+  drift matrix has eigenvalues :math:`1 + q \pm \sqrt{q(1 - \kappa + q)}` and :math:`\theta`'s
+  drift pulls it toward :math:`\theta_a` with weight :math:`\alpha q`: the flattest directions
+  (largest :math:`q`) are pulled hardest, mix at a rate near :math:`\alpha`, and set the stability
+  limit :math:`\alpha < 2/(1 + q + \sqrt{q(1 - \kappa + q)})`.
 
 **What** ``step_size`` **means with a preconditioner:** :math:`\alpha` is measured in units of the
 metric, so on a Gaussian target with the exact metric every direction contracts by
@@ -72,9 +94,11 @@ import torch
 
 from ..targets import ChainLayout, CoupledPotential, Params
 from .curvature import EXACT_DIAGONAL_DIM, absolute_curvature, hessian, hessian_diagonal, inverse_diagonal
-from .mass_matrix import CoupledFactor, PrecisionFactor, factor_from_covariance
+from .mass_matrix import BlockFactor, CoupledFactor, PrecisionFactor, factor_from_covariance
 
 PRECONDITIONERS = ("diagonal", "dense")
+#: metrics of a coupled (Entropy-MCMC) target: block-Jacobi, or the joint's exact inverse Hessian
+COUPLING_METRICS = ("block", "joint")
 #: the largest dimension for which ``"dense"`` forms the Hessian
 MAX_DENSE_DIM = 4096
 #: the step size of a preconditioned kernel when none is given (see the module)
@@ -118,6 +142,18 @@ def check_preconditioner(spec: Spec) -> Spec:
     return spec
 
 
+def check_coupling_metric(metric: Union[str, float]) -> Union[str, float]:
+    """``metric`` if it is ``"block"``, ``"joint"`` or a mixing weight κ in [0, 1) (see the module)."""
+    if isinstance(metric, str) and metric in COUPLING_METRICS:
+        return metric
+    if isinstance(metric, (int, float)) and not isinstance(metric, bool) and 0.0 <= metric < 1.0:
+        return float(metric)
+    raise ValueError(f"coupling_metric={metric!r} is not known; use 'block' (θ pulled by θa), 'joint' (the "
+                     "joint's exact inverse Hessian: θ moves as preconditioned SGLD on f and ignores θa) or a "
+                     "float κ in [0, 1) (the joint metric with its cross-covariance scaled by κ); see "
+                     "pyro_flat.kernels.preconditioning.")
+
+
 class Preconditioner:
     r"""The metric of one kernel's chains over its target's flat vector (see the module).
 
@@ -141,8 +177,9 @@ class Preconditioner:
       chain has already been. :attr:`curvature` restarts at each :meth:`setup`.
     """
 
-    def __init__(self, spec: Spec, *, num_probes: int = 32):
+    def __init__(self, spec: Spec, *, num_probes: int = 32, coupling_metric: Union[str, float] = "block"):
         self.spec = check_preconditioner(spec)
+        self.coupling_metric = check_coupling_metric(coupling_metric)
         self.num_probes = num_probes
         self.factor = None
         self.num_hvp = 0
@@ -212,8 +249,14 @@ class Preconditioner:
         return spent
 
     def _install(self, inner) -> None:
-        """Use the metric ``inner`` over θ (with the coupling added for the joint)."""
-        self.factor = CoupledFactor(inner, self.eta, self.aux.dim) if self.coupled else inner
+        """Use the metric ``inner`` over θ (with the coupling added for the joint: see the module)."""
+        if not self.coupled:
+            self.factor = inner
+        elif self.coupling_metric == "block":
+            self.factor = BlockFactor(inner, self.eta, self.aux.dim)
+        else:  # "joint" (κ = 1) or κ < 1
+            kappa = 1.0 if self.coupling_metric == "joint" else self.coupling_metric
+            self.factor = CoupledFactor(inner, self.eta, self.aux.dim, kappa)
 
     def _pack(self, tensors: Params) -> torch.Tensor:
         flat = self.theta.pack(tensors)
