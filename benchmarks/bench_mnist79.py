@@ -32,8 +32,12 @@ from pyro_flat.models import logistic_regression  # noqa: E402
 ETA, CHAINS, PRIOR_SCALE = 0.01, 4, 0.5
 
 SAMPLERS = {
-    "EntropySGLD, dense preconditioner": (
-        lambda: EntropySGLD(logistic_regression, eta=ETA, step_size=0.2, preconditioner="dense"),
+    "EntropySGLD, dense, κ = 0.9 (the main job's metric)": (
+        lambda: EntropySGLD(logistic_regression, eta=ETA, step_size=0.2, preconditioner="dense", coupling_metric=0.9),
+        dict(num_samples=10_000, warmup_steps=500, thinning=5), 100),
+    "EntropySGLD, dense, joint metric (θ ignores θa)": (
+        lambda: EntropySGLD(logistic_regression, eta=ETA, step_size=0.2, preconditioner="dense",
+                            coupling_metric="joint"),
         dict(num_samples=10_000, warmup_steps=500, thinning=5), 100),
     "EntropySGLD, plain": (
         lambda: EntropySGLD(logistic_regression, eta=ETA, step_size=5e-4),
