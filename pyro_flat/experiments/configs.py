@@ -105,8 +105,8 @@ class MNIST79Config(StudyConfig):
     eta: float = 0.01
     step_size: float = 0.2
     preconditioner: str = "dense"
-    coupling_metric: Union[str, float] = 0.9
-    num_samples: int = 5000
+    coupling_metric: Union[str, float] = "joint"
+    num_samples: int = 10000
     warmup: int = 500
     chains: int = 4
     thin: int = 5
