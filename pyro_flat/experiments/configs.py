@@ -63,11 +63,21 @@ class StudyConfig:
     def field_names(cls) -> Tuple[str, ...]:
         return tuple(f.name for f in fields(cls))
 
+    def require_positive(self, *names: str) -> None:
+        """Each field of ``names`` finite and > 0, or a ``StudyError`` naming its option (``--step-size``)."""
+        for name in names:
+            require_positive(f"--{name.replace('_', '-')}", getattr(self, name))
+
+    def require_int(self, minimum: int, *names: str) -> None:
+        """Each field of ``names`` an integer ``>= minimum``, or a ``StudyError`` naming its option."""
+        for name in names:
+            require_int(f"--{name.replace('_', '-')}", getattr(self, name), minimum)
+
     def validate(self) -> None:
         """A :class:`~pyro_flat.experiments.output.StudyError` naming the option of a bad value."""
         require_seed(self.seed)
         if self.threads is not None:
-            require_int("--threads", self.threads, 1)
+            self.require_int(1, "threads")
 
 
 def check_coupling_metric(value) -> None:
@@ -132,13 +142,11 @@ class MNIST79Config(StudyConfig):
         check_coupling_metric(self.coupling_metric)
         if self.reference is not None and self.reference not in EXACT_SAMPLERS:
             raise StudyError(f"--reference {self.reference!r}: the reference must be exact: entropy-hmc or none")
-        require_int("--reference-samples", self.reference_samples, 1)
-        require_int("--reference-warmup", self.reference_warmup, 0)
-        for name in ("eta", "step_size", "prior_scale"):
-            require_positive(f"--{name.replace('_', '-')}", getattr(self, name))
-        for name in ("num_samples", "chains", "batch_size", "thin"):
-            require_int(f"--{name.replace('_', '-')}", getattr(self, name), 1)
-        require_int("--warmup", self.warmup, 0)
+        self.require_int(1, "reference_samples")
+        self.require_int(0, "reference_warmup")
+        self.require_positive("eta", "step_size", "prior_scale")
+        self.require_int(1, "num_samples", "chains", "batch_size", "thin")
+        self.require_int(0, "warmup")
         if self.num_samples < self.thin:
             raise StudyError(f"--num-samples {self.num_samples} keeps no draw with --thin {self.thin}; "
                              "pass --num-samples >= --thin")
@@ -176,12 +184,9 @@ class Synthetic2DConfig(StudyConfig):
             raise StudyError("--eta needs at least one value")
         for eta in self.etas:
             require_positive("--eta", eta)
-        for option, value in (("--step-size", self.step_size), ("--rho", self.rho), ("--sigma", self.sigma)):
-            require_positive(option, value)
-        for option, value in (("--num-chains", self.num_chains), ("--num-steps", self.num_steps),
-                              ("--line-chains", self.line_chains), ("--line-steps", self.line_steps)):
-            require_int(option, value, 1)
-        require_int("--line-points", self.line_points, 2)
+        self.require_positive("step_size", "rho", "sigma")
+        self.require_int(1, "num_chains", "num_steps", "line_chains", "line_steps")
+        self.require_int(2, "line_points")
 
 @dataclass
 class BNNConfig(StudyConfig):
@@ -255,14 +260,12 @@ class BNNConfig(StudyConfig):
         super().validate()
         if self.preconditioner not in ("none", "diagonal"):
             raise StudyError(f"--preconditioner {self.preconditioner!r} is not one of none, diagonal")
-        for name in ("prior_scale", "step_size", "temperature", "eta", "rho", "sigma", "toy_step_size",
-                     "toy_eta", "toy_rho", "toy_sigma", "svi_lr", "svi_init_scale", "sam_rho", "sabma_gamma"):
-            require_positive(f"--{name.replace('_', '-')}", getattr(self, name))
+        self.require_positive("prior_scale", "step_size", "temperature", "eta", "rho", "sigma", "toy_step_size",
+                              "toy_eta", "toy_rho", "toy_sigma", "svi_lr", "svi_init_scale", "sam_rho", "sabma_gamma")
         if not 0.0 <= self.warmup_fraction < 1.0:
             raise StudyError(f"--warmup-fraction must lie in [0, 1), got {self.warmup_fraction}")
-        require_int("--grad-evals", self.grad_evals, 2)
-        require_int("--num-chains", self.num_chains, 1)
-        require_int("--batch-size", self.batch_size, 1)
+        self.require_int(2, "grad_evals")
+        self.require_int(1, "num_chains", "batch_size")
         if min(self.num_draws, self.flatness_draws, self.toy_chains) < 1:
             raise StudyError("the draw counts and the toy study's chains must be >= 1")
         if self.svi_grad_evals is not None and self.svi_grad_evals < 2:
@@ -304,14 +307,10 @@ class PathConfig(StudyConfig):
 
     def validate(self) -> None:
         super().validate()
-        for option in ("prior_scale", "step_size", "descent_lr", "neb_step_size", "spring", "tol"):
-            require_positive(f"--{option.replace('_', '-')}", getattr(self, option))
-        for option, minimum in (("grad_evals", 2), ("descent_steps", 1), ("max_steps", 1), ("batch_size", 1)):
-            require_int(f"--{option.replace('_', '-')}", getattr(self, option), minimum)
-        require_int("--num-points", self.num_points, 3)
-        require_int("--trace-probes", self.trace_probes, 2)
-        require_int("--dynamics-steps", self.dynamics_steps, 1)
-        require_int("--dynamics-chains", self.dynamics_chains, 1)
+        self.require_positive("prior_scale", "step_size", "descent_lr", "neb_step_size", "spring", "tol")
+        self.require_int(1, "descent_steps", "max_steps", "batch_size", "dynamics_steps", "dynamics_chains")
+        self.require_int(2, "grad_evals", "trace_probes")
+        self.require_int(3, "num_points")
         for value in self.dynamics_step_sizes:
             require_positive("--dynamics-step-sizes", value)
         for value in self.dynamics_batch_sizes:

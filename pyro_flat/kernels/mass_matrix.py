@@ -104,6 +104,10 @@ class CoupledFactor:
     def _pad(self, r2: torch.Tensor, dim: int) -> torch.Tensor:
         return torch.nn.functional.pad(r2, (0, dim - self.num_coupled))
 
+    def _cross(self, x: torch.Tensor) -> torch.Tensor:
+        """``κ x`` (no work at κ = 1, the exact metric's per-step path)."""
+        return x if self.schur is None else self.kappa * x
+
     def _schur_increment(self, g2, xi2, a: float, c: float) -> torch.Tensor:
         if self.schur is None:
             return c * math.sqrt(self.eta) * xi2 - a * self.eta * g2
@@ -113,15 +117,15 @@ class CoupledFactor:
         r""":math:`L^\top r = \xi`: :math:`r_2 = R^{-\top}\xi_2`, :math:`r_1 = S^{-\top}\xi_1 - \kappa E r_2`."""
         dim = xi.shape[-1] - self.num_coupled
         r2 = xi[..., dim:] / math.sqrt(self.eta) if self.schur is None else self.schur.solve_lt(xi[..., dim:])
-        return torch.cat([self.inner.solve_lt(xi[..., :dim]) - self.kappa * self._pad(r2, dim), r2], -1)
+        return torch.cat([self.inner.solve_lt(xi[..., :dim]) - self._cross(self._pad(r2, dim)), r2], -1)
 
     def velocity(self, r: torch.Tensor) -> torch.Tensor:
         r""":math:`M^{-1} r = (x,\ \kappa E^\top x + R R^\top r_2)` with :math:`x = \Sigma(r_1 + \kappa E r_2)`."""
         dim = r.shape[-1] - self.num_coupled
         r2 = r[..., dim:]
-        x = self.inner.velocity(r[..., :dim] + self.kappa * self._pad(r2, dim))
+        x = self.inner.velocity(r[..., :dim] + self._cross(self._pad(r2, dim)))
         second = self.eta * r2 if self.schur is None else self.schur.velocity(r2)
-        return torch.cat([x, self.kappa * x[..., : self.num_coupled] + second], -1)
+        return torch.cat([x, self._cross(x[..., : self.num_coupled]) + second], -1)
 
     def increment(self, g: torch.Tensor, xi: torch.Tensor, a: float, c: float) -> torch.Tensor:
         r""":math:`c\,L\xi - a M^{-1} g` with one use of the inner metric: with
@@ -129,8 +133,8 @@ class CoupledFactor:
         :math:`(x,\ \kappa E^\top x + c R\xi_2 - a R R^\top g_2)`."""
         dim = g.shape[-1] - self.num_coupled
         g2, xi2 = g[..., dim:], xi[..., dim:]
-        x = self.inner.increment(g[..., :dim] + self.kappa * self._pad(g2, dim), xi[..., :dim], a, c)
-        return torch.cat([x, self.kappa * x[..., : self.num_coupled] + self._schur_increment(g2, xi2, a, c)], -1)
+        x = self.inner.increment(g[..., :dim] + self._cross(self._pad(g2, dim)), xi[..., :dim], a, c)
+        return torch.cat([x, self._cross(x[..., : self.num_coupled]) + self._schur_increment(g2, xi2, a, c)], -1)
 
 
 class BlockFactor:
