@@ -21,23 +21,24 @@ import time
 
 os.environ.setdefault("CI", "1")
 
-import arviz as az  # noqa: E402
+
 import torch  # noqa: E402
 
 import pyro  # noqa: E402
 from pyro_flat import MCMC, EntropyHMC, EntropySGLD, to_arviz  # noqa: E402
+from pyro_flat.diagnostics import diagnostics_table  # noqa: E402
 from pyro_flat.datasets import load_mnist79  # noqa: E402
 from pyro_flat.models import logistic_regression  # noqa: E402
 
 ETA, CHAINS, PRIOR_SCALE = 0.01, 4, 0.5
 
 SAMPLERS = {
-    "EntropySGLD, dense, κ = 0.9 (the main job's metric)": (
-        lambda: EntropySGLD(logistic_regression, eta=ETA, step_size=0.2, preconditioner="dense", coupling_metric=0.9),
-        dict(num_samples=10_000, warmup_steps=500, thinning=5), 100),
-    "EntropySGLD, dense, joint metric (θ ignores θa)": (
+    "EntropySGLD, dense, joint metric (the main job's; θ ignores θa)": (
         lambda: EntropySGLD(logistic_regression, eta=ETA, step_size=0.2, preconditioner="dense",
                             coupling_metric="joint"),
+        dict(num_samples=10_000, warmup_steps=500, thinning=5), 100),
+    "EntropySGLD, dense, κ = 0.9 (θ pulled by θa)": (
+        lambda: EntropySGLD(logistic_regression, eta=ETA, step_size=0.2, preconditioner="dense", coupling_metric=0.9),
         dict(num_samples=10_000, warmup_steps=500, thinning=5), 100),
     "EntropySGLD, plain": (
         lambda: EntropySGLD(logistic_regression, eta=ETA, step_size=5e-4),
@@ -54,7 +55,7 @@ def measure(make, settings, batch_size, X, y):
     start = time.perf_counter()
     mcmc.run(X, y, batch_size=batch_size, prior_scale=PRIOR_SCALE)
     seconds = time.perf_counter() - start
-    table = az.summary(to_arviz(mcmc), kind="diagnostics")
+    table = diagnostics_table(to_arviz(mcmc))  # unrounded R-hat
     return seconds, float(table["ess_bulk"].min()), float(table["r_hat"].max())
 
 
@@ -63,18 +64,19 @@ def main():
     X, y = load_mnist79(None, split="train")
     print(f"MNIST 7 vs 9, {len(X)} images, eta {ETA}, {CHAINS} chains, 1 thread; min over the 1,570 "
           "coordinates of θ and θa")
-    print(f"  {'sampler':36} {'seconds':>8} {'min ESS bulk':>13} {'max R-hat':>10} {'ESS/s':>9}")
+    print(f"  {'sampler':64} {'seconds':>8} {'min ESS bulk':>13} {'max R-hat':>10} {'ESS/s':>9}")
     rate = {}
     for name, (make, settings, batch_size) in SAMPLERS.items():
         seconds, ess, rhat = measure(make, settings, batch_size, X, y)
         rate[name] = ess / seconds
-        print(f"  {name:36} {seconds:8.1f} {ess:13.0f} {rhat:10.3f} {rate[name]:9.2f}")
-    pre, plain, hmc = rate.values()
+        print(f"  {name:64} {seconds:8.1f} {ess:13.0f} {rhat:10.4f} {rate[name]:9.2f}")
+    pre, pulled, plain, hmc = rate.values()
     print()
     print(f"  preconditioned / plain EntropySGLD   {pre / plain:8.1f}x   target >= 50   "
           f"{'ok' if pre >= 50 * plain else 'MISSED'}")
     print(f"  preconditioned / EntropyHMC          {pre / hmc:8.2f}x   target >= 1    "
           f"{'ok' if pre >= hmc else 'MISSED'}")
+    print(f"  κ = 0.9 / joint metric (price of the pull) {pulled / pre:6.2f}x")
 
 
 if __name__ == "__main__":
