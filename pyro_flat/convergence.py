@@ -19,7 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .kernels import KERNELS, SGD, SGLD, EntropySGLD, LocalEntropySGLD, kernel_class
-from .kernels.base import StochasticGradientKernel
+from .kernels.stochastic_gradient import StochasticGradientKernel
 from .mcmc import run_chains
 from .theory import joint_hessian, preconditioned_constants
 from .theory import bounds as B

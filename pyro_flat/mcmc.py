@@ -52,10 +52,10 @@ from pyro import poutine
 from pyro.infer.mcmc.logger import DIAGNOSTIC_MSG, ProgressBar, initialize_logger
 from pyro.util import optional
 
+from .targets import Params
 from .validation import check_nonnegative_int, check_positive_int, check_tensor
 
 CHAIN_METHODS = ("auto", "vectorized", "sequential", "parallel")
-Params = Dict[str, torch.Tensor]
 
 
 def _logging_hook(logger, progress_bar, user_hook=None, iterations_per_draw: int = 1):

@@ -49,7 +49,10 @@ def test_closed_form_coupling_equals_flat_posterior_model():
     for name in params:
         assert torch.allclose(g1[name], g2[name]), name
     dist_ = torch.sqrt(((params["w"] - params["w_aux"]) ** 2).sum() + (params["s"] - params["s_aux"]) ** 2)
-    assert torch.allclose(coupled.last_stats["coupling_distance"], dist_)
+    energy, grads, stats = coupled.evaluate(params)  # the statistics come with the evaluation
+    assert torch.allclose(stats["coupling_distance"], dist_)
+    assert torch.equal(energy, e1) and not hasattr(coupled, "last_stats")
+    assert torch.allclose(coupled(params), e1)  # the energy alone
 
 
 def test_potential_energy_stat_belongs_to_its_draw():
@@ -87,3 +90,24 @@ def test_logistic_potential_is_the_logistic_model_potential():
     epoch = torch.stack([batched(point) for _ in range(4)])
     assert torch.allclose(epoch.mean(0), full(point), atol=1e-4)
     assert epoch[0].unique().numel() > 1
+
+
+def test_every_target_keeps_the_written_contract():
+    """ModelPotential, CallablePotential, CoupledPotential and CompiledTarget all satisfy `Target`;
+    a coupled target says so through `coupling`, the others say None."""
+    from pyro_flat.targets import CallablePotential, Target, compile_target
+
+    model_target = ModelPotential(model, (X, Y))
+    callable_target = CallablePotential(lambda p: (p["x"] ** 2).sum(), {"x": torch.zeros(2)})
+    coupled = CoupledPotential(ModelPotential(model, (X, Y)), 0.5)
+    compiled, why_not = compile_target(ModelPotential(model, (X, Y)), model_target.initial_params(), backend="fx")
+    assert why_not is None
+    for target in (model_target, callable_target, coupled, compiled):
+        assert isinstance(target, Target), type(target).__name__
+        params = target.initial_params()
+        energy, grads, stats = target.evaluate(params, target.fixed_batch())
+        assert set(grads) == set(params) and energy.shape == ()
+        assert torch.allclose(target(params, target.fixed_batch()).detach(), energy, rtol=1e-5)
+    assert [t.coupling for t in (model_target, callable_target, compiled)] == [None] * 3
+    assert coupled.coupling.eta == 0.5 and coupled.coupling.pairs == {"w_aux": "w", "s_aux": "s"}
+    assert [t.is_compiled for t in (model_target, coupled, compiled)] == [False, False, True]

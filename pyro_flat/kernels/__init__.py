@@ -14,7 +14,7 @@ True
 import inspect
 from typing import Callable, Dict, Optional
 
-from .base import StochasticGradientKernel, TargetKernel
+from .base import TargetKernel
 from .entropy_hmc import EntropyHMC
 from .entropy_sgld import EntropySGLD
 from .errors import DivergenceError
@@ -23,6 +23,7 @@ from .local_entropy import LocalEntropySGD, LocalEntropySGLD
 from .sasgld import SASGLD
 from .sgd import SGD
 from .sgld import SGLD
+from .stochastic_gradient import StochasticGradientKernel
 
 #: Every kernel of the package by its canonical name (lower case, words joined by "-").
 KERNELS: Dict[str, type] = {

@@ -25,48 +25,16 @@ both the stream and the exact Gaussian laws.
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import torch
 
 from ..targets import Params
-from ..targets.compiled import compile_graph, first_line, mismatch, shifted_batch, tracing_context, untraceable_reason
+from ..tracing import compile_graph, first_line, mismatch, trace_graph, tracing_context, untraceable_reason
+from .integrators import Transition
 
 #: graphs kept per kernel (one per step size, temperature and metric)
 MAX_GRAPHS = 4
-
-
-def _index_sources(target) -> list:
-    """The objects whose ``draw_indices`` make the minibatches (a coupled target and its base)."""
-    out, seen = [], set()
-    while target is not None and id(target) not in seen:
-        seen.add(id(target))
-        if hasattr(target, "draw_indices"):
-            out.append(target)
-        target = getattr(target, "base", None)
-    return out
-
-
-class _GivenIndices:
-    """Makes the target's ``draw_indices`` hand out given minibatches in order (for tracing), or
-    count how many an iteration draws."""
-
-    def __init__(self, target, given: Optional[List[Dict[str, torch.Tensor]]] = None):
-        self.sources, self.given, self.count = _index_sources(target), given, 0
-        self.fixed = self.sources[-1].fixed_batch() if self.sources and hasattr(self.sources[-1], "fixed_batch") else {}
-
-    def __call__(self) -> Dict[str, torch.Tensor]:
-        self.count += 1
-        return self.fixed if self.given is None else self.given[self.count - 1]
-
-    def __enter__(self):
-        for source in self.sources:
-            source.draw_indices = self
-        return self
-
-    def __exit__(self, *exc):
-        for source in self.sources:
-            source.__dict__.pop("draw_indices", None)
 
 
 class CompiledSteps:
@@ -80,8 +48,7 @@ class CompiledSteps:
         self.disabled: Optional[str] = None  # why the kernel runs eagerly
         self.last_compiled = False  # whether the last iteration ran through a graph
         self._previous_key = None
-        sources = _index_sources(kernel.target)
-        self._source = sources[-1] if sources else None  # whose draw_indices makes the minibatches
+        self.batches = kernel.target.batches  # where every minibatch of an iteration comes from
 
     def _key(self, step_size: float, temperature: float) -> tuple:
         preconditioner = self.kernel.preconditioner
@@ -112,12 +79,12 @@ class CompiledSteps:
             self.graphs[key] = (*entry, keep_alive)
             entry = self.graphs[key]
         graph, names, plates, num_draws, stat_names, _ = entry
-        indices = [batch[p] for _ in range(num_draws) for batch in (self._source.draw_indices(),) for p in plates]
+        indices = [batch[p] for _ in range(num_draws) for batch in (self.batches.draw(),) for p in plates]
         outputs = graph(*(params[n] for n in names), *indices)
         n = len(names)
-        self.kernel.target.last_stats = dict(zip(stat_names, outputs[2 * n + 1:]))
         self.last_compiled = True
-        return dict(zip(names, outputs[:n])), outputs[n], dict(zip(names, outputs[n + 1: 2 * n + 1]))
+        return Transition(dict(zip(names, outputs[:n])), outputs[n], dict(zip(names, outputs[n + 1: 2 * n + 1])),
+                          dict(zip(stat_names, outputs[2 * n + 1:])))
 
     # ----------------------------------------------------------------- building a graph
     def _traceable(self, names, plates, num_draws, step_size, temperature):
@@ -127,32 +94,26 @@ class CompiledSteps:
 
         def step(*inputs):
             batches = [dict(zip(plates, inputs[n + d * k: n + (d + 1) * k])) for d in range(num_draws)]
-            with _GivenIndices(kernel.target, batches):
-                new, energy, grads = kernel.transition(dict(zip(names, inputs[:n])), step_size, temperature)
-            stats = getattr(kernel.target, "last_stats", {}) or {}
+            with self.batches.scripted(batches):
+                new, energy, grads, stats = kernel.transition(dict(zip(names, inputs[:n])), step_size, temperature)
             return [*(new[m] for m in names), energy, *(grads[m] for m in names), *stats.values()]
 
         return step
 
     def _build(self, params: Params, step_size: float, temperature: float):
-        from torch.fx.experimental.proxy_tensor import make_fx
-
         kernel, names = self.kernel, list(params)
         values = [params[n].detach() for n in names]
         devices = [v.device for v in values if v.device.type == "cuda"]
         try:
             with torch.random.fork_rng(devices=devices), tracing_context():
-                with _GivenIndices(kernel.target) as counter:  # how many minibatches one iteration draws
-                    kernel.transition(dict(zip(names, values)), step_size, temperature)
-                plates, num_draws = list(counter.fixed), counter.count
+                with self.batches.scripted() as script:  # how many minibatches one iteration draws
+                    stat_names = list(kernel.transition(dict(zip(names, values)), step_size, temperature).stats)
+                plates, num_draws = list(script.fixed), script.count
                 # a distinct tensor (and minibatch) per draw: make_fx tells inputs apart by identity
-                inputs = values + [shifted_batch(self._source, p, counter.fixed[p], d)
+                inputs = values + [self.batches.shifted(p, script.fixed[p], d)
                                    for d in range(num_draws) for p in plates]
-                stat_names = list((getattr(kernel.target, "last_stats", {}) or {}).keys())
                 step = self._traceable(names, plates, num_draws, step_size, temperature)
-                graph = make_fx(step)(*inputs)
-                graph.graph.eliminate_dead_code()
-                graph.recompile()
+                graph = trace_graph(step, inputs)
                 self._check(graph, step, inputs, len(names))
         except Exception as err:  # any failure to trace means: stay eager, and say why
             self._disable(_reason(err))

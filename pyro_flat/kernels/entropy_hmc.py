@@ -176,8 +176,9 @@ class EntropyHMC(TargetKernel):
         return super().vectorization_error(num_chains, args, kwargs, initial_params)
 
     # ----------------------------------------------------------------- target and state
-    def build_target(self, args: tuple, kwargs: dict) -> CoupledPotential:
-        target = coupled_target(self, args, kwargs)
+    def build_target(self, args: tuple, kwargs: dict, *, num_chains: Optional[int] = None,
+                     initial_params: Optional[Params] = None) -> CoupledPotential:
+        target = coupled_target(self, args, kwargs, num_chains=num_chains, initial_params=initial_params)
         if target.subsampled_plates:
             name, (size, batch) = next(iter(target.subsampled_plates.items()))
             raise ValueError(
@@ -188,12 +189,12 @@ class EntropyHMC(TargetKernel):
         return target
 
     def after_setup(self, params: Params) -> None:
-        target = self.target
-        coupled = list(target.pairs.values())
+        target, link = self.target, self.target.coupling
+        coupled = link.sites
         names = coupled + [n for n in target.base.sites if n not in coupled]
         batched = self.num_chains is not None
         self._theta = ChainLayout({n: target.base.sites[n].shape for n in names}, names, batched)
-        self._aux = ChainLayout({n: target.sites[n].shape for n in target.pairs}, list(target.pairs), batched)
+        self._aux = ChainLayout({n: target.sites[n].shape for n in link.twins}, link.twins, batched)
         self._num_coupled = self._aux.dim
         chains = self.num_chains or 1
         x = self._theta.pack(params)

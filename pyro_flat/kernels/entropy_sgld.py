@@ -98,8 +98,9 @@ class EntropySGLD(SGLD):
         if self.preconditioner is not None:
             self.preconditioner.coupling_metric = self.coupling_metric
 
-    def build_target(self, args: tuple, kwargs: dict) -> CoupledPotential:
-        return coupled_target(self, args, kwargs)
+    def build_target(self, args: tuple, kwargs: dict, *, num_chains: Optional[int] = None,
+                     initial_params: Optional[Params] = None) -> CoupledPotential:
+        return coupled_target(self, args, kwargs, num_chains=num_chains, initial_params=initial_params)
 
     def logging(self) -> Dict[str, str]:
         out = super().logging()

@@ -8,6 +8,7 @@ import torch
 
 from ..validation import check_positive
 from ..targets import Params
+from .integrators import Transition
 from .sgld import SGLD
 
 
@@ -57,10 +58,10 @@ class FlatSGLD(SGLD):
         super().__init__(model, **kwargs)
         self.sigma = check_positive("sigma", sigma, hint="It is the sd of the weight perturbation.")
 
-    def transition(self, params: Params, step_size: float, temperature: float):
+    def transition(self, params: Params, step_size: float, temperature: float) -> Transition:
         indices = self.target.draw_indices()
         perturbed = {n: z + self.sigma * torch.randn_like(z) for n, z in params.items()}
         _, grads = self.target.potential_and_grad(perturbed, indices)
         with torch.no_grad():
             energy = self.target(params, indices).detach()
-        return self.update(params, grads, step_size, temperature), energy, grads
+        return Transition(self.update(params, grads, step_size, temperature), energy, grads, {})

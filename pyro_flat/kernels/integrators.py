@@ -7,11 +7,21 @@ sample returned by a kernel is never aliased by a later one.
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, NamedTuple, Tuple
 
 import torch
 
-Params = Dict[str, torch.Tensor]
+from ..targets import Params
+
+
+class Transition(NamedTuple):
+    """One iteration of a stochastic-gradient kernel: the new state, and the energy, gradient and
+    target statistics (e.g. ``coupling_distance``) at the state it started from."""
+
+    params: Params
+    energy: torch.Tensor
+    grads: Params
+    stats: Dict[str, torch.Tensor]
 
 
 def langevin_step(params: Params, grads: Params, step_size: float, temperature: float) -> Params:

@@ -12,8 +12,8 @@ from typing import Callable, Optional
 import torch
 
 from ..validation import check_eta, check_number, check_positive
-from .base import StochasticGradientKernel
-from .integrators import langevin_step
+from .integrators import Transition, langevin_step
+from .stochastic_gradient import StochasticGradientKernel
 from ..targets import Params
 
 
@@ -117,15 +117,15 @@ class LocalEntropySGLD(StochasticGradientKernel):
     def grads_per_iteration(self) -> int:
         return self.num_inner_steps
 
-    def transition(self, params: Params, step_size: float, temperature: float):
+    def transition(self, params: Params, step_size: float, temperature: float) -> Transition:
         names = list(params)
         theta = [params[n] for n in names]
         inner, mean = params, theta
-        energy = grads = None
+        energy = grads = stats = None
         for step in range(self.num_inner_steps):
-            inner_energy, g = self.target.potential_and_grad(inner)
+            inner_energy, g, inner_stats = self.target.evaluate(inner)
             if step == 0:  # theta' = theta: the potential at the draw, for free
-                energy, grads = inner_energy, g
+                energy, grads, stats = inner_energy, g, inner_stats
             # the inner chain is SGLD on U(theta') + |theta' - theta|^2 / (2 eta)
             pull = torch._foreach_sub([inner[n] for n in names], theta)
             torch._foreach_div_(pull, self.eta)
@@ -138,7 +138,7 @@ class LocalEntropySGLD(StochasticGradientKernel):
         # a divergence in the inner chain reaches the new point through the mean
         new = langevin_step(params, dict(zip(names, local_grad)), step_size,
                             temperature if self.outer_noise else 0.0)
-        return new, energy, grads
+        return Transition(new, energy, grads, stats)
 
 
 class LocalEntropySGD(LocalEntropySGLD):

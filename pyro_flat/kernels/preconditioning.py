@@ -92,7 +92,7 @@ from typing import Optional, Union
 
 import torch
 
-from ..targets import ChainLayout, CoupledPotential, Params
+from ..targets import ChainLayout, Params
 from .curvature import EXACT_DIAGONAL_DIM, absolute_curvature, hessian, hessian_diagonal, inverse_diagonal
 from .mass_matrix import BlockFactor, CoupledFactor, PrecisionFactor, factor_from_covariance
 
@@ -194,14 +194,15 @@ class Preconditioner:
         """Lay out the sites, then estimate the metric at ``params`` (or install the fixed one);
         returns the Hessian-vector products spent (per chain)."""
         batched = num_chains is not None
-        self.coupled = isinstance(target, CoupledPotential)
+        link = target.coupling  # an Entropy-MCMC joint says so (see pyro_flat.targets.Target)
+        self.coupled = link is not None
         base = target.base if self.coupled else target
-        coupled = list(target.pairs.values()) if self.coupled else []
+        coupled = link.sites if self.coupled else []
         names = coupled + [n for n in base.sites if n not in coupled]
         self.theta = ChainLayout({n: base.sites[n].shape for n in names}, names, batched)
-        self.aux = (ChainLayout({n: target.sites[n].shape for n in target.pairs}, list(target.pairs), batched)
+        self.aux = (ChainLayout({n: target.sites[n].shape for n in link.twins}, link.twins, batched)
                     if self.coupled else None)
-        self.eta = target.eta if self.coupled else None
+        self.eta = link.eta if self.coupled else None
         full = getattr(base, "full_data", None)
         evaluate = full if full is not None else base
         self._energy = lambda x: evaluate(self.theta.unpack(x)).reshape(-1)

@@ -4,24 +4,11 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-import torch
-
-from ..validation import check_positive
 from ..targets import Params
+from ..targets.layout import expand_like, per_chain_norm
+from ..validation import check_positive
+from .integrators import Transition
 from .sgld import SGLD
-
-
-def per_chain_norm(tensors: Params, num_chains: Optional[int]) -> torch.Tensor:
-    """The Euclidean norm over all sites: a scalar, or ``(C,)`` (one per chain), shaped to broadcast
-    against ``(C, ...)`` tensors through :func:`expand_like`."""
-    if num_chains is None:
-        return torch.sqrt(sum(t.square().sum() for t in tensors.values()))
-    return torch.sqrt(sum(t.reshape(num_chains, -1).square().sum(-1) for t in tensors.values()))
-
-
-def expand_like(per_chain: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
-    """A scalar or ``(C,)`` tensor reshaped to broadcast against ``tensor`` (leading chain dim)."""
-    return per_chain if per_chain.dim() == 0 else per_chain.reshape((-1,) + (1,) * (tensor.dim() - 1))
 
 
 class SASGLD(SGLD):
@@ -72,10 +59,10 @@ class SASGLD(SGLD):
         super().__init__(model, **kwargs)
         self.rho = check_positive("rho", rho, hint="It is the SAM radius; try 0.01-0.1 of the weight norm.")
 
-    def transition(self, params: Params, step_size: float, temperature: float):
+    def transition(self, params: Params, step_size: float, temperature: float) -> Transition:
         indices = self.target.draw_indices()  # one minibatch for both gradients
-        energy, grads = self.target.potential_and_grad(params, indices)
+        energy, grads, stats = self.target.evaluate(params, indices)
         scale = self.rho / (per_chain_norm(grads, self.num_chains) + 1e-12)
         ascent = {n: params[n] + expand_like(scale, g) * g for n, g in grads.items()}
         _, sharp_grads = self.target.potential_and_grad(ascent, indices)
-        return self.update(params, sharp_grads, step_size, temperature), energy, grads
+        return Transition(self.update(params, sharp_grads, step_size, temperature), energy, grads, stats)

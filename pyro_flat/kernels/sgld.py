@@ -2,7 +2,7 @@ r"""Stochastic-gradient Langevin dynamics (Welling & Teh, 2011) as a Pyro ``MCMC
 
 from __future__ import annotations
 
-from .base import StochasticGradientKernel
+from .stochastic_gradient import StochasticGradientKernel
 from ..targets import Params
 
 

@@ -1,41 +1,49 @@
-r"""Targets: what the samplers, ``flatness``, ``theory`` and the coming SVI code differentiate.
+r"""Targets: what the samplers, ``flatness``, ``theory`` and the SVI code differentiate.
 
 A *target* turns a Pyro model (or a user's ``potential_fn``) into named unconstrained tensors
 :math:`z`, a batched potential :math:`U(z)` with its gradient, fresh minibatches from Pyro's
-subsampled plates and the support transforms. Nothing here imports a kernel.
+subsampled plates and the support transforms. What a kernel may ask of one is written down in
+:class:`Target` (:mod:`~pyro_flat.targets.protocol`). Nothing here imports a kernel.
 
+- :class:`Target`, :class:`Evaluation`: the kernel-target contract (:mod:`~pyro_flat.targets.protocol`);
 - :class:`ModelPotential`, :class:`CallablePotential`: a model's or a function's potential
-  (:mod:`~pyro_flat.targets.potential`);
-- :class:`CoupledPotential` and :func:`coupling`: the Entropy-MCMC joint and its coupling term,
-  written once (:mod:`~pyro_flat.targets.coupling`);
+  (:mod:`~pyro_flat.targets.potential`), the model's log joint in one pass
+  (:mod:`~pyro_flat.targets.log_joint`);
+- :class:`CoupledPotential`, :class:`Coupling` and :func:`coupling`: the Entropy-MCMC joint and its
+  coupling term, written once (:mod:`~pyro_flat.targets.coupling`);
+- :class:`EpochBatcher`, :class:`Minibatches`: minibatch indices (:mod:`~pyro_flat.targets.batching`);
 - :class:`SiteInfo`, :func:`support_transform`, :func:`is_subsample_site`: sites
   (:mod:`~pyro_flat.targets.sites`); :class:`SiteLayout`: sites <-> one flat vector
-  (:mod:`~pyro_flat.targets.layout`); :class:`EpochBatcher`: minibatch indices;
+  (:mod:`~pyro_flat.targets.layout`);
 - :func:`compile_target`, :class:`CompiledTarget`: the energy and gradient as one traced graph,
-  the kernels' ``jit_compile=True`` (:mod:`~pyro_flat.targets.compiled`).
+  the kernels' ``jit_compile=True`` (:mod:`~pyro_flat.targets.compiled`, on :mod:`pyro_flat.tracing`).
 """
 
-from .coupling import CouplingTerms, coupling
+from .batching import EpochBatcher, Minibatches
+from .compiled import CompiledTarget, compile_target
+from .coupling import CoupledPotential, Coupling, CouplingTerms, coupling
 from .layout import ChainLayout, Params, SiteLayout
+from .log_joint import NotBroadcasting
 from .potential import (
     CallablePotential,
-    CoupledPotential,
-    EpochBatcher,
+    InitialShapeError,
     ModelPotential,
-    NotBroadcasting,
     check_finite_inputs,
     merge_overrides,
     potential_and_grad,
 )
+from .protocol import Evaluation, Target
 from .sites import SiteInfo, is_subsample_site, support_transform
-from .compiled import CompiledTarget, compile_target
 
 __all__ = [
+    "Target",
+    "Evaluation",
     "ModelPotential",
     "CompiledTarget",
     "compile_target",
     "CallablePotential",
     "CoupledPotential",
+    "Coupling",
     "coupling",
     "CouplingTerms",
     "SiteInfo",
@@ -43,7 +51,9 @@ __all__ = [
     "ChainLayout",
     "Params",
     "EpochBatcher",
+    "Minibatches",
     "NotBroadcasting",
+    "InitialShapeError",
     "support_transform",
     "is_subsample_site",
     "check_finite_inputs",

@@ -1,4 +1,5 @@
-r"""The Entropy-MCMC coupling :math:`\lVert\theta - \theta_a\rVert^2/(2\eta)`, written once.
+r"""The Entropy-MCMC coupling :math:`\lVert\theta - \theta_a\rVert^2/(2\eta)`, written once, and the
+coupled target :class:`CoupledPotential` that adds it to a base target.
 
 Everything that adds the coupling calls :func:`coupling`: :class:`~pyro_flat.targets.CoupledPotential`
 (the kernels' joint, per site), :func:`~pyro_flat.flat_potential` (a user's potential) and
@@ -15,9 +16,16 @@ are summed over each site's own dimensions only (docs/theory.md, section 1).
 
 from __future__ import annotations
 
-from typing import List, NamedTuple, Sequence
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
+
+from .batching import Minibatches
+from .layout import Params
+from .potential import merge_overrides
+from .protocol import Evaluation
+from .sites import SiteInfo
 
 
 class CouplingTerms(NamedTuple):
@@ -37,3 +45,119 @@ def coupling(diffs: Sequence[torch.Tensor], eta: float, batch_dims: int = 0) -> 
     squares = [d.reshape(d.shape[:batch_dims] + (-1,)).square().sum(-1) for d in diffs]
     sq = squares[0] if len(squares) == 1 else torch.stack(squares).sum(0)
     return CouplingTerms(sq * (0.5 / eta), torch._foreach_div(diffs, eta), sq.sqrt())
+
+
+@dataclass(frozen=True)
+class Coupling:
+    """What makes a target an Entropy-MCMC joint: :math:`\\eta` and ``pairs`` ``{twin: site}``
+    (a target's :attr:`~pyro_flat.targets.Target.coupling`; ``None`` on a target without twins)."""
+
+    eta: float
+    pairs: Dict[str, str]
+
+    @property
+    def sites(self) -> List[str]:
+        """The coupled sites θ, in the twins' order."""
+        return list(self.pairs.values())
+
+    @property
+    def twins(self) -> List[str]:
+        """The auxiliary sites θa."""
+        return list(self.pairs)
+
+
+class CoupledPotential:
+    r"""The Entropy-MCMC joint of a base target: :math:`U(z, z_a) = U_0(z) + \lVert z - z_a\rVert^2 / (2\eta)`.
+
+    The coupling is added in closed form, gradient included
+    (:math:`\nabla_z \mathrel{+}= (z - z_a)/\eta`, :math:`\nabla_{z_a} = (z_a - z)/\eta`), so the
+    auxiliary block costs a few vector operations and no autograd. For a Pyro model this equals
+    the potential of :func:`~pyro_flat.flat_posterior` up to the Gaussian normalising constant
+    (the tests check it), for a ``potential_fn`` it is :func:`~pyro_flat.flat_potential`.
+    Twins start at their site (:math:`z_a = z`) unless ``initial_params`` names them.
+    """
+
+    def __init__(self, base, eta: float, sites: Optional[Iterable[str]] = None, suffix: str = "_aux"):
+        self.base, self.suffix = base, suffix
+        names = tuple(base.sites) if sites is None else tuple(sites)
+        missing = [n for n in names if n not in base.sites]
+        if missing:
+            raise ValueError(
+                f"sites names {missing}, which are not latent sites of the model; its continuous "
+                f"latent sites are {sorted(base.sites)}."
+            )
+        if not names:
+            raise ValueError("sites=[] couples nothing; name at least one latent site.")
+        self.coupling = Coupling(float(eta), {n + suffix: n for n in names})
+        self._names, self._auxes = list(names), list(self.pairs)
+        self.sites = dict(base.sites)
+        for aux, name in self.pairs.items():
+            if aux in self.sites:
+                raise ValueError(f"the model already has a site named {aux!r}; pick another suffix.")
+            self.sites[aux] = SiteInfo(
+                aux, base.sites[name].shape, torch.distributions.transforms.identity_transform
+            )
+        self.subsampled_plates = base.subsampled_plates
+        self.num_chains = base.num_chains
+
+    @property
+    def eta(self) -> float:
+        return self.coupling.eta
+
+    @property
+    def pairs(self) -> Dict[str, str]:
+        """``{twin: site}``."""
+        return self.coupling.pairs
+
+    @property
+    def is_compiled(self) -> bool:
+        return self.base.is_compiled
+
+    @property
+    def batches(self) -> Minibatches:
+        return self.base.batches
+
+    def draw_indices(self) -> Dict[str, torch.Tensor]:
+        return self.base.draw_indices()
+
+    def fixed_batch(self) -> Dict[str, torch.Tensor]:
+        return self.base.fixed_batch()
+
+    @property
+    def transforms(self) -> Dict[str, torch.distributions.Transform]:
+        return self.base.transforms  # twins are unconstrained: identity, omitted as Pyro does
+
+    def initial_params(self, overrides: Optional[Params] = None) -> Params:
+        """The base target's initial point; each twin starts at its site unless overridden."""
+        overrides = overrides or {}
+        params = self.base.initial_params({k: v for k, v in overrides.items() if k not in self.pairs})
+        for aux, name in self.pairs.items():
+            params[aux] = params[name].clone()
+        return merge_overrides(params, {k: v for k, v in overrides.items() if k in self.pairs})
+
+    def __call__(self, params: Params, indices: Optional[Dict[str, torch.Tensor]] = None) -> torch.Tensor:
+        """The joint energy alone (differentiable)."""
+        base_params = {k: v for k, v in params.items() if k not in self.pairs}
+        diffs = [params[n] - params[a] for n, a in zip(self._names, self._auxes)]
+        terms = coupling(diffs, self.eta, batch_dims=0 if self.num_chains is None else 1)
+        return self.base(base_params, indices) + terms.energy
+
+    def evaluate(self, params: Params, indices: Optional[Dict[str, torch.Tensor]] = None) -> Evaluation:
+        """The base's energy and gradient on the minibatch ``indices`` (a fresh one when ``None``),
+        plus the coupling; the statistic ``coupling_distance`` is :math:`\\lVert\\theta - \\theta_a\\rVert`."""
+        base_params = {k: v for k, v in params.items() if k not in self.pairs}
+        energy, grads = self.base.potential_and_grad(base_params, indices)
+        names, auxes = self._names, self._auxes
+        diffs = torch._foreach_sub([params[n] for n in names], [params[a] for a in auxes])
+        terms = coupling(diffs, self.eta, batch_dims=0 if self.num_chains is None else 1)
+        grads.update(zip(names, torch._foreach_add([grads[n] for n in names], terms.grad_theta)))
+        grads.update(zip(auxes, torch._foreach_neg(terms.grad_theta)))
+        return Evaluation(energy + terms.energy, grads, {"coupling_distance": terms.distance})
+
+    def potential_and_grad(self, params: Params, indices: Optional[Dict[str, torch.Tensor]] = None
+                           ) -> Tuple[torch.Tensor, Params]:
+        energy, grads, _ = self.evaluate(params, indices)
+        return energy, grads
+
+
+__all__ = ["coupling", "CouplingTerms", "Coupling", "CoupledPotential"]

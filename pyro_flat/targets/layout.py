@@ -18,6 +18,7 @@ from typing import Dict, List, Mapping, Optional
 
 import torch
 
+#: named tensors, one per site
 Params = Dict[str, torch.Tensor]
 
 
@@ -63,3 +64,16 @@ class ChainLayout:
 
     def unpack(self, flat: torch.Tensor, names: Optional[List[str]] = None) -> Params:
         return self.layout.unpack(flat if self.batched else flat[0], names)
+
+
+def per_chain_norm(tensors: Params, num_chains: Optional[int]) -> torch.Tensor:
+    """The Euclidean norm over all sites: a scalar, or ``(C,)`` (one per chain), shaped to broadcast
+    against ``(C, ...)`` tensors through :func:`expand_like`."""
+    if num_chains is None:
+        return torch.sqrt(sum(t.square().sum() for t in tensors.values()))
+    return torch.sqrt(sum(t.reshape(num_chains, -1).square().sum(-1) for t in tensors.values()))
+
+
+def expand_like(per_chain: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+    """A scalar or ``(C,)`` tensor reshaped to broadcast against ``tensor`` (leading chain dim)."""
+    return per_chain if per_chain.dim() == 0 else per_chain.reshape((-1,) + (1,) * (tensor.dim() - 1))

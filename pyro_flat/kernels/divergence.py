@@ -1,0 +1,90 @@
+"""The report of a diverged stochastic-gradient step: which chain, which site, what to change.
+
+:func:`divergence_error` turns a step that :func:`~pyro_flat.kernels.stochastic_gradient.step_blow_up`
+called a divergence into a :class:`~pyro_flat.DivergenceError` whose message names the chain, the
+iteration, the site and a smaller step size, and which carries the draws made before it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from ..targets import Params
+from .errors import DivergenceError
+
+
+def _growth(params: Params, new_params: Params, num_chains: Optional[int], max_growth: float
+            ) -> Tuple[Optional[int], str, str]:
+    """``(chain or None, site, what happened)`` for a finite blow-up of the largest coordinate."""
+    def per_chain(tensors):  # largest |coordinate| of each chain (or of the one chain)
+        rows = [v.reshape(v.shape[0] if num_chains is not None else 1, -1).abs().amax(-1)
+                for v in tensors.values()]
+        return torch.stack(rows).amax(0)
+
+    before, after = per_chain(params), per_chain(new_params)
+    c = int((after / before.clamp(min=1.0)).argmax())
+    pick: Callable = (lambda v: v[c]) if num_chains is not None else (lambda v: v)
+    site = max(new_params, key=lambda n: float(pick(new_params[n]).abs().max()))
+    where = (f"its largest absolute value grew from {float(before[c]):.3g} to {float(after[c]):.3g} "
+             f"in one iteration (site {site!r}), more than max_growth = {max_growth:g} times: a "
+             "finite blow-up (set kernel.max_growth = None to allow such jumps)")
+    return (c if num_chains is not None else None), site, where
+
+
+def _non_finite(params: Params, grads: Params, new_params: Params, energy: torch.Tensor,
+                num_chains: Optional[int]) -> Tuple[Optional[int], str, str]:
+    """``(chain or None, site, what happened)`` for a NaN/inf energy, gradient or state."""
+    chain, pick = None, (lambda v: v)
+    if num_chains is not None:  # name the first chain that went non-finite
+        finite = torch.isfinite(energy)
+        for tensors in (grads, new_params, params):
+            for value in tensors.values():
+                finite = finite & torch.isfinite(value.reshape(value.shape[0], -1)).all(-1)
+        chain = int((~finite).nonzero()[0, 0])
+        pick = lambda v: v[chain]  # noqa: E731  (that chain's slice of a batched tensor)
+    for label, tensors in (("gradient", grads), ("value", new_params), ("value", params)):
+        for name, value in tensors.items():
+            if not bool(torch.isfinite(pick(value)).all()):
+                return chain, name, f"the {label} of site {name!r} became NaN/inf"
+    # the energy overflowed first: name the site pushing hardest
+    site = max(grads, key=lambda n: float(pick(grads[n]).norm()))
+    return chain, site, (f"the potential energy became {float(pick(energy.reshape(-1)))} "
+                         f"(largest gradient at site {site!r})")
+
+
+def divergence_error(kernel_name: str, problem: str, *, params: Params, grads: Params, new_params: Params,
+                     energy: torch.Tensor, step_size: float, base_step_size: float, iteration: int,
+                     warming_up: bool, chain: int, num_chains: Optional[int], max_growth: Optional[float],
+                     draws: List[Dict[str, torch.Tensor]],
+                     completed_chains: List[Dict[str, torch.Tensor]]) -> DivergenceError:
+    """The error for a step from ``params`` to ``new_params`` that diverged (``problem`` is
+    ``"growth"`` or ``"non-finite"``). ``chain`` is the driver's chain index (one chain per setup);
+    with ``num_chains`` vectorized chains the failing one is found. ``draws`` holds each current
+    chain's draws so far: the failing chain's go to ``.samples``, the others to ``.completed_chains``."""
+    if problem == "growth":
+        found, site, where = _growth(params, new_params, num_chains, max_growth)
+    else:
+        found, site, where = _non_finite(params, grads, new_params, energy, num_chains)
+    if found is not None:
+        chain = found
+    phase = "warm-up" if warming_up else "sampling"
+    vectorized = num_chains is not None
+    num_draws = len(draws[0][next(iter(draws[0]))]) if draws and draws[0] else 0
+    return DivergenceError(
+        f"{kernel_name}: chain {chain} diverged at iteration {iteration} "
+        f"({phase}): {where} with step size {step_size:.3g}. Use a smaller "
+        f"step_size (e.g. {base_step_size / 10:.3g}) or a schedule that decays it. "
+        f"The {num_draws} draw(s) made by this chain before it are kept in the exception's "
+        "`.samples` (finished chains in `.completed_chains`).",
+        site=site,
+        iteration=iteration,
+        chain=chain,
+        step_size=step_size,
+        samples=(draws[chain] if vectorized else draws[0]) if draws else {},
+        completed_chains=list(completed_chains) + [d for c, d in enumerate(draws) if vectorized and c != chain],
+    )
+
+
+__all__ = ["divergence_error"]

@@ -1,0 +1,260 @@
+r"""The stochastic-gradient loop shared by SGLD, SGD, EntropySGLD and their relatives.
+
+:class:`StochasticGradientKernel` makes one (or a few) gradient evaluations of the minibatch
+potential per iteration and applies the subclass's :meth:`~StochasticGradientKernel.update`
+(SGLD: :math:`z \leftarrow z - \alpha\nabla\tilde U(z) + \sqrt{2\alpha T}\,\xi`). The loop
+handles schedules (cyclical ones included), thinning inside the kernel, the preconditioner's
+warm-up, the compiled iteration (``jit_compile``) and divergences (:func:`step_blow_up`, reported by
+:func:`~pyro_flat.kernels.divergence.divergence_error`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict, Optional, Tuple, Union
+
+import torch
+from pyro.infer.autoguide.initialization import init_to_sample
+
+from ..schedules import Schedule, as_schedule
+from ..targets import Params
+from ..validation import check_positive
+from .base import TargetKernel
+from .compiled_step import CompiledSteps
+from .divergence import divergence_error
+from .integrators import Transition, langevin_step
+from .preconditioning import DEFAULT_STEP_SIZE, Preconditioner
+
+
+def inf_norm(params: Params) -> float:
+    """The largest absolute coordinate of a state (NaN if it holds one), with one host sync."""
+    return float(torch.stack(torch._foreach_norm(list(params.values()), math.inf)).amax())
+
+
+def step_blow_up(energy: torch.Tensor, new_params: Params, norm_before: float,
+                 max_growth: Optional[float]) -> Tuple[Optional[str], float]:
+    """``(why the step is a divergence or None, the new state's largest |coordinate|)``; one host sync.
+
+    A divergence is either a NaN/inf energy or state, or a finite blow-up: the largest absolute
+    coordinate of the state growing more than ``max_growth`` times in one iteration,
+    :math:`\\|\\theta_{k+1}\\|_\\infty > g \\max(1, \\|\\theta_k\\|_\\infty)`
+    (``None`` turns that part off); ``norm_before`` is :math:`\\|\\theta_k\\|_\\infty`, the previous
+    step's second value. The largest absolute value of each tensor (an inf-norm, which keeps NaN)
+    is finite exactly when the tensor is: unlike a sum, it cannot overflow while every entry is finite.
+    """
+    norms = torch.stack(torch._foreach_norm([energy.reshape(-1), *new_params.values()], math.inf))
+    energy_norm, norm_after = torch.stack([norms[0], norms[1:].amax()]).tolist()
+    if not (math.isfinite(energy_norm) and math.isfinite(norm_after)):
+        return "non-finite", norm_after
+    if max_growth is not None and norm_after > max_growth * max(1.0, norm_before):
+        return "growth", norm_after
+    return None, norm_after
+
+
+class StochasticGradientKernel(TargetKernel):
+    """Base class: one gradient of the (minibatch) potential per iteration.
+
+    Subclasses implement :meth:`update` ``(params, grads, step_size, temperature)``, the rule at
+    this iteration's step size and temperature (0 in a cyclical schedule's exploration phase), and
+    may override :meth:`transition` (it returns a :class:`Transition`; the statistics of the
+    target's evaluation at the current state become per-draw statistics) and :meth:`build_target`
+    (what is sampled).
+
+    :param step_size: base step :math:`\\alpha > 0`.
+    :param temperature: :math:`T > 0`; the target is :math:`\\propto \\exp(-U/T)`.
+    :param schedule: ``None``, a positive float or a callable ``k -> factor`` (see
+        :mod:`pyro_flat.schedules`); the step at iteration ``k`` is ``step_size * schedule(k)``.
+    :param preconditioner: ``None``, ``"diagonal"``, ``"dense"`` or a fixed tensor: the metric
+        :math:`M^{-1}` of :mod:`~pyro_flat.kernels.preconditioning`, estimated from the
+        full-data curvature during warm-up and frozen for sampling. With one, ``step_size`` is in
+        the metric's units (default :data:`~pyro_flat.kernels.preconditioning.DEFAULT_STEP_SIZE`);
+        without one it is required.
+
+    ``model``, ``potential_fn``, ``init_strategy``, ``record_draws`` and ``jit_compile`` are those
+    of :class:`TargetKernel`. A step is a divergence when the energy or the state becomes NaN/inf,
+    or when the state's largest absolute coordinate grows more than :attr:`max_growth` (1e4) times
+    in one iteration (from at least 1): Stan calls an energy error of 1,000 a divergence, and a
+    Langevin step has no energy error to measure, so a jump by four orders of magnitude is the rule
+    here. A divergence raises :class:`~pyro_flat.DivergenceError` and keeps the draws made before
+    it. ``diagnostics()`` gives Pyro's divergence list (always empty: a divergence stops the chain) and the per-draw ``sample_stats``: ``step_size`` (the step that
+    produced the draw), ``potential_energy`` (the minibatch estimate of U at the draw) and the
+    target's own statistics, and ``grad_evals``: the gradient evaluations of the potential each
+    chain has used up to that draw, warm-up included (a preconditioner's Hessian-vector products
+    count two each) (:attr:`num_grad_evals` is the running count),
+    so that samplers with different costs per iteration compare per gradient evaluation.
+    """
+
+    allow_zero_temperature = False
+    #: a step whose state's largest absolute coordinate grows more than this many times (from at
+    #: least 1) is a divergence, like a NaN; ``None`` checks only for NaN/inf (see :func:`step_blow_up`)
+    max_growth: Optional[float] = 1e4
+
+    def __init__(
+        self,
+        model: Optional[Callable] = None,
+        *,
+        potential_fn: Optional[Callable[[Params], torch.Tensor]] = None,
+        step_size: Optional[float] = None,
+        temperature: float = 1.0,
+        schedule: Union[None, float, Schedule] = None,
+        preconditioner: Union[None, str, torch.Tensor] = None,
+        init_strategy: Callable = init_to_sample,
+        record_draws: bool = True,
+        jit_compile: Union[bool, str] = False,
+    ):
+        super().__init__(model, potential_fn=potential_fn, init_strategy=init_strategy,
+                         record_draws=record_draws, jit_compile=jit_compile)
+        self.preconditioner = None if preconditioner is None else Preconditioner(preconditioner)
+        if step_size is None and self.preconditioner is None:
+            raise ValueError(f"{type(self).__name__} needs step_size= (try a value such that step_size "
+                             "* (largest curvature) < 1), or preconditioner='dense'/'diagonal', whose "
+                             f"step size defaults to {DEFAULT_STEP_SIZE}.")
+        self.step_size = check_positive(
+            "step_size", DEFAULT_STEP_SIZE if step_size is None else step_size,
+            hint="Try a value such that step_size * (largest curvature) < 1, or 0.05-0.3 with a "
+                 "preconditioner."
+        )
+        if self.allow_zero_temperature and temperature == 0:
+            self.temperature = 0.0
+        else:
+            self.temperature = check_positive("temperature", temperature)
+        self.schedule = as_schedule(schedule)
+
+    #: gradient evaluations of the potential per iteration (per chain)
+    grads_per_iteration = 1
+
+    supports_thinning = True
+
+    def _compile_target(self, params: Params) -> None:
+        """``jit_compile``: the whole iteration as one graph, built once a step size repeats."""
+        if self._steps is not None:  # an earlier chain's graphs: keep what they cost
+            self._compile_seconds += self._steps.compile_seconds
+        self._steps = CompiledSteps(self, self.jit_backend)
+
+    @property
+    def compile_seconds(self) -> float:
+        return self._compile_seconds + (0.0 if self._steps is None else self._steps.compile_seconds)
+
+    @property
+    def is_compiled(self) -> bool:
+        """Whether the last iteration ran through a compiled graph."""
+        return self._steps is not None and self._steps.last_compiled
+
+    def _transition(self, params: Params, step_size: float, temperature: float) -> Transition:
+        steps = self._steps
+        adapting = (self.preconditioner is not None and self.preconditioner.adaptive
+                    and self._iteration < self._warmup_steps)  # the metric changes: stay eager
+        out = None if steps is None or adapting else steps(params, step_size, temperature)
+        return self.transition(params, step_size, temperature) if out is None else out
+
+    def after_setup(self, params: Params) -> None:
+        if self.preconditioner is not None:  # a Hessian-vector product costs about two gradients
+            self.num_grad_evals += 2 * self.preconditioner.setup(
+                self.target, params, num_chains=self.num_chains, warmup_steps=self._warmup_steps)
+
+    def langevin(self, params: Params, grads: Params, step_size: float, temperature: float) -> Params:
+        """The shared Langevin step, preconditioned when the kernel has a preconditioner."""
+        if self.preconditioner is None:
+            return langevin_step(params, grads, step_size, temperature)
+        return self.preconditioner.step(params, grads, step_size, temperature)
+
+    def sample(self, params: Params) -> Params:
+        """One warm-up iteration, or after warm-up :attr:`steps_per_draw` sampling-phase iterations
+        of which the last is the draw (thinning inside the kernel: the others are never stored).
+
+        With a cyclical schedule (one with ``is_sampling(k)``, e.g.
+        :class:`~pyro_flat.schedules.cyclical_cosine`) the iterations of each cycle's exploration
+        phase are optimisation steps (no injected noise) and make no draw: after warm-up one call
+        runs through them to the next sampling-phase iterations (cSGMCMC, Zhang et al. 2020).
+        """
+        sampling = self._iteration >= self._warmup_steps
+        needed, j = (self.steps_per_draw if sampling else 1), 0
+        while needed:
+            k = self._iteration
+            if self.preconditioner is not None and not sampling:
+                self.num_grad_evals += 2 * self.preconditioner.adapt(k, params)
+            explore = not self.in_sampling_phase(k)
+            temperature = 0.0 if explore else self.temperature  # exploration: optimisation steps
+            step_size = self.step_size * self._schedule_factor(k)
+            new_params, energy, grads, target_stats = self._transition(params, step_size, temperature)
+            self.num_grad_evals += self.grads_per_iteration
+            # the state's norm: the previous step's result, computed only for a state it did not make
+            before = self._state_norm if params is self._normed_state else inf_norm(params)
+            problem, self._state_norm = step_blow_up(energy, new_params, before, self.max_growth)
+            self._normed_state = new_params
+            if problem is not None:
+                self._raise_divergence(params, grads, new_params, energy, step_size, problem)
+            self._iteration += 1
+            state_stats = {"potential_energy": energy, **target_stats}
+            if j == 0 and k > self._warmup_steps:
+                # `params` is the draw returned by the previous call: its statistics are known
+                # now, at no extra cost (they come with this step's potential evaluation).
+                self._record_state(state_stats)
+            self._last_stats = {"step_size": step_size, **state_stats}
+            params = new_params
+            j += 1
+            if not (sampling and explore):  # exploration iterations make no draw
+                needed -= 1
+        if sampling:
+            self._stats["step_size"].append(self._last_stats["step_size"])  # one for all chains
+            self._stats["grad_evals"].append(self.num_grad_evals)
+            self._record_draw(params)
+        return params
+
+    def _schedule_factor(self, k: int) -> float:
+        """``schedule(k)``, refused unless it is a positive finite number (a step of 0 freezes the
+        chain; a negative or NaN one is no step)."""
+        factor = self.schedule(k)
+        try:
+            value = float(factor)
+        except (TypeError, ValueError):
+            value = float("nan")
+        if isinstance(factor, (bool, str, bytes)) or not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{type(self).__name__}: schedule({k}) returned {factor!r}; a schedule must give a "
+                             "positive finite factor of step_size at every iteration k.")
+        return value
+
+    def in_sampling_phase(self, iteration: int) -> bool:
+        """Whether ``iteration`` injects noise and may make a draw: always, unless the schedule
+        has an ``is_sampling`` (a cyclical schedule's exploration phase says no)."""
+        is_sampling = getattr(self.schedule, "is_sampling", None)
+        return True if is_sampling is None else bool(is_sampling(iteration))
+
+    def transition(self, params: Params, step_size: float, temperature: float) -> Transition:
+        """One iteration at this step's size and temperature (0 in a cyclical schedule's
+        exploration phase): the new state, and the energy, gradient and target statistics at ``params``."""
+        energy, grads, stats = self.target.evaluate(params)
+        return Transition(self.update(params, grads, step_size, temperature), energy, grads, stats)
+
+    def logging(self) -> Dict[str, str]:
+        return {"step size": f"{self._last_stats.get('step_size', self.step_size):.2e}"}
+
+    def _complete_stats(self) -> None:
+        if self._last_draw is not None and len(self._stats["potential_energy"]) < len(
+            self._stats["step_size"]
+        ):
+            energy, _, stats = self.target.evaluate(self._last_draw)
+            self._record_state({"potential_energy": energy, **stats})
+
+    def _reset_chain_state(self, warmup_steps: int) -> None:
+        super()._reset_chain_state(warmup_steps)
+        self.num_grad_evals = 0  # per chain, warm-up included
+        self._state_norm, self._normed_state = math.nan, None  # the last step's ‖θ‖∞ and its state
+
+    def _record_state(self, state_stats: dict) -> None:
+        for name, value in state_stats.items():
+            self._stats[name].append(value)
+
+    def update(self, params: Params, grads: Params, step_size: float, temperature: float) -> Params:
+        raise NotImplementedError
+
+    def _raise_divergence(self, params, grads, new_params, energy, step_size, problem="non-finite") -> None:
+        draws = self._stack_draws(self._draws) if self._draws else []
+        raise divergence_error(
+            type(self).__name__, problem, params=params, grads=grads, new_params=new_params, energy=energy,
+            step_size=step_size, base_step_size=self.step_size, iteration=self._iteration,
+            warming_up=self._iteration < self._warmup_steps, chain=self._chain, num_chains=self.num_chains,
+            max_growth=self.max_growth, draws=draws, completed_chains=self._completed_draws)
+
+
+__all__ = ["StochasticGradientKernel", "Transition", "inf_norm", "step_blow_up"]

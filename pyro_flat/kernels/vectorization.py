@@ -1,0 +1,53 @@
+r"""Can a target run ``C`` chains at once? The probe behind ``chain_method="auto"``.
+
+:class:`pyro_flat.MCMC` vectorizes chains only when the model broadcasts over a leading chain
+dimension. :func:`vectorization_error` decides it from two targets it is given, one chain's and
+``C`` chains', built by the kernel: the batched energies of the first chains (on one fixed
+minibatch) must equal the energies of the same points evaluated one by one.
+
+The points are the batched start, each chain moved by its own random offset, so that chains
+differ and every twin differs from its site even where the run starts with equal chains and
+:math:`\theta_a = \theta` (a term that mixes chains, or the coupling, is zero there and would go
+unseen). The offsets come from a private generator: the probe leaves the global random stream alone.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ..targets import Params, Target
+
+#: chains compared one by one (the others only have to come out in the right shape)
+CHAINS_COMPARED = 2
+
+
+def vectorization_error(single: Target, batched: Target, start: Params) -> Optional[str]:
+    """``None`` if ``batched`` (``C`` chains) gives each chain the energy ``single`` gives it alone,
+    else why not; ``start`` is ``batched``'s initial point ``{site: (C, ...)}``."""
+    num_chains = batched.num_chains
+    generator = torch.Generator().manual_seed(0)  # leaves the global random stream alone
+    moved = {k: v + 0.1 * (1 + v.abs()) * torch.randn(v.shape, generator=generator).to(v)
+             for k, v in start.items()}
+    fixed = batched.fixed_batch()
+
+    def alone(points: Params, c: int) -> float:
+        return float(single.evaluate({k: v[c] for k, v in points.items()}, fixed).energy)
+
+    for c in range(min(num_chains, CHAINS_COMPARED)):
+        # the moved point, unless it leaves the potential's domain (then the start)
+        energy, points = alone(moved, c), moved
+        if not math.isfinite(energy):
+            energy, points = alone(start, c), start
+        energies = batched.evaluate(points, fixed).energy
+        if energies.shape != (num_chains,):
+            return f"the potential returned shape {tuple(energies.shape)}, not ({num_chains},)"
+        together = float(energies[c])
+        if not math.isclose(together, energy, rel_tol=1e-4, abs_tol=1e-4):
+            return f"chain {c}'s energy is {together:.6g} evaluated with the others but {energy:.6g} alone"
+    return None
+
+
+__all__ = ["vectorization_error"]

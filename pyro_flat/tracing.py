@@ -1,0 +1,99 @@
+"""Graph tools shared by the compiled targets and the compiled kernel steps (``jit_compile``).
+
+A trace records a computation over flat tensors into one ``torch.fx`` graph. Tracing a Pyro model
+needs value checks off (:func:`tracing_context`); a traced graph is accepted only if it agrees
+with the eager computation (:func:`mismatch`); inductor then fuses it (:func:`compile_graph`).
+Nothing here knows a target or a kernel: :mod:`pyro_flat.targets.compiled` and
+:mod:`pyro_flat.kernels.compiled_step` both build on it.
+
+>>> import torch
+>>> mismatch([("the energy", torch.tensor([1.0]), torch.tensor([1.0 + 1e-6]))]) is None
+True
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterable, Optional, Tuple
+
+import pyro
+import torch
+
+#: how far a traced graph's outputs may differ from the eager ones (relative, float32)
+TOLERANCE = 1e-4
+
+
+@contextmanager
+def tracing_context():
+    """What a trace needs: Pyro's argument checks off, and the support checks of distributions built
+    with validation on (a ``PyroSample`` prior made at import) off too. Both branch on values; the
+    eager setup has run them already."""
+    original = torch.distributions.Distribution._validate_sample
+    torch.distributions.Distribution._validate_sample = lambda self, value: None
+    try:
+        with pyro.validation_enabled(False):
+            yield
+    finally:
+        torch.distributions.Distribution._validate_sample = original
+
+
+def first_line(err: Exception) -> str:
+    return (str(err).splitlines() or [""])[0].rstrip(".")
+
+
+def untraceable_reason(err: Exception) -> str:
+    """Why a trace failed, in words that say what to change."""
+    if "_local_scalar_dense" in str(err) or "data-dependent" in str(err):
+        return ("tracing failed: the model reads a tensor's value in Python (an `if` on data or parameters, "
+                ".item(), float(...)), which a trace cannot record; write the branch with torch.where to "
+                "compile it")
+    return f"tracing failed: {type(err).__name__}: {first_line(err)}"
+
+
+def mismatch(pairs: Iterable[Tuple[str, torch.Tensor, torch.Tensor]]) -> Optional[str]:
+    """``None`` if every ``(what, eager, traced)`` pair agrees (same shape, same non-finite entries,
+    within :data:`TOLERANCE` relative), else what differs and the likely cause."""
+    for what, want, got in pairs:
+        if want.shape != got.shape:
+            return f"the traced graph gives {what} of shape {tuple(got.shape)}, the eager run {tuple(want.shape)}"
+        if want.numel() == 0:
+            continue
+        scale = max(1.0, float(want.abs().max()))
+        if not torch.equal(torch.isfinite(want), torch.isfinite(got)) or float(
+                (want - got).nan_to_num().abs().max()) > TOLERANCE * scale:
+            return (f"the traced graph gives {what} {float(got.reshape(-1)[0]):.6g} where the eager run gives "
+                    f"{float(want.reshape(-1)[0]):.6g}: the model's Python control flow depends on values (an "
+                    "`if` on data or parameters, or Python state), which a trace records only one way")
+    return None
+
+
+def compile_graph(graph, inputs: list, backend: str):
+    """``graph`` (a traced ``GraphModule`` over flat tensors) as it runs: itself (``"fx"``) or built by
+    inductor directly, without dynamo's per-call guards, keeping ATen's random operations
+    (``fallback_random``: inductor's own generator is slower on the CPU and changes the stream)."""
+    if backend == "fx":
+        return graph
+    from torch._inductor import config
+
+    devices = [x.device for x in inputs if x.device.type == "cuda"]
+    with torch.random.fork_rng(devices=devices), config.patch(fallback_random=True):
+        compiled = torch._inductor.compile(graph, [x.contiguous() for x in inputs])
+    # the build assumes its inputs' strides: a view (EntropyHMC's blocks of one flat vector) is copied
+    return lambda *xs: compiled(*(x.contiguous() for x in xs))
+
+
+def trace_graph(fn, inputs: list):
+    """``fn`` over the flat tensors ``inputs`` as a ``GraphModule`` (``make_fx`` under
+    :func:`tracing_context`, dead code removed). ``make_fx`` tells inputs apart by identity: pass a
+    distinct tensor for each input."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with tracing_context():
+        graph = make_fx(fn)(*inputs)
+    graph.graph.eliminate_dead_code()
+    graph.recompile()
+    return graph
+
+
+__all__ = ["TOLERANCE", "tracing_context", "first_line", "untraceable_reason", "mismatch", "compile_graph",
+           "trace_graph"]
