@@ -53,7 +53,7 @@ from pyro.infer.mcmc.logger import DIAGNOSTIC_MSG, ProgressBar, initialize_logge
 from pyro.util import optional
 
 from .targets import Params
-from .validation import check_nonnegative_int, check_positive_int, check_tensor
+from .validation import check_nonnegative_int, check_positive_int, check_tensor, check_thinning
 
 CHAIN_METHODS = ("auto", "vectorized", "sequential", "parallel")
 
@@ -131,11 +131,7 @@ class MCMC(pyro.infer.MCMC):
                 f"chain_method='vectorized' needs a pyro-flat kernel; {type(kernel).__name__} "
                 "cannot batch chains. Use chain_method='sequential'."
             )
-        if thinning > 1 and not getattr(kernel, "supports_thinning", False):
-            raise ValueError(
-                f"thinning={thinning} needs a pyro-flat stochastic-gradient kernel (SGLD, EntropySGLD, "
-                f"...); {type(kernel).__name__} makes one iteration per draw. Use thinning=1 and "
-                "slice the draws afterwards: mcmc.get_samples(group_by_chain=True)[name][:, ::k].")
+        check_thinning(kernel, thinning)
         if initial_params is not None:
             _check_initial_params(initial_params, num_chains)
         self.thinning = thinning

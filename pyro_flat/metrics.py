@@ -14,7 +14,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional
 
 import numpy as np
 import torch
@@ -152,5 +152,31 @@ def ood_auroc(probs_in: torch.Tensor, probs_out: torch.Tensor) -> float:
     return auroc(predictive_entropy(probs_out), predictive_entropy(probs_in))
 
 
+def running_bma(probs: torch.Tensor, y: torch.Tensor, *, warmup: int = 0, thin: int = 1,
+                num_points: int = 50, cost: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
+    """Accuracy and NLL of the Bayesian model average of the first k draws (pooled over chains),
+    each with its standard error over the test points.
+
+    ``probs`` (probabilities of class 1) has shape ``(chain, draw, n)``; returns arrays over
+    ``num_points`` values of k, with ``iteration = warmup + k * thin`` and ``x`` = ``cost[k - 1]``
+    (e.g. gradient evaluations per chain up to draw k) or the iteration without ``cost``.
+    """
+    num_draws, n = probs.shape[1], probs.shape[-1]
+    ks = np.unique(np.linspace(1, num_draws, min(num_points, num_draws)).astype(int))
+    running = probs.double().cumsum(1).mean(0)  # (draw, n): chain-pooled partial sums
+    out = {"accuracy": [], "accuracy_se": [], "nll": [], "nll_se": []}
+    for k in ks:
+        p = (running[k - 1] / k).clamp(1e-12, 1 - 1e-12)
+        acc = accuracy(p, y)
+        point_nll = -torch.where(y > 0.5, p.log(), (1 - p).log())
+        out["accuracy"].append(acc)
+        out["accuracy_se"].append(float(np.sqrt(acc * (1 - acc) / n)))
+        out["nll"].append(float(point_nll.mean()))
+        out["nll_se"].append(float(point_nll.std() / np.sqrt(n)))
+    iteration = warmup + ks * thin
+    x = iteration if cost is None else np.asarray(cost)[ks - 1]
+    return {"iteration": iteration, "x": x, **{k: np.array(v) for k, v in out.items()}}
+
+
 __all__ = ["accuracy", "nll", "brier", "ece", "classification_metrics", "predictive_entropy", "auroc",
-           "ood_auroc"]
+           "ood_auroc", "running_bma"]

@@ -90,6 +90,18 @@ def check_positive_int(name: str, value, *, minimum: int = 1, hint: str = "") ->
     return _check_int(name, value, minimum, what, hint)
 
 
+def check_thinning(kernel, thinning: int) -> int:
+    """``thinning`` if ``kernel`` can keep every ``thinning``-th iteration (a kernel with
+    ``supports_thinning``, or ``thinning == 1``), else a ``ValueError`` that says what to do."""
+    thinning = check_positive_int("thinning", thinning)
+    if thinning > 1 and not getattr(kernel, "supports_thinning", False):
+        raise ValueError(
+            f"thinning={thinning} needs a pyro-flat stochastic-gradient kernel (SGLD, EntropySGLD, "
+            f"...); {type(kernel).__name__} makes one iteration per draw. Use thinning=1 and "
+            "slice the draws afterwards: mcmc.get_samples(group_by_chain=True)[name][:, ::k].")
+    return thinning
+
+
 def check_nonnegative_int(name: str, value, *, hint: str = "") -> int:
     """``int(value)`` if it is an integer ``>= 0``, else a ``ValueError`` naming ``name``."""
     return _check_int(name, value, 0, "a non-negative integer", hint)

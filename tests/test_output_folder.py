@@ -12,7 +12,7 @@ from pathlib import Path
 import arviz as az
 import pytest
 
-from pyro_flat.experiments import mnist79, output, paths, synthetic2d
+from pyro_flat.experiments import mnist79, output, paths, plots, synthetic2d
 from pyro_flat.experiments.cli import main
 from pyro_flat.experiments.output import MARKER, remove_stale_staging, staged_output
 
@@ -202,13 +202,13 @@ def test_ctrl_c_while_the_files_are_written_waits_for_them(tmp_path, monkeypatch
     """The draws are made: a Ctrl-C during the figures must not throw them away."""
     out = tmp_path / "run"
     earlier_run(out)
-    trace = mnist79._trace_figure
+    trace = plots.plot_trace_panels
 
-    def interrupted_trace(*args):
+    def interrupted_trace(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the files are written
-        return trace(*args)
+        return trace(*args, **kwargs)
 
-    monkeypatch.setattr(mnist79, "_trace_figure", interrupted_trace)
+    monkeypatch.setattr(plots, "plot_trace_panels", interrupted_trace)
     assert main(["mnist79", *SMALL, "--baseline", "none", "--out", str(out)]) == 130
     for name in FILES:
         assert not (out / name).read_bytes().startswith(b"earlier"), name

@@ -3,7 +3,8 @@
 import pandas as pd
 import torch
 
-from pyro_flat.experiments.mnist79 import compare_with_reference, convergence_verdict
+from pyro_flat.diagnostics import convergence_verdict
+from pyro_flat.experiments.mnist79 import compare_with_reference
 
 
 def _table(rows):

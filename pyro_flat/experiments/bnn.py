@@ -192,17 +192,13 @@ def _run_bnn_study(config: BNNConfig, out, log: Callable[[str], None]) -> dict:
     report["findings"] = findings(report)
     for text in report["findings"]:
         log(text)
-    import matplotlib.pyplot as plt
-
-    from .plots import plot_bma_by_ensemble_size
+    from .plots import plot_bma_by_ensemble_size, save_figures
 
     hold_signals()  # the study is done: a Ctrl-C from here waits until the files are written
 
-    for fig, name in ((_flatness_figure(curves, densities, n_train), "flatness.png"),
-                      (plot_bma_by_ensemble_size(ensembles, len(data.X_test)), "bma_vs_models.png"),
-                      (toy["figure"], "toy.png")):
-        fig.savefig(out / name, dpi=110)
-        plt.close(fig)
+    save_figures({"flatness.png": _flatness_figure(curves, densities, n_train),
+                  "bma_vs_models.png": plot_bma_by_ensemble_size(ensembles, len(data.X_test)),
+                  "toy.png": toy["figure"]}, out)
     (out / "report.json").write_text(json.dumps(report, indent=2, default=float))
     (out / "report.md").write_text(_report_markdown(report))
     return report

@@ -24,18 +24,16 @@ import pyro
 
 from .. import metrics
 from ..datasets import load_mnist79, pixel_index
-from ..diagnostics import (MAX_R_HAT, MIN_ESS, convergence_verdict, diagnostics_table, guidance_correlation,
-                           mcmc_sample_stats)
+from ..diagnostics import MAX_R_HAT, convergence_verdict, diagnostics_table, guidance_correlation, mcmc_sample_stats
 from ..kernels import EntropyHMC, kernel_class, make_kernel
 from ..mcmc import MCMC
 from ..models import logistic_probs, logistic_regression
 from .configs import MNIST79Config
+from .mnist79_report import metric_text, metrics_text, reference_worth, report_markdown, schedule_text
 from .output import Terminated, hold_signals, study_output
 
 #: The pixel shown in the trace and rank plots: the image's centre.
 CENTRE_PIXEL = pixel_index(14, 14)
-#: ArviZ ``coords`` selecting it in θ and θa
-CENTRE_COORDS = {"w_dim_0": [CENTRE_PIXEL], "w_aux_dim_0": [CENTRE_PIXEL]}
 
 
 def make_study_kernel(name: str, config: "MNIST79Config", model: Callable):
@@ -52,28 +50,6 @@ def make_study_kernel(name: str, config: "MNIST79Config", model: Callable):
 def is_full_batch(name: str) -> bool:
     """Whether the sampler needs the full-batch potential (the study then ignores --batch-size)."""
     return kernel_class(name) is EntropyHMC
-
-
-def metric_text(config: "MNIST79Config") -> str:
-    """What EntropySGLD's preconditioned metric is and what it does to θ's dynamics."""
-    if config.preconditioner == "none":
-        return "no preconditioner: plain Entropy-MCMC steps, θ pulled toward θa"
-    m = config.coupling_metric
-    if m == "joint":
-        return ("joint metric (the exact inverse Hessian of the joint): θ moves as preconditioned SGLD on f and "
-                "ignores θa, so θ's chain is the SGLD baseline's; only θa's marginal is Entropy-MCMC's")
-    if m == "block":
-        return ("block-Jacobi metric: θ pulled toward θa as in Entropy-MCMC; θ and θa move together slowly "
-                "along the flattest directions")
-    return (f"κ-mixed joint metric, κ = {m:g} (the exact joint metric with its cross-covariance scaled by κ): θ "
-            f"pulled toward θa as in Entropy-MCMC, with the exact metric's mixing nearly kept")
-
-
-def schedule_text(config: "MNIST79Config") -> str:
-    """``(500 warm-up + 10000 iterations, every 5th kept: 2000 draws per chain)``."""
-    every = "every iteration kept" if config.thin == 1 else f"every {config.thin}th kept"
-    return (f"({config.warmup} warm-up + {config.num_samples} iterations, {every}: "
-            f"{config.num_samples // config.thin} draws per chain)")
 
 
 @dataclass
@@ -125,32 +101,6 @@ def run_sampler(name: str, config: MNIST79Config, X: torch.Tensor, y: torch.Tens
     return SamplerRun(name, mcmc.get_samples(group_by_chain=True), mcmc_sample_stats(mcmc), seconds)
 
 
-def running_bma(probs: torch.Tensor, y: torch.Tensor, *, warmup: int = 0, thin: int = 1,
-                num_points: int = 50, cost: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
-    """Accuracy and NLL of the Bayesian model average of the first k draws (pooled over chains),
-    each with its standard error over the test points.
-
-    ``probs`` (probabilities of class 1) has shape ``(chain, draw, n)``; returns arrays over
-    ``num_points`` values of k, with ``iteration = warmup + k * thin`` and ``x`` = ``cost[k - 1]``
-    (e.g. gradient evaluations per chain up to draw k) or the iteration without ``cost``.
-    """
-    num_draws, n = probs.shape[1], probs.shape[-1]
-    ks = np.unique(np.linspace(1, num_draws, min(num_points, num_draws)).astype(int))
-    running = probs.double().cumsum(1).mean(0)  # (draw, n): chain-pooled partial sums
-    out = {"accuracy": [], "accuracy_se": [], "nll": [], "nll_se": []}
-    for k in ks:
-        p = (running[k - 1] / k).clamp(1e-12, 1 - 1e-12)
-        acc = metrics.accuracy(p, y)
-        point_nll = -torch.where(y > 0.5, p.log(), (1 - p).log())
-        out["accuracy"].append(acc)
-        out["accuracy_se"].append(float(np.sqrt(acc * (1 - acc) / n)))
-        out["nll"].append(float(point_nll.mean()))
-        out["nll_se"].append(float(point_nll.std() / np.sqrt(n)))
-    iteration = warmup + ks * thin
-    x = iteration if cost is None else np.asarray(cost)[ks - 1]
-    return {"iteration": iteration, "x": x, **{k: np.array(v) for k, v in out.items()}}
-
-
 def _gradient_cost(run: SamplerRun, warmup: int) -> Optional[np.ndarray]:
     """Gradient evaluations per chain up to each kept draw, warm-up included: the kernels' own count
     (``grad_evals``, a preconditioner's Hessian-vector products at two), or for EntropyHMC the
@@ -176,7 +126,7 @@ def evaluate(run: SamplerRun, X_test: torch.Tensor, y_test: torch.Tensor, *, war
         per_use["both"] = torch.cat([per_use["theta"], per_use["aux"]], dim=0)
     final = {u: metrics.classification_metrics(p.mean((0, 1)), y_test) for u, p in per_use.items()}
     cost = _gradient_cost(run, warmup)
-    curves = {u: running_bma(p, y_test, warmup=warmup, thin=thin, cost=cost) for u, p in per_use.items()}
+    curves = {u: metrics.running_bma(p, y_test, warmup=warmup, thin=thin, cost=cost) for u, p in per_use.items()}
     reliability = {u: metrics.reliability_curve(p.mean((0, 1)), y_test, n_bins=10, binning="mass")
                    for u, p in per_use.items()}
     return final, curves, reliability
@@ -224,55 +174,6 @@ def compare_with_reference(samples: Dict[str, torch.Tensor], reference: Dict[str
     return out
 
 
-def _trace_figure(idata, var_names, config: MNIST79Config):
-    import arviz as az
-    import matplotlib.pyplot as plt
-
-    chains = int(idata.posterior.sizes["chain"])
-    colours = [f"C{c}" for c in range(chains)]
-    axes = np.atleast_2d(az.plot_trace(idata, var_names=var_names, coords=CENTRE_COORDS, compact=False,
-                                       chain_prop={"color": colours, "linestyle": ["-"] * chains},
-                                       figsize=(12, 2.2 * len(var_names))))
-    for row, name in zip(axes, var_names):
-        label = f"{name}[{CENTRE_PIXEL}]" if name.startswith("w") else name
-        row[0].set(xlabel=f"value of {label}", ylabel="density", title=label)
-        row[1].set(xlabel=f"kept draw (every {config.thin}th iteration after warm-up)", ylabel=label, title=label)
-        for ax in row:
-            if ax.get_legend() is not None:
-                ax.get_legend().remove()
-    fig = axes.flat[0].figure
-    handles = [plt.Line2D([], [], color=colour, lw=1.5, label=f"chain {c}") for c, colour in enumerate(colours)]
-    fig.legend(handles=handles, loc="upper right", ncol=chains, fontsize=8, frameon=False)
-    fig.suptitle(f"{config.sampler}: bias b and the centre pixel's weight w[{CENTRE_PIXEL}], θ and θa; "
-                 "one colour per chain", x=0.02, ha="left")
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
-    return fig
-
-
-def _rank_figure(idata, var_names, config: MNIST79Config):
-    import arviz as az
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, (len(var_names) + 1) // 2, figsize=(10, 7), squeeze=False)
-    az.plot_rank(idata, var_names=var_names, coords=CENTRE_COORDS, ax=axes.flat[: len(var_names)])
-    for ax, name in zip(axes.flat, var_names):
-        label = f"{name}[{CENTRE_PIXEL}]" if name.startswith("w") else name
-        ax.set(title=label, xlabel="rank of the draw among all chains", ylabel="chain")
-    for ax in list(axes.flat)[len(var_names):]:
-        ax.remove()
-    fig.suptitle(f"{config.sampler}: rank plots (uniform bars in every chain: the chains agree)")
-    fig.tight_layout()
-    return fig
-
-
-def _save(fig, path: Path) -> str:
-    import matplotlib.pyplot as plt
-
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path.name
-
-
 def run_mnist79(config: MNIST79Config, *, log: Callable[[str], None] = print) -> dict:
     """Run the MNIST 7-vs-9 study and write its files to ``config.out``; returns the report dict.
 
@@ -306,7 +207,8 @@ class _NothingDrawn(Exception):
 
 def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None]) -> dict:
     from ..diagnostics import to_arviz
-    from .plots import plot_bma_curves, plot_reliability, plot_weight_comparison
+    from .plots import (plot_bma_curves, plot_rank_panels, plot_reliability, plot_trace_panels,
+                        plot_weight_comparison, save_figures)
 
     X, y = load_mnist79(config.data_dir, split="train")
     X_test, y_test = load_mnist79(config.data_dir, split="test")
@@ -383,130 +285,28 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None]) -
     files["summary"] = "summary.csv"
     table.to_csv(out / files["summary"])
     n_test = len(X_test)
-    files["bma_curves"] = _save(plot_bma_curves(
-        curves, title=f"MNIST 7 vs 9: running Bayesian model average on {n_test} test images",
-        xlabel="gradient evaluations per chain (warm-up included)"), out / "bma_vs_iterations.png")
-    files["reliability"] = _save(plot_reliability(
-        reliability, title=f"reliability of the BMA\n({n_test} test images, 10 bins of equal count)"),
-        out / "reliability.png")
-    files["trace"] = _save(_trace_figure(idata, var_names, config), out / "trace.png")
-    files["rank"] = _save(_rank_figure(idata, var_names, config), out / "rank.png")
+    figures = {
+        "bma_curves": ("bma_vs_iterations.png", plot_bma_curves(
+            curves, title=f"MNIST 7 vs 9: running Bayesian model average on {n_test} test images",
+            xlabel="gradient evaluations per chain (warm-up included)")),
+        "reliability": ("reliability.png", plot_reliability(
+            reliability, title=f"reliability of the BMA\n({n_test} test images, 10 bins of equal count)")),
+        "trace": ("trace.png", plot_trace_panels(idata, var_names, sampler=config.sampler, thin=config.thin,
+                                                 pixel=CENTRE_PIXEL)),
+        "rank": ("rank.png", plot_rank_panels(idata, var_names, sampler=config.sampler, pixel=CENTRE_PIXEL)),
+    }
     if main.has_aux:
         w, w_aux = (main.samples[k].reshape(-1, 784) for k in ("w", "w_aux"))
-        files["weights"] = _save(plot_weight_comparison(w, w_aux, pixel=CENTRE_PIXEL), out / "weights.png")
+        figures["weights"] = ("weights.png", plot_weight_comparison(w, w_aux, pixel=CENTRE_PIXEL))
+    save_figures(dict(figures.values()), out, dpi=100)
+    files.update({key: name for key, (name, _) in figures.items()})
     report["convergence"] = ("not part of this job: `python benchmarks/bench_convergence.py` runs the "
                              "many-chain W2 check against the bound and the sampler comparison "
                              "(`pyro_flat.check_convergence`)")
     files["report"] = "report.md"
     (out / "report.json").write_text(json.dumps(report, indent=2))
-    (out / "report.md").write_text(_report_markdown(report, config))
-    log(_metrics_text(report))
+    (out / "report.md").write_text(report_markdown(report, config))
+    log(metrics_text(report))
     return report
 
 
-def _metrics_text(report: dict) -> str:
-    lines = []
-    for name, per_use in report.get("bma", {}).items():
-        for use, m in per_use.items():
-            lines.append(f"  BMA {name:>12} over {use:>5}: accuracy {m['accuracy']:.4f}, NLL {m['nll']:.4f}, "
-                         f"ECE {m['ece']:.4f}, Brier {m['brier']:.4f}")
-    for name, groups in report.get("diagnostics", {}).items():
-        for group, d in groups.items():
-            lines.append(f"  {name:>12} {group}: max R-hat {d['max_r_hat']:.4f}, min ESS bulk "
-                         f"{d['min_ess_bulk']:.0f}, min ESS tail {d['min_ess_tail']:.0f}")
-        lines.append(f"  {name:>12}: {report['verdict'][name]['text']}")
-    for name, per_block in report.get("against_reference", {}).items():
-        for block, c in per_block.items():
-            lines.append(f"  {name:>12} {block} against {report['config']['reference']}: " + _comparison_text(c))
-    if "reference_worth" in report:
-        lines.append("  " + report["reference_worth"].replace("**", ""))
-    return "\n".join(lines)
-
-
-def reference_worth(report: dict) -> str:
-    """What the comparison with the reference is worth, from the reference's own convergence."""
-    ref = report["config"]["reference"]
-    verdict, groups = report["verdict"][ref], report["diagnostics"][ref]
-    ess = min(d["min_ess_bulk"] for d in groups.values())
-    error = f"its means carry a Monte Carlo error of about {1 / ess ** 0.5:.3f} sd at the worst coordinate (1/√ESS)"
-    if verdict["converged"]:
-        return f"The reference converged by the same rule; {error}."
-    above = sum(d["above_r_hat"] for d in groups.values())
-    total = sum(d["coordinates"] for d in groups.values())
-    return (f"**The reference did not converge by the same rule** ({above} of {total} coordinates have R-hat "
-            f"above {MAX_R_HAT}; min bulk ESS {ess:.0f}): {error}, and its chains disagree in those coordinates, "
-            "so differences of that size, and the worst coordinates, are within the reference's own error.")
-
-
-def _comparison_text(c: dict) -> str:
-    return (f"|Δmean|/sd median {c['median_abs_mean_diff']:.3f} (worst {c['max_abs_mean_diff']:.2f}), "
-            f"sd ratio median {c['median_sd_ratio']:.3f} (range {c['min_sd_ratio']:.2f}-{c['max_sd_ratio']:.2f})")
-
-
-def _report_markdown(report: dict, config: MNIST79Config) -> str:
-    files = report["files"]
-    md = [f"# MNIST 7 vs 9: {config.sampler}", ""]
-    if report["interrupted"]:
-        kept = ", ".join(f"{name} {n}" for name, n in report["draws_per_chain"].items())
-        md += [f"**The run was interrupted** ({report['interrupted_by']}): the files hold the draws made before it "
-               f"stopped, per chain: {kept} (of the schedule below).", ""]
-    md += [f"Bayesian logistic regression (784 weights + bias, prior N(0, {config.prior_scale}²)) on "
-           f"{report['data']['n_train']} training images from {report['data']['source']}; "
-           f"test metrics on {report['data']['n_test']} images.",
-           f"Sampler `{config.sampler}` (η = {config.eta}, step size {config.step_size}, preconditioner "
-           f"{config.preconditioner}, minibatch {report['batch_size_used']}), {config.chains} chain(s) × "
-           f"{schedule_text(config)}, "
-           f"seed {config.seed}. Seconds: "
-           + ", ".join(f"{k} {v}" for k, v in report["seconds"].items()) + ".", ""]
-    if report.get("guidance"):
-        md += ["## Does θ follow θa?", "",
-               f"Metric of `{config.sampler}`: {metric_text(config)}. Per pixel, the correlation between θ's next "
-               "move (from one kept draw to the next) and the gap θa − θ; averaged over pixels, with the share of "
-               "pixels where it is positive. If θ ignored θa it would be 0 (about ± the null sd per pixel).", "",
-               "| sampler | mean correlation | positive in | null sd per pixel |", "|---|---|---|---|"]
-        md += [f"| {name} | {g['mean']:+.4f} | {g['positive_share']:.0%} | {g['null_sd']:.4f} |"
-               for name, g in report["guidance"].items()]
-        md += [""]
-    md += [
-           "## Bayesian model average on the test set", "",
-           "| sampler | draws | accuracy | NLL | ECE | Brier |", "|---|---|---|---|---|---|"]
-    for name, per_use in report["bma"].items():
-        for use, m in per_use.items():
-            md.append(f"| {name} | {use} | {m['accuracy']:.4f} | {m['nll']:.4f} | {m['ece']:.4f} | {m['brier']:.4f} |")
-    md += ["", f"The test set has {report['data']['n_test']} images: one image is "
-           f"{1 / report['data']['n_test']:.3f} of accuracy, and the bands of the running curves are ±1 "
-           "standard error over the test points. Their x axis counts gradient evaluations per chain: "
-           f"EntropyHMC's and the preconditioner's Hessian-vector products (two each) are on all "
-           f"{report['data']['n_train']} training images, the stochastic-gradient steps' on minibatches of "
-           f"{report['batch_size_used']}.", "",
-           f"![running BMA]({files['bma_curves']})", "", f"![reliability diagram]({files['reliability']})", "",
-           "## Convergence diagnostics (ArviZ)", "",
-           f"Verdict by ArviZ's thresholds (rank-normalised split R-hat ≤ {MAX_R_HAT}, bulk and tail ESS ≥ "
-           f"{MIN_ESS} for every coordinate; Vehtari et al. 2021):", ""]
-    for name, v in report["verdict"].items():
-        md.append(f"- **{name}**: {v['text']}")
-    md += ["", f"| sampler | variables | max R-hat | coordinates with R-hat > {MAX_R_HAT} | min ESS bulk | "
-           "median ESS bulk | min ESS tail |", "|---|---|---|---|---|---|---|"]
-    for name, groups in report["diagnostics"].items():
-        for group, d in groups.items():
-            md.append(f"| {name} | {group} | {d['max_r_hat']:.4f} | {d['above_r_hat']} of {d['coordinates']} | "
-                      f"{d['min_ess_bulk']:.0f} | {d['median_ess_bulk']:.0f} | {d['min_ess_tail']:.0f} |")
-    md += ["", "R-hat and ESS are ArviZ's, unrounded (`az.summary` rounds R-hat to two decimals)."]
-    if "against_reference" in report:
-        ref = report["config"]["reference"]
-        md += ["", f"## Against the exact reference ({ref})", "",
-               f"Per coordinate, the difference of the means in units of the reference's sd and the ratio "
-               f"of the sds, against {ref}'s draws. " + reference_worth(report), "",
-               "| sampler | variables | median abs(Δmean)/sd | worst | median sd ratio | sd ratio range |",
-               "|---|---|---|---|---|---|"]
-        for name, per_block in report["against_reference"].items():
-            for block, c in per_block.items():
-                md.append(f"| {name} | {block} | {c['median_abs_mean_diff']:.3f} | {c['max_abs_mean_diff']:.2f} | "
-                          f"{c['median_sd_ratio']:.3f} | {c['min_sd_ratio']:.2f}-{c['max_sd_ratio']:.2f} |")
-    md += ["", f"Every variable: [`{files['summary']}`]({files['summary']}). Draws (θ and θa, sample stats): "
-           f"`{files['samples']}` (`arviz.from_netcdf`).", "",
-           f"![trace]({files['trace']})", "", f"![rank]({files['rank']})", ""]
-    if "weights" in files:
-        md += ["## θ against θa", "", f"![weights]({files['weights']})", ""]
-    md += [f"Convergence against the Wasserstein bound: {report['convergence']}.", ""]
-    return "\n".join(md)

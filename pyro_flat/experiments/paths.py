@@ -296,7 +296,7 @@ def _write(report, profiles, staging: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from .plots import save_figures
 
     fig = flatness.plot_path_profiles(profiles)
     for ax in fig.axes:
@@ -305,10 +305,7 @@ def _write(report, profiles, staging: Path) -> None:
     fig.suptitle(f"between two minima of the MLP's training NLL per image ({report['n_train']} images); log scale",
                  fontsize=10)
     fig.tight_layout()
-    figures = {"paths.png": fig, "draws.png": plot_draws(report), "dynamics.png": plot_dynamics(report)}
-    for name, figure in figures.items():
-        figure.savefig(staging / name, dpi=110)
-        plt.close(figure)
+    save_figures({"paths.png": fig, "draws.png": plot_draws(report), "dynamics.png": plot_dynamics(report)}, staging)
     (staging / "report.json").write_text(json.dumps(report, indent=2))
     (staging / "report.md").write_text(_markdown(report))
 

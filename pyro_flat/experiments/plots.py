@@ -25,7 +25,7 @@ def plot_bma_curves(curves: Mapping[str, Mapping[str, np.ndarray]], *, title: st
     error over the test points (``accuracy_se``, ``nll_se`` when the curves have them).
 
     ``curves[label] = {"x": ..., "accuracy": ..., "nll": ...}`` (``"iteration"`` instead of ``"x"``
-    works too; see :func:`pyro_flat.experiments.mnist79.running_bma`).
+    works too; see :func:`pyro_flat.metrics.running_bma`).
     """
     plt = _plt()
     fig, (ax_acc, ax_nll) = plt.subplots(1, 2, figsize=(11, 4))
@@ -303,3 +303,63 @@ def plot_smoothed_landscape(mixture: SharpFlatMixture, etas: Sequence[float], et
     ax_mass.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     return fig
+
+
+def _at_pixel(var_names: Sequence[str], pixel: int) -> Dict[str, list]:
+    """ArviZ ``coords`` that show every weight vector among ``var_names`` at coordinate ``pixel``."""
+    return {f"{n}_dim_0": [pixel] for n in var_names if n.startswith("w")}
+
+
+def plot_trace_panels(idata, var_names: Sequence[str], *, sampler: str, thin: int, pixel: int):
+    """ArviZ trace plots of ``var_names`` (a weight vector shown at coordinate ``pixel``), one colour
+    per chain, with the axes labelled."""
+    import arviz as az
+    import matplotlib.pyplot as plt
+
+    chains = int(idata.posterior.sizes["chain"])
+    colours = [f"C{c}" for c in range(chains)]
+    axes = np.atleast_2d(az.plot_trace(idata, var_names=var_names, coords=_at_pixel(var_names, pixel), compact=False,
+                                       chain_prop={"color": colours, "linestyle": ["-"] * chains},
+                                       figsize=(12, 2.2 * len(var_names))))
+    for row, name in zip(axes, var_names):
+        label = f"{name}[{pixel}]" if name.startswith("w") else name
+        row[0].set(xlabel=f"value of {label}", ylabel="density", title=label)
+        row[1].set(xlabel=f"kept draw (every {thin}th iteration after warm-up)", ylabel=label, title=label)
+        for ax in row:
+            if ax.get_legend() is not None:
+                ax.get_legend().remove()
+    fig = axes.flat[0].figure
+    handles = [plt.Line2D([], [], color=colour, lw=1.5, label=f"chain {c}") for c, colour in enumerate(colours)]
+    fig.legend(handles=handles, loc="upper right", ncol=chains, fontsize=8, frameon=False)
+    fig.suptitle(f"{sampler}: bias b and the centre pixel's weight w[{pixel}], θ and θa; "
+                 "one colour per chain", x=0.02, ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    return fig
+
+
+def plot_rank_panels(idata, var_names: Sequence[str], *, sampler: str, pixel: int):
+    """ArviZ rank plots of ``var_names`` (a weight vector shown at coordinate ``pixel``)."""
+    import arviz as az
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, (len(var_names) + 1) // 2, figsize=(10, 7), squeeze=False)
+    az.plot_rank(idata, var_names=var_names, coords=_at_pixel(var_names, pixel), ax=axes.flat[: len(var_names)])
+    for ax, name in zip(axes.flat, var_names):
+        label = f"{name}[{pixel}]" if name.startswith("w") else name
+        ax.set(title=label, xlabel="rank of the draw among all chains", ylabel="chain")
+    for ax in list(axes.flat)[len(var_names):]:
+        ax.remove()
+    fig.suptitle(f"{sampler}: rank plots (uniform bars in every chain: the chains agree)")
+    fig.tight_layout()
+    return fig
+
+
+def save_figures(figures: Mapping[str, object], folder, *, dpi: int = 110) -> Dict[str, str]:
+    """Write each ``{file name: figure}`` into ``folder`` and close it; returns ``{name: name}``."""
+    from pathlib import Path
+
+    plt = _plt()
+    for name, fig in figures.items():
+        fig.savefig(Path(folder) / name, dpi=dpi)
+        plt.close(fig)
+    return {name: name for name in figures}

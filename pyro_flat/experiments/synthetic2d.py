@@ -162,7 +162,8 @@ def run_synthetic2d(config: Synthetic2DConfig, *, log: Callable[[str], None] = p
             by_step = flat_path.double().mean(1).tolist()
             saddle_share = float(stuck[-1].double().mean())
             law, exact_share = _stationary_law(mixture, sampler, site, exact)
-            ridge.append({"label": label, "sampler": sampler.name, "variable": site, "share": share, "se": se,
+            ridge.append({"label": label, "sampler": sampler.name, "settings": dict(sampler.settings),
+                          "variable": site, "share": share, "se": se,
                           "chains": config.num_chains, "early_step": marks[early], "early_share": by_step[early],
                           "at_saddle": saddle_share, "at_saddle_by_step": stuck.double().mean(1).tolist(),
                           "law": law, "exact": exact_share, "share_by_step": by_step})
@@ -192,24 +193,29 @@ def _share_text(row: dict) -> str:
     return f"{row['share']:.3f} ± {row['se']:.3f}"
 
 
+def find_row(ridge: List[dict], sampler: str, variable: str = "theta", **settings) -> Optional[dict]:
+    """The row of ``sampler``'s ``variable`` run with ``settings`` (e.g. ``eta=0.5``), or ``None``."""
+    return next((r for r in ridge if r["sampler"] == sampler and r["variable"] == variable
+                 and all(r["settings"].get(k) == v for k, v in settings.items())), None)
+
+
 def findings(ridge: List[dict], exact: dict, config: Synthetic2DConfig) -> List[str]:
     """Sentences that state what the numbers show (computed from them, for the report and console)."""
-    by_label = {r["label"]: r for r in ridge}
-    sgld = by_label["SGLD θ"]
+    sgld = find_row(ridge, "sgld")
     landscape = exact["smoothed"]["0.0"]
     lines = [f"From the saddle, {_share_text(sgld)} of SGLD's chains are in the flat basin after "
              f"{config.num_steps} steps ({sgld['early_share']:.3f} at step {sgld['early_step']}), against "
              f"{exact['posterior_flat_basin']:.3f} at stationarity: the barrier out of the sharp basin is "
              f"{landscape['barrier_out_of_sharp']:.1f} (in units of the temperature), so a chain keeps the basin "
              "it falls into in its first steps."]
-    sgd = by_label.get("SGD θ")
+    sgd = find_row(ridge, "sgd")
     if sgd is not None and sgd["at_saddle"] > 0.5:
         lines.append(f"SGD has no noise and the gradient vanishes at the saddle: {sgd['at_saddle']:.0%} of its "
                      f"chains are still there after {config.num_steps} steps, in neither basin (counted apart: "
                      f"{sgd['share']:.3f} in the flat basin). From the segment between the modes (line.png) it "
                      "ends in the basin it starts in.")
     for eta in config.etas:
-        theta, aux = by_label[f"EntropySGLD θ (η = {eta:g})"], by_label[f"EntropySGLD θa (η = {eta:g})"]
+        theta, aux = (find_row(ridge, "entropy-sgld", site, eta=eta) for site in ("theta", "theta_aux"))
         smoothed = exact["smoothed"][str(float(eta))]
         lines.append(
             f"η = {eta:g}: EntropySGLD θ is in the flat basin in {_share_text(theta)} of chains against SGLD's "
@@ -257,8 +263,6 @@ def run_synthetic2d_study(config: Synthetic2DConfig, *, log: Callable[[str], Non
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from . import plots
 
     config.validate()
@@ -273,9 +277,7 @@ def run_synthetic2d_study(config: Synthetic2DConfig, *, log: Callable[[str], Non
             "line.png": plots.plot_line_shares(report["line"], config.line_steps),
             "landscape.png": plots.plot_smoothed_landscape(mixture, config.etas, LANDSCAPE_ETAS, report["exact"]),
         }
-        for name, fig in figures.items():
-            fig.savefig(staging / name, dpi=110)
-            plt.close(fig)
+        plots.save_figures(figures, staging)
         (staging / "report.md").write_text(report_markdown(report))
         (staging / "report.json").write_text(json.dumps(report, indent=2))
     log(f"wrote {Path(config.out).expanduser()}: report.md, report.json, {', '.join(figures)}")

@@ -25,7 +25,7 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from ..targets import (CallablePotential, CoupledPotential, InitialShapeError, ModelPotential, Params, Target,
                        compile_target)
-from ..validation import check_nonnegative_int, check_positive_int
+from ..validation import check_nonnegative_int, check_positive_int, check_thinning
 from .recording import DrawRecording
 from .vectorization import vectorization_error
 
@@ -97,13 +97,7 @@ class TargetKernel(DrawRecording, MCMCKernel):
         """
         if num_chains is not None:
             num_chains = check_positive_int("num_chains", num_chains)
-        steps_per_draw = check_positive_int("steps_per_draw", steps_per_draw)
-        if steps_per_draw > 1 and not self.supports_thinning:
-            raise ValueError(
-                f"thinning={steps_per_draw} needs a pyro-flat stochastic-gradient kernel (SGLD, "
-                f"EntropySGLD, ...); {type(self).__name__} makes one iteration per draw. Use "
-                "thinning=1 and slice the draws afterwards: "
-                "mcmc.get_samples(group_by_chain=True)[name][:, ::k].")
+        steps_per_draw = check_thinning(self, check_positive_int("steps_per_draw", steps_per_draw))
         self.num_chains = num_chains
         self.steps_per_draw = steps_per_draw
         self._num_setups = 0

@@ -11,7 +11,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..validation import check_eta, check_number, check_positive
+from ..validation import check_eta, check_number, check_positive, check_positive_int
 from .integrators import Transition, langevin_step
 from .stochastic_gradient import StochasticGradientKernel
 from ..targets import Params
@@ -100,9 +100,8 @@ class LocalEntropySGLD(StochasticGradientKernel):
         super().__init__(model, potential_fn=potential_fn, step_size=step_size,
                          temperature=temperature, schedule=schedule, **kwargs)
         self.eta = check_eta(eta)
-        if isinstance(num_inner_steps, bool) or not isinstance(num_inner_steps, int) or num_inner_steps < 1:
-            raise ValueError(f"num_inner_steps must be an integer >= 1, got {num_inner_steps!r}.")
-        self.num_inner_steps = num_inner_steps
+        self.num_inner_steps = check_positive_int("num_inner_steps", num_inner_steps,
+                                                  hint="It is the length of the inner SGLD chain (Chaudhari et al. use 20).")
         self.inner_step_size = (self.step_size if inner_step_size is None else
                                 check_positive("inner_step_size", inner_step_size,
                                                hint="It must keep the inner chain stable: "
