@@ -13,7 +13,8 @@ import pyro.distributions as dist
 from pyro.infer import SVI, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 from pyro_flat import SABMA_ELBO, SAM_ELBO, transfer_model
-from pyro_flat.flatness.paths import curvature_along_path, minimum_energy_path, projected_dynamics, straight_path
+from pyro_flat.flatness.path_dynamics import projected_dynamics
+from pyro_flat.flatness.paths import curvature_along_path, minimum_energy_path, straight_path
 
 BOWL = lambda x: (x ** 2).sum()  # noqa: E731
 X = torch.tensor([1.0, 0.0])

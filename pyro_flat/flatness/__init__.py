@@ -38,10 +38,9 @@ from .paths import (
     curvature_along_path,
     minimum_energy_path,
     plot_path_profiles,
-    PathDynamics,
-    projected_dynamics,
     straight_path,
 )
+from .path_dynamics import PathDynamics, projected_dynamics
 from .samples import flatness_at_samples
 from .spectrum import (
     SpectralDensity,

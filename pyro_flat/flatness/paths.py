@@ -20,8 +20,8 @@ what Di Carlo et al. (and Draxler et al.) used on networks.
 :func:`curvature_along_path` measures the top Hessian eigenvalue (Lanczos) and the trace
 (Hutchinson, with its standard error) at every image, for a path or a straight line
 (:func:`straight_path`), so both profiles share one figure (:func:`plot_path_profiles`).
-:func:`projected_dynamics` runs SGD or SGLD started on a path and reads the weights off as a
-position along it, to watch noise drive them back toward the ends where the curvature is low.
+:func:`~pyro_flat.flatness.path_dynamics.projected_dynamics` (its own module) runs SGD or SGLD
+started on a path and reads the weights off as a position along it.
 
 >>> import torch
 >>> double_well = lambda x: (x[0] ** 2 - 1) ** 2 + 2 * x[1] ** 2
@@ -33,7 +33,6 @@ position along it, to watch noise drive them back toward the ends where the curv
 
 from __future__ import annotations
 
-import math
 import numbers
 import warnings
 from dataclasses import dataclass
@@ -130,24 +129,24 @@ class EnergyPath:
         return ax
 
 
-def _positive(name: str, value, example: str) -> float:
+def check_positive_number(name: str, value, example: str) -> float:
     check_number(name, value, example)
     return check_positive(name, value)
 
 
-def _check_seed(seed) -> Optional[int]:
+def check_seed(seed) -> Optional[int]:
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
         raise TypeError(f"seed must be an integer or None, got {type(seed).__name__} seed={seed!r}.")
     return None if seed is None else int(seed)
 
 
-def _check_callable(name: str, fn) -> None:
+def check_callable(name: str, fn) -> None:
     if not callable(fn):
         raise TypeError(f"{name} must be a function of a (d,) tensor returning its gradient, got "
                         f"{type(fn).__name__} {name}={fn!r}.")
 
 
-def _checked_gradient(g, shape: torch.Size, what: str) -> torch.Tensor:
+def checked_gradient(g, shape: torch.Size, what: str) -> torch.Tensor:
     """``gradient_fn``'s value, refused unless it is a tensor of the input's ``shape``."""
     if not torch.is_tensor(g):
         raise TypeError(f"gradient_fn must return a tensor of shape {tuple(shape)} like its input {what}, "
@@ -158,7 +157,7 @@ def _checked_gradient(g, shape: torch.Size, what: str) -> torch.Tensor:
     return g
 
 
-def _check_path(path) -> None:
+def check_path(path) -> None:
     if not isinstance(path, EnergyPath):
         raise TypeError(f"path must be an EnergyPath (from minimum_energy_path or straight_path), got "
                         f"{type(path).__name__}.")
@@ -255,7 +254,7 @@ def _value_and_gradient(loss: FlatLoss, gradient_fn: Optional[GradientFn]):
         if gradient_fn is not None:
             with torch.no_grad():
                 value = loss(x)
-            return value.detach(), _checked_gradient(gradient_fn(x), x.shape, "(one image)")
+            return value.detach(), checked_gradient(gradient_fn(x), x.shape, "(one image)")
         x = x.detach().requires_grad_(True)
         value = loss.fn(x)
         return value.detach(), torch.autograd.grad(value, x)[0]
@@ -329,7 +328,7 @@ def minimum_energy_path(loss_fn: Union[FlatLoss, LossFn], start: torch.Tensor, e
     """
     loss = as_flat_loss(loss_fn, _start(start))
     end = _check_ends(loss, end, num_points)
-    spring, step_size, tol = (_positive(name, value, example) for name, value, example in
+    spring, step_size, tol = (check_positive_number(name, value, example) for name, value, example in
                               (("spring", spring, "1.0"), ("step_size", step_size, "1e-2"), ("tol", tol, "1e-3")))
     max_steps = check_positive_int("max_steps", max_steps, hint="It caps the relaxation steps, e.g. max_steps=2000.")
     insertion_rounds = check_nonnegative_int("insertion_rounds", insertion_rounds,
@@ -338,7 +337,7 @@ def minimum_energy_path(loss_fn: Union[FlatLoss, LossFn], start: torch.Tensor, e
         "max_points", max_points, minimum=num_points,
         hint=f"It caps the images AutoNEB may reach from num_points={num_points} (equal: none inserted).")
     if gradient_fn is not None:
-        _check_callable("gradient_fn", gradient_fn)
+        check_callable("gradient_fn", gradient_fn)
     source = ("gradient_fn returned it; make gradient_fn finite wherever the loss is" if gradient_fn is not None
               else "loss_fn is not differentiable there (e.g. sqrt or norm at 0); smooth it, or pass gradient_fn")
     evaluate = _value_and_gradient(loss, gradient_fn)
@@ -375,8 +374,8 @@ def curvature_along_path(loss_fn: Union[FlatLoss, LossFn], path: EnergyPath, *, 
 
     Returns ``{"arc_length", "position" (0 to 1), "loss", "top_eigenvalue", "trace", "trace_stderr"}``.
     """
-    _check_path(path)
-    tol, seed = _positive("tol", tol, "1e-3"), _check_seed(seed)
+    check_path(path)
+    tol, seed = check_positive_number("tol", tol, "1e-3"), check_seed(seed)
     loss = as_flat_loss(loss_fn, path.points[0])
     top, trace, stderr = [], [], []
     for point in path.points:
@@ -388,145 +387,6 @@ def curvature_along_path(loss_fn: Union[FlatLoss, LossFn], path: EnergyPath, *, 
     s = path.arc_length
     return {"arc_length": s, "position": s / s[-1], "loss": path.loss, "top_eigenvalue": np.array(top),
             "trace": np.array(trace), "trace_stderr": np.array(stderr)}
-
-
-@dataclass(frozen=True)
-class PathDynamics:
-    """Where dynamics started on a path went: at each recorded iteration ``steps`` ``(T,)``, the
-    ``position`` along the path (in [0, 1]) of the nearest path point to each chain, and the
-    ``distance`` from the path, both ``(T, C)``. ``diverged`` is True when a chain's weights became
-    non-finite (the record stops at the last finite state)."""
-
-    steps: np.ndarray
-    position: np.ndarray
-    distance: np.ndarray
-    step_size: float
-    temperature: float
-    diverged: bool = False
-
-    @property
-    def to_nearer_end(self) -> np.ndarray:
-        """Distance along the path (as a fraction of its length) to the nearer end, ``(T, C)``:
-        falling means drifting back toward an endpoint."""
-        return np.minimum(self.position, 1.0 - self.position)
-
-    def plot(self, ax=None, *, label: Optional[str] = None, color=None):
-        """The chains' positions against the iteration (thin lines) and their mean (thick)."""
-        import matplotlib.pyplot as plt
-
-        if ax is None:
-            _, ax = plt.subplots(figsize=(5, 3.2))
-        ax.plot(self.steps, self.position, color=color, alpha=0.25, lw=0.7)
-        ax.plot(self.steps, self.position.mean(axis=1), color=color, lw=2, label=label)
-        ax.set(xlabel="iteration", ylabel="position along the path (0: start, 1: end)", ylim=(-0.02, 1.02))
-        return ax
-
-
-def projected_dynamics(path: EnergyPath, gradient_fn: GradientFn, *, start: float, step_size: float,
-                       num_steps: int, temperature: float = 0.0, num_chains: int = 1,
-                       seed: Optional[int] = 0, constrained: bool = False, vectorized: bool = False,
-                       record_every: int = 1) -> PathDynamics:
-    r"""SGD (``temperature=0``) or SGLD started on a path, read off as a position along it
-    (Di Carlo et al.'s projected dynamics).
-
-    The chains start at the point ``start`` (a position in [0, 1]) of the piecewise-linear path
-    :math:`x(s)` and move in the full space,
-
-    .. math:: x \leftarrow x - \alpha\, g(x) + \sqrt{2\alpha T}\,\xi,
-
-    with ``gradient_fn`` giving :math:`g` (a minibatch gradient carries its own noise: pass one per
-    batch size to compare them). Each recorded state is projected on the path
-    (:meth:`EnergyPath.project`): noise that meets curvature rising away from the ends, across the
-    path, pushes the chains back toward the ends even where the loss along the path is flat, the
-    entropic force :math:`-\partial_s \tfrac{T}{2}\sum_i \log \lambda_i(s)`.
-
-    With ``constrained=True`` the state is the arc length :math:`s` itself and the chains move along
-    the path only, :math:`s \leftarrow s - \alpha\, g(x(s)) \cdot \tau(s) + \sqrt{2\alpha T}\,\xi`,
-    kept in :math:`[0, L]` (:math:`\tau` the direction of the segment): they feel the loss along the
-    path but no curvature across it.
-
-    :param vectorized: ``gradient_fn`` takes all chains at once, ``(C, d) -> (C, d)``; otherwise it
-        is called once per chain with ``(d,)``.
-    :param record_every: record every this many iterations (and the first and last).
-
-    >>> import torch
-    >>> line = straight_path(lambda x: (x ** 2).sum(), torch.tensor([-1.0]), torch.tensor([1.0]), num_points=5)
-    >>> run = projected_dynamics(line, lambda x: 2 * x, start=0.9, step_size=0.1, num_steps=50)
-    >>> round(float(run.position[-1, 0]), 3)    # SGD slides to the minimum in the middle
-    0.5
-    """
-    _check_path(path)
-    _check_callable("gradient_fn", gradient_fn)
-    if not 0.0 <= check_number("start", start, "0.5") <= 1.0:
-        raise ValueError(f"start is a position along the path in [0, 1], got {start!r}.")
-    if not (math.isfinite(check_number("temperature", temperature, "0.01")) and temperature >= 0):
-        raise ValueError(f"temperature must be a finite number >= 0 (0: SGD), got temperature={temperature!r}.")
-    start, step_size, temperature = float(start), _positive("step_size", step_size, "1e-2"), float(temperature)
-    num_steps, num_chains, record_every = (check_positive_int(name, value) for name, value in (
-        ("num_steps", num_steps), ("num_chains", num_chains), ("record_every", record_every)))
-    seed = _check_seed(seed)
-    points = path.points
-    generator = torch.Generator(device=points.device)
-    generator.manual_seed(torch.seed() if seed is None else seed)
-    noise_scale = math.sqrt(2 * step_size * temperature)
-    finite_gradient = [True]  # whether the last gradient was finite: says why a chain diverged
-
-    def gradients(x: torch.Tensor) -> torch.Tensor:
-        if vectorized:
-            g = _checked_gradient(gradient_fn(x), x.shape, "(all chains, vectorized=True)")
-        else:
-            g = torch.stack([_checked_gradient(gradient_fn(xi), xi.shape, "(one chain)") for xi in x])
-        finite_gradient[0] = torch.isfinite(g).all()  # read only if a chain diverges: no sync per step
-        return g.detach()
-
-    if constrained:
-        s_knots = torch.as_tensor(path.arc_length, dtype=points.dtype, device=points.device)
-        length = float(s_knots[-1])
-        directions = (points[1:] - points[:-1]) / (s_knots[1:] - s_knots[:-1])[:, None]
-        s = torch.full((num_chains,), start * length, dtype=points.dtype, device=points.device)
-
-        def advance():
-            nonlocal s
-            segment = torch.clamp(torch.searchsorted(s_knots, s, right=True) - 1, 0, len(directions) - 1)
-            x = points[segment] + (s - s_knots[segment])[:, None] * directions[segment]
-            drift = (gradients(x) * directions[segment]).sum(-1)
-            noise = torch.randn(num_chains, generator=generator, dtype=points.dtype, device=points.device)
-            s = torch.clamp(s - step_size * drift + noise_scale * noise, 0.0, length)
-            return torch.isfinite(s).all()
-
-        def record():
-            return (s / length).double().cpu().numpy(), np.zeros(num_chains)
-    else:
-        x = path.at(start).expand(num_chains, -1).clone()
-
-        def advance():
-            nonlocal x
-            x = x - step_size * gradients(x)
-            if noise_scale > 0:
-                x = x + noise_scale * torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
-            return torch.isfinite(x).all()
-
-        def record():
-            position, distance = path.project(x)
-            return position.cpu().numpy(), distance.cpu().numpy()
-
-    steps, positions, distances = [0], *([v] for v in record())
-    diverged = False
-    for k in range(1, num_steps + 1):
-        if not advance():
-            diverged = True
-            why, fix = (("non-finite weights", "Lower") if bool(finite_gradient[0]) else
-                        ("gradient_fn returned a non-finite gradient at finite weights", "Check gradient_fn, or lower"))
-            warnings.warn(f"projected_dynamics diverged at iteration {k} ({why}); the record stops "
-                          f"at iteration {steps[-1]}. {fix} step_size (now {step_size:g}).", RuntimeWarning,
-                          stacklevel=2)
-            break
-        if k % record_every == 0 or k == num_steps:
-            steps.append(k)
-            for store, value in zip((positions, distances), record()):
-                store.append(value)
-    return PathDynamics(np.array(steps), np.stack(positions), np.stack(distances), step_size, temperature,
-                        diverged)
 
 
 def plot_path_profiles(profiles: Mapping[str, Mapping[str, np.ndarray]]):
@@ -550,5 +410,5 @@ def plot_path_profiles(profiles: Mapping[str, Mapping[str, np.ndarray]]):
     return fig
 
 
-__all__ = ["EnergyPath", "PathDynamics", "minimum_energy_path", "straight_path", "curvature_along_path", "projected_dynamics",
+__all__ = ["EnergyPath", "minimum_energy_path", "straight_path", "curvature_along_path",
            "plot_path_profiles"]
