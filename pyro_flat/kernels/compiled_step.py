@@ -1,7 +1,7 @@
 r"""A stochastic-gradient kernel's whole iteration as one compiled graph (``jit_compile=True``).
 
 After setup a kernel knows its target's structure; :class:`CompiledSteps` then traces the
-kernel's own :meth:`~pyro_flat.kernels.base.StochasticGradientKernel.transition`: gradient,
+kernel's own :meth:`~pyro_flat.kernels.stochastic_gradient.StochasticGradientKernel.transition`: gradient,
 coupling, preconditioner, noise and update, for SGLD, EntropySGLD, SASGLD, FlatSGLD, the
 local-entropy kernels or a user's subclass alike, with ``make_fx`` (autograd's backward pass
 included), and hands the graph to ``torch.compile`` (inductor), which fuses it into generated

@@ -19,7 +19,7 @@ class SGLD(StochasticGradientKernel):
     minibatch scaled by :math:`N/B` (Pyro's ``pyro.plate(..., subsample_size=B)``; full batch
     without it). The chain targets :math:`\propto \exp(-U/T)` up to an :math:`O(\alpha)` bias.
 
-    See :class:`~pyro_flat.kernels.base.StochasticGradientKernel` for the arguments:
+    See :class:`~pyro_flat.kernels.stochastic_gradient.StochasticGradientKernel` for the arguments:
     ``preconditioner=`` makes it :math:`z - \alpha M^{-1}\widehat{\nabla U} + \sqrt{2\alpha T} L\xi`
     (:mod:`~pyro_flat.kernels.preconditioning`); a cyclical ``schedule`` (cSGMCMC) turns each
     cycle's exploration phase into noise-free steps that make no draw.
