@@ -57,12 +57,12 @@ def _non_finite(params: Params, grads: Params, new_params: Params, energy: torch
 def divergence_error(kernel_name: str, problem: str, *, params: Params, grads: Params, new_params: Params,
                      energy: torch.Tensor, step_size: float, base_step_size: float, iteration: int,
                      warming_up: bool, chain: int, num_chains: Optional[int], max_growth: Optional[float],
-                     draws: List[Dict[str, torch.Tensor]],
+                     num_draws: int, draws: List[Dict[str, torch.Tensor]],
                      completed_chains: List[Dict[str, torch.Tensor]]) -> DivergenceError:
     """The error for a step from ``params`` to ``new_params`` that diverged (``problem`` is
     ``"growth"`` or ``"non-finite"``). ``chain`` is the driver's chain index (one chain per setup);
     with ``num_chains`` vectorized chains the failing one is found. ``draws`` holds each current
-    chain's draws so far: the failing chain's go to ``.samples``, the others to ``.completed_chains``."""
+    chain's ``num_draws`` draws so far: the failing chain's go to ``.samples``, the others to ``.completed_chains``."""
     if problem == "growth":
         found, site, where = _growth(params, new_params, num_chains, max_growth)
     else:
@@ -71,7 +71,6 @@ def divergence_error(kernel_name: str, problem: str, *, params: Params, grads: P
         chain = found
     phase = "warm-up" if warming_up else "sampling"
     vectorized = num_chains is not None
-    num_draws = len(draws[0][next(iter(draws[0]))]) if draws and draws[0] else 0
     return DivergenceError(
         f"{kernel_name}: chain {chain} diverged at iteration {iteration} "
         f"({phase}): {where} with step size {step_size:.3g}. Use a smaller "

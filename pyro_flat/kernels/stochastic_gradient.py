@@ -254,7 +254,8 @@ class StochasticGradientKernel(TargetKernel):
             type(self).__name__, problem, params=params, grads=grads, new_params=new_params, energy=energy,
             step_size=step_size, base_step_size=self.step_size, iteration=self._iteration,
             warming_up=self._iteration < self._warmup_steps, chain=self._chain, num_chains=self.num_chains,
-            max_growth=self.max_growth, draws=draws, completed_chains=self._completed_draws)
+            max_growth=self.max_growth, num_draws=len(self._draws), draws=draws,
+            completed_chains=self._completed_draws)
 
 
 __all__ = ["StochasticGradientKernel", "Transition", "inf_norm", "step_blow_up"]

@@ -34,19 +34,20 @@ def vectorization_error(single: Target, batched: Target, start: Params) -> Optio
     fixed = batched.fixed_batch()
 
     def alone(points: Params, c: int) -> float:
-        return float(single.evaluate({k: v[c] for k, v in points.items()}, fixed).energy)
+        return float(single({k: v[c] for k, v in points.items()}, fixed))
 
-    for c in range(min(num_chains, CHAINS_COMPARED)):
-        # the moved point, unless it leaves the potential's domain (then the start)
-        energy, points = alone(moved, c), moved
-        if not math.isfinite(energy):
-            energy, points = alone(start, c), start
-        energies = batched.evaluate(points, fixed).energy
-        if energies.shape != (num_chains,):
-            return f"the potential returned shape {tuple(energies.shape)}, not ({num_chains},)"
-        together = float(energies[c])
-        if not math.isclose(together, energy, rel_tol=1e-4, abs_tol=1e-4):
-            return f"chain {c}'s energy is {together:.6g} evaluated with the others but {energy:.6g} alone"
+    with torch.no_grad():
+        for c in range(min(num_chains, CHAINS_COMPARED)):
+            # the moved point, unless it leaves the potential's domain (then the start)
+            energy, points = alone(moved, c), moved
+            if not math.isfinite(energy):
+                energy, points = alone(start, c), start
+            energies = batched(points, fixed)
+            if energies.shape != (num_chains,):
+                return f"the potential returned shape {tuple(energies.shape)}, not ({num_chains},)"
+            together = float(energies[c])
+            if not math.isclose(together, energy, rel_tol=1e-4, abs_tol=1e-4):
+                return f"chain {c}'s energy is {together:.6g} evaluated with the others but {energy:.6g} alone"
     return None
 
 

@@ -36,16 +36,16 @@ minibatches and returns the reason when they differ.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 import torch
 
 from ..tracing import compile_graph, first_line, mismatch, trace_graph, untraceable_reason
 from .layout import Params
-from .protocol import Evaluation
+from .protocol import Evaluation, TargetBase
 
 
-class CompiledTarget:
+class CompiledTarget(TargetBase):
     """A target whose :meth:`potential_and_grad` replays a traced graph; everything else (the
     sites, the initial point, the full-data potential, ``__call__``) is the eager target's."""
 
@@ -65,14 +65,9 @@ class CompiledTarget:
 
     def evaluate(self, params: Params, indices: Optional[Dict[str, torch.Tensor]] = None) -> Evaluation:
         if indices is None:
-            indices = self.target.draw_indices()
+            indices = self.draw_indices()
         outputs = self.graph(*(params[n] for n in self._names), *(indices[p] for p in self._plates))
         return Evaluation(outputs[-1], dict(zip(self._names, outputs[:-1])), {})
-
-    def potential_and_grad(self, params: Params, indices: Optional[Dict[str, torch.Tensor]] = None
-                           ) -> Tuple[torch.Tensor, Params]:
-        energy, grads, _ = self.evaluate(params, indices)
-        return energy, grads
 
 
 def _trace(target, params: Params, indices: Dict[str, torch.Tensor]):

@@ -17,14 +17,14 @@ are summed over each site's own dimensions only (docs/theory.md, section 1).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence
 
 import torch
 
 from .batching import Minibatches
 from .layout import Params
 from .potential import merge_overrides
-from .protocol import Evaluation
+from .protocol import Evaluation, TargetBase
 from .sites import SiteInfo
 
 
@@ -66,7 +66,7 @@ class Coupling:
         return list(self.pairs)
 
 
-class CoupledPotential:
+class CoupledPotential(TargetBase):
     r"""The Entropy-MCMC joint of a base target: :math:`U(z, z_a) = U_0(z) + \lVert z - z_a\rVert^2 / (2\eta)`.
 
     The coupling is added in closed form, gradient included
@@ -117,12 +117,6 @@ class CoupledPotential:
     def batches(self) -> Minibatches:
         return self.base.batches
 
-    def draw_indices(self) -> Dict[str, torch.Tensor]:
-        return self.base.draw_indices()
-
-    def fixed_batch(self) -> Dict[str, torch.Tensor]:
-        return self.base.fixed_batch()
-
     @property
     def transforms(self) -> Dict[str, torch.distributions.Transform]:
         return self.base.transforms  # twins are unconstrained: identity, omitted as Pyro does
@@ -146,18 +140,13 @@ class CoupledPotential:
         """The base's energy and gradient on the minibatch ``indices`` (a fresh one when ``None``),
         plus the coupling; the statistic ``coupling_distance`` is :math:`\\lVert\\theta - \\theta_a\\rVert`."""
         base_params = {k: v for k, v in params.items() if k not in self.pairs}
-        energy, grads = self.base.potential_and_grad(base_params, indices)
+        energy, grads, stats = self.base.evaluate(base_params, indices)
         names, auxes = self._names, self._auxes
         diffs = torch._foreach_sub([params[n] for n in names], [params[a] for a in auxes])
         terms = coupling(diffs, self.eta, batch_dims=0 if self.num_chains is None else 1)
         grads.update(zip(names, torch._foreach_add([grads[n] for n in names], terms.grad_theta)))
         grads.update(zip(auxes, torch._foreach_neg(terms.grad_theta)))
-        return Evaluation(energy + terms.energy, grads, {"coupling_distance": terms.distance})
-
-    def potential_and_grad(self, params: Params, indices: Optional[Dict[str, torch.Tensor]] = None
-                           ) -> Tuple[torch.Tensor, Params]:
-        energy, grads, _ = self.evaluate(params, indices)
-        return energy, grads
+        return Evaluation(energy + terms.energy, grads, {**stats, "coupling_distance": terms.distance})
 
 
 __all__ = ["coupling", "CouplingTerms", "Coupling", "CoupledPotential"]

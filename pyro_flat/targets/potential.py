@@ -21,7 +21,7 @@ from pyro.infer.autoguide.initialization import InitMessenger, init_to_sample
 from .batching import EpochBatcher, Minibatches
 from .layout import Params
 from .log_joint import LogJoint
-from .protocol import Evaluation
+from .protocol import Evaluation, TargetBase
 from .sites import SiteInfo, is_subsample_site, support_transform
 
 
@@ -89,33 +89,18 @@ def merge_overrides(params: Params, overrides: Optional[Params]) -> Params:
     return params
 
 
-class AutogradTarget:
+class AutogradTarget(TargetBase):
     """Targets whose gradient comes from one reverse pass through ``__call__(params, indices)``."""
 
     num_chains: Optional[int] = None  # vectorized chains: a leading (C,) dim on every tensor
     coupling = None  # not an Entropy-MCMC joint (see CoupledPotential)
     is_compiled = False  # the gradient comes from autograd (see CompiledTarget)
-    batches: Minibatches
 
     def evaluate(self, params: Params, indices: Optional[Dict[str, torch.Tensor]] = None) -> Evaluation:
         """Energy and gradient (no statistics); ``indices`` (from :meth:`draw_indices`) fixes the minibatch."""
         fn = self if indices is None else (lambda p: self(p, indices))
         energy, grads = potential_and_grad(fn, params, self.num_chains)
         return Evaluation(energy, grads, {})
-
-    def potential_and_grad(self, params: Params, indices: Optional[Dict[str, torch.Tensor]] = None
-                           ) -> Tuple[torch.Tensor, Params]:
-        """:meth:`evaluate`'s energy and gradient."""
-        energy, grads, _ = self.evaluate(params, indices)
-        return energy, grads
-
-    def draw_indices(self) -> Dict[str, torch.Tensor]:
-        """A fresh minibatch, to evaluate the potential twice on the same data."""
-        return self.batches.draw()
-
-    def fixed_batch(self) -> Dict[str, torch.Tensor]:
-        """The first minibatch of every subsampled plate (for deterministic comparisons)."""
-        return self.batches.fixed()
 
 
 class ModelPotential(AutogradTarget):

@@ -81,4 +81,28 @@ class Target(Protocol):
         """The first minibatch of every subsampled plate (for deterministic comparisons)."""
 
 
-__all__ = ["Target", "Evaluation"]
+class TargetBase:
+    """What every target derives from :meth:`evaluate` and :attr:`batches` alone:
+    :meth:`potential_and_grad`, :meth:`draw_indices` and :meth:`fixed_batch`."""
+
+    batches: Minibatches
+
+    def evaluate(self, params: Params, indices: Optional[Dict[str, torch.Tensor]] = None) -> Evaluation:
+        raise NotImplementedError
+
+    def potential_and_grad(self, params: Params, indices: Optional[Dict[str, torch.Tensor]] = None
+                           ) -> Tuple[torch.Tensor, Params]:
+        """:meth:`evaluate`'s energy and gradient."""
+        energy, grads, _ = self.evaluate(params, indices)
+        return energy, grads
+
+    def draw_indices(self) -> Dict[str, torch.Tensor]:
+        """A fresh minibatch, to evaluate the potential twice on the same data."""
+        return self.batches.draw()
+
+    def fixed_batch(self) -> Dict[str, torch.Tensor]:
+        """The first minibatch of every subsampled plate (for deterministic comparisons)."""
+        return self.batches.fixed()
+
+
+__all__ = ["Target", "TargetBase", "Evaluation"]
