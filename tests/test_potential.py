@@ -111,3 +111,7 @@ def test_every_target_keeps_the_written_contract():
     assert [t.coupling for t in (model_target, callable_target, compiled)] == [None] * 3
     assert coupled.coupling.eta == 0.5 and coupled.coupling.pairs == {"w_aux": "w", "s_aux": "s"}
     assert [t.is_compiled for t in (model_target, coupled, compiled)] == [False, False, True]
+    coupled_compiled, why_not = compile_target(CoupledPotential(ModelPotential(model, (X, Y)), 0.5),
+                                               coupled.initial_params(), backend="fx")
+    assert why_not is None and coupled_compiled.is_compiled  # a coupled target is compiled through its base
+    assert "coupling_distance" in coupled_compiled.evaluate(coupled.initial_params()).stats
