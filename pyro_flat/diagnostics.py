@@ -113,6 +113,48 @@ def guidance_correlation(theta, theta_aux) -> Dict[str, float]:
             "null_sd": float(1.0 / np.sqrt(len(move)))}
 
 
+def chain_correlation(draws, *, num_shifts: int = 40, seed: int = 0) -> Dict[str, float]:
+    r"""Are the chains independent? The correlation between two chains' increments,
+
+    .. math:: \bar r = \operatorname{mean}_{i<j,\ d}\ \operatorname{corr}_k\big(\Delta_{i,k,d},\ \Delta_{j,k,d}\big),
+              \qquad \Delta_{i,k} = x_{i,k+1} - x_{i,k},
+
+    averaged over chain pairs and coordinates (``mean``). Independent chains give 0; chains that
+    share their gradient noise (one minibatch for all vectorized chains) give a positive value.
+    ``null_sd`` is its sd under independence, measured rather than assumed (coordinates of one
+    posterior are correlated, so ``1/sqrt(draws x pairs x coordinates)`` would be too small): the
+    same statistic with each pair's second chain shifted circularly in time by a random lag
+    (``num_shifts`` times), which keeps every chain's own structure and breaks the pairing.
+    ``z = mean / null_sd``.
+
+    :param draws: ``(chain, draw, ...)`` draws of one site, at least 2 chains.
+
+    >>> import torch
+    >>> walks = torch.randn(4, 500, 3).cumsum(1)          # four independent random walks
+    >>> abs(chain_correlation(walks)["z"]) < 4
+    True
+    """
+    x = to_numpy(draws).astype(np.float64)
+    if x.ndim < 2 or x.shape[0] < 2 or x.shape[1] < 3:
+        raise ValueError(f"chain_correlation needs (chain, draw, ...) draws of at least 2 chains and 3 draws, "
+                         f"got shape {x.shape}.")
+    steps = np.diff(x.reshape(*x.shape[:2], -1), axis=1)
+    sd = steps.std(1, keepdims=True)
+    steps = (steps - steps.mean(1, keepdims=True)) / np.where(sd > 0, sd, 1.0)
+    chains, length = steps.shape[:2]
+    pairs = [(i, j) for i in range(chains) for j in range(i + 1, chains)]
+
+    def statistic(shifts) -> float:
+        return float(np.mean([(steps[i] * np.roll(steps[j], s, axis=0)).mean() for (i, j), s in zip(pairs, shifts)]))
+
+    rng = np.random.default_rng(seed)
+    low = max(1, length // 10)
+    null = [statistic(rng.integers(low, length - low + 1, len(pairs))) for _ in range(num_shifts)]
+    mean, null_sd = statistic([0] * len(pairs)), float(np.std(null))
+    return {"mean": mean, "null_sd": null_sd, "z": mean / null_sd if null_sd > 0 else float("nan"),
+            "pairs": len(pairs)}
+
+
 def _from_mcmc(mcmc) -> tuple[ArrayDict, ArrayDict]:
     if not hasattr(mcmc, "get_samples"):
         raise TypeError(f"to_arviz takes an MCMC object or a dict {{site: tensor}}, got {type(mcmc).__name__}.")

@@ -14,7 +14,13 @@ arguments, ``chain_method`` and ``thinning``. ``chain_method`` is one of:
 - ``"sequential"``/``"parallel"``: Pyro's behaviour (``"parallel"`` uses Pyro's worker processes
   when there are enough CPUs).
 
-Whatever ran is in ``mcmc.chain_method``. Samples, ``summary()``, ``diagnostics()`` and
+Whatever ran is in ``mcmc.chain_method``. Vectorized chains of a subsampled model draw their own
+minibatches (``minibatches="per_chain"``, the default): the plate's indices are ``(C, B)``, chain
+``c``'s in row ``c``, and a model that gathers its data as ``X[idx]`` evaluates all chains in one
+batched pass. Chains are then independent, as R-hat and ESS assume. ``minibatches="shared"``
+gives all chains the same minibatch at a step (the ``(B,)`` indices of one chain): cheaper for a
+model that cannot gather per chain, but the chains share their gradient noise and are correlated,
+so R-hat and ESS overstate convergence. Chains run by Pyro's driver always draw their own. Samples, ``summary()``, ``diagnostics()`` and
 :func:`pyro_flat.to_arviz` look exactly as after Pyro's own run: ``(chain, draw, ...)``.
 With ``pyro.set_rng_seed(s)`` before ``run`` a vectorized run is reproducible bit for bit.
 
@@ -52,7 +58,7 @@ from pyro import poutine
 from pyro.infer.mcmc.logger import DIAGNOSTIC_MSG, ProgressBar, initialize_logger
 from pyro.util import optional
 
-from .targets import Params
+from .targets import Params, check_minibatches
 from .validation import check_nonnegative_int, check_positive_int, check_tensor, check_thinning
 
 CHAIN_METHODS = ("auto", "vectorized", "sequential", "parallel")
@@ -105,6 +111,8 @@ class MCMC(pyro.infer.MCMC):
     :param chain_method: ``"auto"``, ``"vectorized"``, ``"sequential"`` or ``"parallel"``.
     :param thinning: keep every ``thinning``-th post-warm-up iteration (a pyro-flat
         stochastic-gradient kernel is needed for ``thinning > 1``).
+    :param minibatches: ``"per_chain"`` (default) or ``"shared"``: how vectorized chains of a
+        subsampled model draw minibatches (see the module docstring).
 
     The other arguments are ``pyro.infer.MCMC``'s. ``initial_params`` for ``num_chains > 1`` have
     a leading chain dimension, as in Pyro. ``run`` may be called again (with other data, say): with
@@ -113,7 +121,7 @@ class MCMC(pyro.infer.MCMC):
 
     def __init__(self, kernel, num_samples: int, warmup_steps: Optional[int] = None,
                  initial_params: Optional[Dict[str, torch.Tensor]] = None, num_chains: int = 1,
-                 chain_method: str = "auto", thinning: int = 1, **kwargs):
+                 chain_method: str = "auto", thinning: int = 1, minibatches: str = "per_chain", **kwargs):
         num_samples = check_positive_int("num_samples", num_samples,
                                          hint="It is the number of draws kept per chain.")
         if warmup_steps is not None:
@@ -122,6 +130,7 @@ class MCMC(pyro.infer.MCMC):
         if chain_method not in CHAIN_METHODS:
             raise ValueError(f"chain_method must be one of {CHAIN_METHODS}, got {chain_method!r}.")
         num_chains = check_positive_int("num_chains", num_chains)
+        self.minibatches = check_minibatches(minibatches)
         if thinning > 1 and num_samples < thinning:
             raise ValueError(f"num_samples={num_samples} keeps no draw with thinning={thinning}; "
                              "pass num_samples >= thinning.")
@@ -162,9 +171,23 @@ class MCMC(pyro.infer.MCMC):
     def run(self, *args, **kwargs) -> None:
         num_chains, method, initial_params, *_ = self._requested
         if self._try_vectorized:  # vectorization requested: can it be done with these data?
-            reason = self.kernel.vectorization_error(num_chains, args, kwargs, initial_params)
+            reason = self.kernel.vectorization_error(num_chains, args, kwargs, initial_params, self.minibatches)
             if reason is None:
                 return self._run_vectorized(num_chains, initial_params, args, kwargs)
+            if self.minibatches == "per_chain" and self.kernel.vectorization_error(
+                    num_chains, args, kwargs, initial_params, "shared") is None:
+                hint = (f"{num_chains} chains cannot draw their own minibatches: the model does not give chain c "
+                        f"the data of its own indices ({reason}). Gather the data with the plate's indices as "
+                        "X[idx] (not X.index_select(0, idx)) and write the likelihood so that (C, B, ...) data "
+                        "broadcast against (C, ...) parameters, or pass minibatches='shared' (one minibatch for "
+                        "all chains, which correlates them)")
+                if method == "vectorized":
+                    raise ValueError(f"chain_method='vectorized': {hint}.")
+                warnings.warn(f"{type(self.kernel).__name__}: running {num_chains} chains with Pyro's driver, "
+                              f"not vectorized: {hint}.", stacklevel=2)
+                self.chain_method = "sequential"
+                self._init_pyro(num_chains, initial_params)
+                return self._run_pyro(args, kwargs)
             if method == "vectorized":
                 raise ValueError(
                     f"chain_method='vectorized': the model does not broadcast over a leading chain "
@@ -180,6 +203,9 @@ class MCMC(pyro.infer.MCMC):
             )
             self.chain_method = "sequential"
             self._init_pyro(num_chains, initial_params)
+        return self._run_pyro(args, kwargs)
+
+    def _run_pyro(self, args: tuple, kwargs: dict) -> None:
         if hasattr(self.kernel, "configure"):  # one chain per setup; forget any earlier run
             self.kernel.configure(steps_per_draw=self.thinning)
         return super().run(*args, **kwargs)
@@ -196,7 +222,7 @@ class MCMC(pyro.infer.MCMC):
         """Pyro's sampling loop for one kernel that holds every chain; draws go straight into
         preallocated ``(chain, draw, ...)`` buffers."""
         kernel, warmup, num_samples = self.kernel, self.warmup_steps, self.num_samples
-        kernel.configure(num_chains=num_chains, steps_per_draw=self.thinning)
+        kernel.configure(num_chains=num_chains, steps_per_draw=self.thinning, minibatches=self.minibatches)
         if initial_params is not None:
             kernel.initial_params = initial_params
         self._args, self._kwargs = args, kwargs

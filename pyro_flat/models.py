@@ -35,7 +35,8 @@ def logistic_regression(X: torch.Tensor, y: Optional[torch.Tensor] = None, *,
 
     The weights live in a ``features`` plate, so the model broadcasts over a leading chain
     dimension (``w``: ``(C, d)``, ``b``: ``(C, 1)``) for vectorized chains and
-    ``Predictive(parallel=True)``.
+    ``Predictive(parallel=True)``; with per-chain minibatches the plate's indices are ``(C, B)``
+    and the gathered data ``(C, B, d)``, one minibatch per chain.
     """
     zero = X.new_zeros(())
     with pyro.plate("features", X.shape[1]):
@@ -44,9 +45,23 @@ def logistic_regression(X: torch.Tensor, y: Optional[torch.Tensor] = None, *,
     subsample = None if batch_size is None else min(batch_size, X.shape[0])
     with pyro.plate("data", X.shape[0], subsample_size=subsample) as idx:
         if subsample is not None and subsample < X.shape[0]:  # full batch: no copy of X
-            X, y = X.index_select(0, idx), None if y is None else y.index_select(0, idx)
-        logits = w @ X.T + b
+            X, y = take_rows(X, idx), None if y is None else take_rows(y, idx)
+        if X.dim() == 2:  # the same data for every chain
+            logits = w @ X.T + b
+        else:  # (C, B, d): each chain its own minibatch
+            logits = (X * w.unsqueeze(-2)).sum(-1) + b
         pyro.sample("y", dist.Bernoulli(logits=logits), obs=y)
+
+
+def take_rows(data: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``data[idx]`` along the first dimension for 1-D or ``(C, B)`` indices: shape
+    ``idx.shape + data.shape[1:]``. The same as ``data[idx]``, through ``index_select``, which is
+    several times faster than advanced indexing in eager torch.
+
+    >>> take_rows(torch.arange(10.0), torch.tensor([[0, 1], [8, 9]])).tolist()
+    [[0.0, 1.0], [8.0, 9.0]]
+    """
+    return data.index_select(0, idx.reshape(-1)).reshape(idx.shape + data.shape[1:])
 
 
 def logistic_probs(samples: Dict[str, torch.Tensor], X: torch.Tensor, *, suffix: str = "") -> torch.Tensor:
@@ -145,8 +160,8 @@ class BayesianMLP(PyroModule):
         weights = [(layer.weight, layer.bias) for layer in self.layers]  # drawn outside the plate
         subsample = None if batch_size is None or batch_size >= X.shape[0] else int(batch_size)
         with pyro.plate("data", X.shape[0], subsample_size=subsample) as idx:
-            if subsample is not None:
-                X, y = X.index_select(0, idx), None if y is None else y.index_select(0, idx)
+            if subsample is not None:  # (B,) indices, or (C, B) with per-chain minibatches
+                X, y = take_rows(X, idx), None if y is None else take_rows(y, idx)
             pyro.sample("y", dist.Categorical(logits=self.logits(X, weights)), obs=y)
 
 

@@ -37,7 +37,7 @@ def model(X, y, batch_size=10):
     s = pyro.sample("s", dist.LogNormal(torch.zeros((), dtype=X.dtype), 0.5))
     with pyro.plate("data", X.shape[0], subsample_size=batch_size, dim=-1) as idx:
         logits = (X.index_select(0, idx) * w.unsqueeze(-2)).sum(-1) * s
-        pyro.sample("y", dist.Bernoulli(logits=logits), obs=y.index_select(0, idx))
+        pyro.sample("y", dist.Bernoulli(logits=logits), obs=y[idx])
 
 
 def _quadratic(params):
@@ -51,7 +51,7 @@ def _cases() -> Dict[str, Callable]:
 
     def run(kernel, chains=1, warmup=10, samples=12, thinning=1, batch_size=10):
         mcmc = MCMC(kernel, num_samples=samples, warmup_steps=warmup, num_chains=chains, thinning=thinning,
-                    disable_progbar=True)
+                    disable_progbar=True, minibatches="shared")  # pinned before per-chain minibatches
         mcmc.run(*_data(), batch_size=batch_size)
         return mcmc
 

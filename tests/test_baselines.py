@@ -89,7 +89,7 @@ def test_a_wrong_mean_weight_is_seen():
 def model(y):
     mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
     with pyro.plate("data", len(y), subsample_size=10) as idx:
-        pyro.sample("y", dist.Normal(mu, 1.0), obs=y.index_select(0, idx))
+        pyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
 
 
 @pytest.mark.parametrize("chain_method", ["vectorized", "sequential"])

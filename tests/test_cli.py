@@ -54,6 +54,18 @@ def test_mnist79_writes_every_file_and_classifies(tmp_path):
     for name in FILES[:-2]:
         assert name in md
     assert "max R-hat" in md and "θa (w_aux, b_aux)" in md
+    # the report says how the chains ran: vectorized, each on its own minibatches, and checks it
+    chains = report["chains"]["entropy-sgld"]
+    assert chains["chain_method"] == "vectorized" and chains["minibatches"] == "per_chain"
+    assert abs(chains["z"]) < 4 and report["chains"]["entropy-hmc"]["minibatches"] == "full batch"
+    assert "vectorized chains, each drawing its own minibatches" in md
+
+
+def test_the_configs_minibatch_schemes_are_the_libraries():
+    from pyro_flat.experiments.configs import MINIBATCH_SCHEMES
+    from pyro_flat.targets import MINIBATCH_SCHEMES as LIBRARY
+
+    assert MINIBATCH_SCHEMES == LIBRARY
 
 
 @pytest.mark.parametrize("args,needle", [

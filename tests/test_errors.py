@@ -18,7 +18,7 @@ def gaussian():
 def logistic(X, y):
     w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
     with pyro.plate("data", X.shape[0], subsample_size=5) as idx:
-        pyro.sample("y", dist.Bernoulli(logits=X.index_select(0, idx) @ w), obs=y.index_select(0, idx))
+        pyro.sample("y", dist.Bernoulli(logits=X.index_select(0, idx) @ w), obs=y[idx])
 
 
 def run(kernel, *args, num_samples=20, warmup=5):
@@ -156,7 +156,7 @@ def test_initial_params_twins_start_at_their_site_unless_given():
 def _logistic_full(X, y, subsample_size=None):
     w = pyro.sample("w", dist.Normal(torch.zeros(X.shape[1]), 1.0).to_event(1))
     with pyro.plate("data", X.shape[0], subsample_size=subsample_size) as idx:
-        pyro.sample("y", dist.Bernoulli(logits=X.index_select(0, idx) @ w), obs=y.index_select(0, idx))
+        pyro.sample("y", dist.Bernoulli(logits=X.index_select(0, idx) @ w), obs=y[idx])
 
 
 @pytest.mark.parametrize("chain_method", ["vectorized", "sequential"])

@@ -58,7 +58,7 @@ def test_both_run_through_pyros_driver_with_minibatches_and_count_gradients():
     def model(y):
         mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
         with pyro.plate("data", len(y), subsample_size=20) as idx:
-            pyro.sample("y", dist.Normal(mu, 1.0), obs=y.index_select(0, idx))
+            pyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
 
     y = torch.randn(200) + 2.0
     for kernel, per_iter in [(SASGLD(model, rho=0.01, step_size=1e-3), 2), (FlatSGLD(model, sigma=0.01, step_size=1e-3), 1)]:

@@ -14,6 +14,7 @@ import torch
 import pyro
 import pyro.distributions as dist
 from pyro.infer import MCMC
+from pyro_flat import MCMC as VectorizedMCMC
 from pyro_flat import SGLD, EntropySGLD
 
 from moments import assert_moments
@@ -33,7 +34,8 @@ def data():
 def model(X, y):
     w = pyro.sample("w", dist.Normal(torch.zeros(D, dtype=X.dtype), TAU).to_event(1))
     with pyro.plate("data", X.shape[0], subsample_size=B) as idx:
-        pyro.sample("y", dist.Normal(X.index_select(0, idx) @ w, SIGMA), obs=y.index_select(0, idx))
+        # (B, D) data against w (D,), or per chain (C, B, D) against (C, 1, D)
+        pyro.sample("y", dist.Normal((X[idx] * w).sum(-1), SIGMA), obs=y[idx])
 
 
 def posterior(X, y):
@@ -52,15 +54,21 @@ def sgld_bias(X, y, mean, cov, P, step=STEP):
     return sigma - cov
 
 
-def test_sgld_minibatch_matches_analytic_posterior():
+@pytest.mark.parametrize("driver", ["pyro", "vectorized"])
+def test_sgld_minibatch_matches_analytic_posterior(driver):
+    """Through Pyro's driver, and as vectorized chains that each draw their own minibatches: each
+    chain's law is the one-chain law."""
     X, y = data()
     mean, cov, P = posterior(X, y)
     bias = sgld_bias(X, y, mean, cov, P)
     assert np.abs(bias).max() > 0  # the bias is real, and accounted for below
     pyro.set_rng_seed(1)
-    mcmc = MCMC(SGLD(model, step_size=STEP, init_strategy=pyro.infer.autoguide.init_to_median),
-                num_samples=12_000, warmup_steps=1_000, num_chains=2, disable_progbar=True)
+    driver_class = MCMC if driver == "pyro" else VectorizedMCMC
+    mcmc = driver_class(SGLD(model, step_size=STEP, init_strategy=pyro.infer.autoguide.init_to_median),
+                        num_samples=12_000, warmup_steps=1_000, num_chains=2, disable_progbar=True)
     mcmc.run(X, y)
+    if driver == "vectorized":
+        assert mcmc.chain_method == "vectorized" and mcmc.minibatches == "per_chain"
     w = mcmc.get_samples(group_by_chain=True)["w"].numpy()
     assert_moments(w, mean, cov, known_bias=bias)
     sd = w.reshape(-1, D).std(0)

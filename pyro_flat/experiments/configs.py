@@ -24,6 +24,9 @@ SAMPLERS = ("entropy-sgld", "sgld", "entropy-hmc")
 EXACT_SAMPLERS = ("entropy-hmc",)
 #: ``--preconditioner`` choices of its stochastic-gradient samplers
 PRECONDITIONERS = ("dense", "diagonal", "none")
+#: how vectorized chains draw minibatches: ``pyro_flat.targets.MINIBATCH_SCHEMES``, spelled out here
+#: because the configs import no torch (a test checks that the two agree)
+MINIBATCH_SCHEMES = ("per_chain", "shared")
 #: The samplers compared by ``pyro-flat bnn`` and placed against the path by ``pyro-flat paths``.
 BNN_SAMPLERS = ("sgld", "entropy-sgld", "sasgld", "flat-sgld")
 #: The variational methods of ``pyro-flat bnn``: Pyro's ELBO (BBB), SA-BBB and SA-BMA.
@@ -162,6 +165,9 @@ class MNIST79Config(StudyConfig):
     warmup: int = option(500, "warm-up steps per chain")
     chains: int = option(4, "number of chains")
     batch_size: int = option(100, "minibatch size")
+    minibatches: str = option("per_chain", "per_chain: each vectorized chain draws its own minibatches (independent "
+                                           "chains); shared: one minibatch per step for all chains (correlated chains)",
+                              choices=MINIBATCH_SCHEMES)
     prior_scale: float = option(0.5, "prior sd of the weights")
     out: str = out_option("pyro-flat-out/mnist79")
     threads: Optional[int] = threads_option(1)
@@ -178,6 +184,8 @@ class MNIST79Config(StudyConfig):
         if self.preconditioner not in PRECONDITIONERS:
             raise StudyError(f"--preconditioner {self.preconditioner!r} is not one of {', '.join(PRECONDITIONERS)}")
         check_coupling_metric(self.coupling_metric)
+        if self.minibatches not in MINIBATCH_SCHEMES:
+            raise StudyError(f"--minibatches {self.minibatches!r} is not one of {', '.join(MINIBATCH_SCHEMES)}")
         if self.reference is not None and self.reference not in EXACT_SAMPLERS:
             raise StudyError(f"--reference {self.reference!r}: the reference must be exact: entropy-hmc or none")
         self.require_int(1, "reference_samples")

@@ -24,12 +24,13 @@ import pyro
 
 from .. import metrics
 from ..datasets import load_mnist79, pixel_index
-from ..diagnostics import MAX_R_HAT, convergence_verdict, diagnostics_table, guidance_correlation, mcmc_sample_stats
+from ..diagnostics import (MAX_R_HAT, chain_correlation, convergence_verdict, diagnostics_table, guidance_correlation,
+                           mcmc_sample_stats)
 from ..kernels import EntropyHMC, kernel_class, make_kernel
 from ..mcmc import MCMC
 from ..models import logistic_probs, logistic_regression
 from .configs import MNIST79Config
-from .mnist79_report import metric_text, metrics_text, reference_worth, report_markdown, schedule_text
+from .mnist79_report import chains_text, metric_text, metrics_text, reference_worth, report_markdown, schedule_text
 from .output import Terminated, hold_signals, study_output
 
 #: The pixel shown in the trace and rank plots: the image's centre.
@@ -63,6 +64,9 @@ class SamplerRun:
     interrupted: bool = False
     #: what stopped an interrupted run: "Ctrl-C" or "SIGTERM"
     interrupted_by: Optional[str] = None
+    #: how the chains ran (``MCMC.chain_method``) and drew minibatches (``MCMC.minibatches``)
+    chain_method: str = ""
+    minibatches: str = ""
 
     @property
     def has_aux(self) -> bool:
@@ -86,8 +90,8 @@ def run_sampler(name: str, config: MNIST79Config, X: torch.Tensor, y: torch.Tens
     thin = 1 if exact else config.thin
     num_samples = config.reference_samples if exact else config.num_samples
     warmup = config.reference_warmup if exact else config.warmup
-    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup, thinning=thin,
-                num_chains=config.chains, disable_progbar=not config.progress)  # vectorized chains
+    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup, thinning=thin, num_chains=config.chains,
+                minibatches=config.minibatches, disable_progbar=not config.progress)  # vectorized chains
     pyro.set_rng_seed(config.seed)
     start = time.perf_counter()
     batch_size = None if is_full_batch(name) else min(config.batch_size, len(X))
@@ -96,9 +100,18 @@ def run_sampler(name: str, config: MNIST79Config, X: torch.Tensor, y: torch.Tens
     except KeyboardInterrupt as stop:
         samples = _stack_partial(kernel.partial_samples)
         return SamplerRun(name, samples, seconds=time.perf_counter() - start, interrupted=True,
-                          interrupted_by="SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C")
+                          interrupted_by="SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C",
+                          chain_method=mcmc.chain_method, minibatches=_scheme(mcmc, batch_size))
     seconds = time.perf_counter() - start
-    return SamplerRun(name, mcmc.get_samples(group_by_chain=True), mcmc_sample_stats(mcmc), seconds)
+    return SamplerRun(name, mcmc.get_samples(group_by_chain=True), mcmc_sample_stats(mcmc), seconds,
+                      chain_method=mcmc.chain_method, minibatches=_scheme(mcmc, batch_size))
+
+
+def _scheme(mcmc: MCMC, batch_size: Optional[int]) -> str:
+    """``"full batch"``, or how the chains drew minibatches: ``"per_chain"`` or ``"shared"``."""
+    if batch_size is None:
+        return "full batch"
+    return mcmc.minibatches if mcmc.chain_method == "vectorized" else "per_chain"
 
 
 def _gradient_cost(run: SamplerRun, warmup: int) -> Optional[np.ndarray]:
@@ -246,6 +259,12 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None]) -
     report["draws_per_chain"] = {name: int(run.samples["b"].shape[1]) for name, run in runs.items() if run.samples}
     report["guidance"] = {name: guidance_correlation(run.samples["w"], run.samples["w_aux"])
                           for name, run in runs.items() if run.has_aux and run.samples["w"].shape[1] > 2}
+    report["chains"] = {name: {"chain_method": run.chain_method, "minibatches": run.minibatches,
+                               **(chain_correlation(run.samples["w"]) if run.samples["w"].shape[0] > 1
+                                  and run.samples["w"].shape[1] > 2 else {})}
+                        for name, run in runs.items() if run.samples}
+    for name, c in report["chains"].items():
+        log(f"{name}: {chains_text(c)}")
     for name, g in report["guidance"].items():
         log(f"{name}: θ's next move against θa − θ, correlation {g['mean']:+.3f} averaged over pixels "
             f"(positive in {g['positive_share']:.0%}; about ±{g['null_sd']:.3f} per pixel if θ ignored θa)")

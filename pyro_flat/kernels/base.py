@@ -24,7 +24,7 @@ from pyro.infer.autoguide.initialization import init_to_sample
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from ..targets import (CallablePotential, CoupledPotential, InitialShapeError, ModelPotential, Params, Target,
-                       compile_target)
+                       check_minibatches, compile_target)
 from ..validation import check_nonnegative_int, check_positive_int, check_thinning
 from .recording import DrawRecording
 from .vectorization import vectorization_error
@@ -71,6 +71,7 @@ class TargetKernel(DrawRecording, MCMCKernel):
         self.jit_compile = jit_compile
         self._reset_jit()
         self.num_chains: Optional[int] = None  # vectorized chains (set by pyro_flat.MCMC)
+        self.minibatches = "per_chain"  # how vectorized chains draw minibatches (set by pyro_flat.MCMC)
         self._pending_initial_params: Optional[Params] = None
         self._initial_params: Optional[Params] = None
         self.target = None
@@ -85,7 +86,8 @@ class TargetKernel(DrawRecording, MCMCKernel):
     steps_per_draw = 1
 
     # ----------------------------------------------------------------- driver settings
-    def configure(self, *, num_chains: Optional[int] = None, steps_per_draw: int = 1) -> None:
+    def configure(self, *, num_chains: Optional[int] = None, steps_per_draw: int = 1,
+                  minibatches: str = "per_chain") -> None:
         """Settings a driver hands the kernel before a run; forgets every earlier run.
 
         :param num_chains: ``C`` chains advanced together as one batched tensor (a leading
@@ -94,12 +96,16 @@ class TargetKernel(DrawRecording, MCMCKernel):
         :param steps_per_draw: iterations per kept draw after warm-up (thinning inside the
             kernel: the skipped states are never stored); ``> 1`` needs
             :attr:`supports_thinning`.
+        :param minibatches: for vectorized chains of a subsampled model, ``"per_chain"`` (each
+            chain its own minibatches: independent chains) or ``"shared"`` (one minibatch per step
+            for all chains, which correlates them); see :class:`~pyro_flat.targets.ModelPotential`.
         """
         if num_chains is not None:
             num_chains = check_positive_int("num_chains", num_chains)
         steps_per_draw = check_thinning(self, check_positive_int("steps_per_draw", steps_per_draw))
         self.num_chains = num_chains
         self.steps_per_draw = steps_per_draw
+        self.minibatches = check_minibatches(minibatches)
         self._num_setups = 0
         self._forget_runs()
         self._reset_jit()
@@ -190,7 +196,7 @@ class TargetKernel(DrawRecording, MCMCKernel):
         ``potential_fn``'s, which takes its sites and shapes from ``initial_params``. Builds without
         changing the kernel."""
         if self.model is not None:
-            return ModelPotential(self.model, args, kwargs, self.init_strategy, num_chains)
+            return ModelPotential(self.model, args, kwargs, self.init_strategy, num_chains, self.minibatches)
         if initial_params is None:
             raise ValueError(
                 f"{type(self).__name__}(potential_fn=...) needs a starting point: pass "
@@ -199,10 +205,19 @@ class TargetKernel(DrawRecording, MCMCKernel):
         return CallablePotential(self.potential_fn, initial_params, num_chains)
 
     def vectorization_error(self, num_chains: int, args: tuple, kwargs: dict,
-                            initial_params: Optional[Params] = None) -> Optional[str]:
-        """``None`` if the target evaluates ``num_chains`` chains at once correctly, else why not
-        (see :func:`~pyro_flat.kernels.vectorization.vectorization_error`). ``initial_params`` has a
+                            initial_params: Optional[Params] = None, minibatches: str = "per_chain") -> Optional[str]:
+        """``None`` if the target evaluates ``num_chains`` chains at once correctly, each on its own
+        minibatch with ``minibatches="per_chain"``, else why not (see
+        :func:`~pyro_flat.kernels.vectorization.vectorization_error`). ``initial_params`` has a
         leading chain dimension."""
+        previous, self.minibatches = self.minibatches, check_minibatches(minibatches)
+        try:
+            return self._vectorization_error(num_chains, args, kwargs, initial_params)
+        finally:
+            self.minibatches = previous
+
+    def _vectorization_error(self, num_chains: int, args: tuple, kwargs: dict,
+                             initial_params: Optional[Params]) -> Optional[str]:
         first = None if initial_params is None else {k: v[0] for k, v in initial_params.items()}
         # one chain's target first, outside the `try`: its errors (bad data, a discrete latent, a
         # subsampled plate for HMC, ...) are the user's to see, not a reason to fall back

@@ -46,7 +46,7 @@ class FlatSGLD(SGLD):
         >>> def model(y):
         ...     mu = pyro.sample("mu", dist.Normal(0., 10.))
         ...     with pyro.plate("data", len(y), subsample_size=10) as idx:
-        ...         pyro.sample("y", dist.Normal(mu, 1.), obs=y.index_select(0, idx))
+        ...         pyro.sample("y", dist.Normal(mu, 1.), obs=y[idx])
         >>> mcmc = MCMC(FlatSGLD(model, sigma=0.05, step_size=1e-3), num_samples=100,
         ...             warmup_steps=50, disable_progbar=True)
         >>> mcmc.run(torch.randn(100) + 3.)

@@ -67,7 +67,7 @@ class LocalEntropySGLD(StochasticGradientKernel):
         >>> def model(y):
         ...     mu = pyro.sample("mu", dist.Normal(0., 10.))
         ...     with pyro.plate("data", len(y), subsample_size=10) as idx:
-        ...         pyro.sample("y", dist.Normal(mu, 1.), obs=y.index_select(0, idx))
+        ...         pyro.sample("y", dist.Normal(mu, 1.), obs=y[idx])
         >>> kernel = LocalEntropySGLD(model, eta=0.1, step_size=1e-2, inner_step_size=1e-3,
         ...                           num_inner_steps=5)
         >>> mcmc = MCMC(kernel, num_samples=100, warmup_steps=50, disable_progbar=True)

@@ -45,7 +45,7 @@ class SASGLD(SGLD):
         >>> def model(y):
         ...     mu = pyro.sample("mu", dist.Normal(0., 10.))
         ...     with pyro.plate("data", len(y), subsample_size=10) as idx:
-        ...         pyro.sample("y", dist.Normal(mu, 1.), obs=y.index_select(0, idx))
+        ...         pyro.sample("y", dist.Normal(mu, 1.), obs=y[idx])
         >>> kernel = SASGLD(model, rho=0.05, step_size=1e-3)
         >>> mcmc = MCMC(kernel, num_samples=100, warmup_steps=50, disable_progbar=True)
         >>> mcmc.run(torch.randn(100) + 3.)

@@ -32,7 +32,7 @@ class SGLD(StochasticGradientKernel):
         >>> def model(y):
         ...     mu = pyro.sample("mu", dist.Normal(0., 10.))
         ...     with pyro.plate("data", len(y), subsample_size=10) as idx:
-        ...         pyro.sample("y", dist.Normal(mu, 1.), obs=y.index_select(0, idx))
+        ...         pyro.sample("y", dist.Normal(mu, 1.), obs=y[idx])
         >>> y = torch.randn(100) + 3.
         >>> mcmc = MCMC(SGLD(model, step_size=1e-3), num_samples=200, warmup_steps=100,
         ...             disable_progbar=True)

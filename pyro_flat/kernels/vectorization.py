@@ -2,8 +2,10 @@ r"""Can a target run ``C`` chains at once? The probe behind ``chain_method="auto
 
 :class:`pyro_flat.MCMC` vectorizes chains only when the model broadcasts over a leading chain
 dimension. :func:`vectorization_error` decides it from two targets it is given, one chain's and
-``C`` chains', built by the kernel: the batched energies of the first chains (on one fixed
-minibatch) must equal the energies of the same points evaluated one by one.
+``C`` chains', built by the kernel: the batched energies of the first chains (on fixed
+minibatches) must equal the energies of the same points evaluated one by one. With per-chain
+minibatches every chain's fixed minibatch is a different one, and each chain alone is evaluated
+on its own: a model that gives every chain the same data fails.
 
 The points are the batched start, each chain moved by its own random offset, so that chains
 differ and every twin differs from its site even where the run starts with equal chains and
@@ -34,7 +36,7 @@ def vectorization_error(single: Target, batched: Target, start: Params) -> Optio
     fixed = batched.fixed_batch()
 
     def alone(points: Params, c: int) -> float:
-        return float(single({k: v[c] for k, v in points.items()}, fixed))
+        return float(single({k: v[c] for k, v in points.items()}, batched.batches.for_chain(fixed, c)))
 
     with torch.no_grad():
         for c in range(min(num_chains, CHAINS_COMPARED)):

@@ -27,8 +27,10 @@ from .log_joint import NotBroadcasting
 from .potential import (
     CallablePotential,
     InitialShapeError,
+    MINIBATCH_SCHEMES,
     ModelPotential,
     check_finite_inputs,
+    check_minibatches,
     merge_overrides,
     potential_and_grad,
 )
@@ -57,6 +59,8 @@ __all__ = [
     "support_transform",
     "is_subsample_site",
     "check_finite_inputs",
+    "check_minibatches",
+    "MINIBATCH_SCHEMES",
     "merge_overrides",
     "potential_and_grad",
 ]

@@ -7,6 +7,11 @@ so may a kernel that needs two gradients on the same data. :meth:`Minibatches.sc
 hand out given minibatches for a while (what a trace needs to see each draw as a graph input)
 without touching the target.
 
+For ``C`` vectorized chains each batcher may draw per-chain minibatches: ``(C, B)`` indices, row
+``c`` from chain ``c``'s own epoch permutation (:attr:`Minibatches.per_chain`). Chains that share
+no minibatch share no gradient noise, so they are independent draws of one chain's law, which is
+what R-hat and ESS assume; chains that share one minibatch per step are not.
+
 >>> batches = Minibatches({"data": EpochBatcher(6, 3, torch.device("cpu"))})
 >>> with batches.scripted() as script:
 ...     first, second = batches.draw(), batches.draw()
@@ -53,7 +58,7 @@ class EpochBatcher:
             self._pos = 0
         batch = self._perm[..., self._pos : self._pos + self.batch_size]
         self._pos += self.batch_size
-        return batch
+        return batch.contiguous()  # a (C, B) slice is not; a traced graph assumes the layout it saw
 
 
 class Script:
@@ -87,9 +92,28 @@ class Minibatches:
             return self._script.next()
         return {name: batcher() for name, batcher in self.batchers.items()}
 
+    @property
+    def per_chain(self) -> bool:
+        """Whether each chain draws its own minibatches (``(C, B)`` indices)."""
+        return any(b.num_chains is not None for b in self.batchers.values())
+
     def fixed(self) -> Dict[str, torch.Tensor]:
-        """The first ``B`` indices of every subsampled plate (for deterministic comparisons)."""
-        return {name: torch.arange(b.batch_size, device=b.device) for name, b in self.batchers.items()}
+        """The first ``B`` indices of every subsampled plate (for deterministic comparisons); with
+        per-chain batchers ``(C, B)`` indices, chain ``c``'s moved along by ``c`` minibatches, so
+        that a model that gives every chain the same data is told apart."""
+        fixed = {}
+        for name, b in self.batchers.items():
+            first = torch.arange(b.batch_size, device=b.device)
+            if b.num_chains is not None:
+                shifts = torch.arange(b.num_chains, device=b.device).unsqueeze(-1) * b.batch_size
+                first = (first + shifts) % b.size
+            fixed[name] = first
+        return fixed
+
+    def for_chain(self, indices: Dict[str, torch.Tensor], chain: int) -> Dict[str, torch.Tensor]:
+        """Chain ``chain``'s own minibatch out of ``indices`` (what one chain's target evaluates)."""
+        return {name: (idx[chain] if self.batchers[name].num_chains is not None else idx)
+                for name, idx in indices.items()}
 
     def shifted(self, plate: str, indices: torch.Tensor, shift: int) -> torch.Tensor:
         """``indices`` of ``plate`` moved along by ``shift`` minibatches: another valid minibatch,

@@ -13,6 +13,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from pyro.distributions.util import scale_and_mask
 from pyro.poutine.messenger import Messenger
+from pyro.poutine.subsample_messenger import SubsampleMessenger
 
 from .layout import Params
 from .sites import SiteInfo, is_subsample_site
@@ -31,6 +32,12 @@ class LogJoint(Messenger):
     chains: the distributions stay unexpanded and broadcast, which saves a pass over every
     ``(C, ...)`` parameter; a term without the chain dimension is the same for every chain.
 
+    Per-chain minibatches: an index tensor of shape ``(C, B)`` gives chain ``c`` the indices of
+    row ``c``. ``pyro.plate`` then hands the model ``(C, B)`` indices, so a model that gathers its
+    data as ``X[idx]`` gets ``(C, B, ...)`` data, one batched pass for all chains (Pyro's plate
+    expects ``len(subsample) == subsample_size``; while such indices are in use it checks the
+    last dimension instead, see :func:`_chain_subsample`).
+
     With ``block=(plate, keep, first)`` it evaluates one block of a full-data pass (see
     :meth:`~pyro_flat.targets.ModelPotential.full_data`): terms inside ``plate`` lose the plate's ``N/B`` scale and
     keep only the indices marked in ``keep``; terms outside it count in the ``first`` block only.
@@ -44,6 +51,19 @@ class LogJoint(Messenger):
         self.sites, self.params, self.indices, self.chains = sites, params, indices, chains
         self.block, self.observed_only = block, observed_only
         self.terms: list = []
+        self._per_chain = any(i.dim() > 1 for i in indices.values())
+        self._plate_check = None
+
+    def __enter__(self):
+        if self._per_chain:  # let pyro.plate take (C, B) indices while the model runs
+            self._plate_check = SubsampleMessenger.__dict__["_subsample"]
+            SubsampleMessenger._subsample = staticmethod(_chain_subsample)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        if self._plate_check is not None:
+            SubsampleMessenger._subsample, self._plate_check = self._plate_check, None
+        return super().__exit__(*exc)
 
     def _reduce(self, name: str, term: torch.Tensor) -> torch.Tensor:
         """Sum a log-density term over everything but the chain dimension."""
@@ -114,6 +134,25 @@ class LogJoint(Messenger):
             self.terms.append(log_prob if unscaled else log_prob * scale)
         else:
             self.terms.append(self._reduce(name, scale_and_mask(fn.log_prob(value), scale, mask)))
+
+
+_pyro_subsample = SubsampleMessenger._subsample  # Pyro's own (a plain function: a staticmethod's)
+
+
+def _chain_subsample(name, size=None, subsample_size=None, subsample=None, use_cuda=None, device=None):
+    """``SubsampleMessenger._subsample`` that accepts ``(C, B)`` indices for ``subsample_size=B``.
+
+    Pyro checks ``subsample_size == len(subsample)`` after the indices are substituted, which a
+    ``(C, B)`` tensor (``len`` = ``C``) fails. Asked for no size, Pyro skips the check and takes
+    ``len(subsample)``; the size asked for is then checked against the last dimension here.
+    """
+    if subsample is not None or subsample_size is None:
+        return _pyro_subsample(name, size, subsample_size, subsample, use_cuda, device)
+    size, _, subsample = _pyro_subsample(name, size, None, None, use_cuda, device)
+    if subsample.shape[-1] != subsample_size:
+        raise ValueError(f"subsample_size does not match len(subsample), {subsample_size} vs "
+                         f"{subsample.shape[-1]}.")
+    return size, subsample_size, subsample
 
 
 __all__ = ["LogJoint", "NotBroadcasting"]

@@ -64,6 +64,17 @@ def potential_and_grad(
     }
 
 
+MINIBATCH_SCHEMES = ("per_chain", "shared")
+
+
+def check_minibatches(minibatches: str) -> str:
+    """``minibatches`` must name a scheme of :data:`MINIBATCH_SCHEMES`."""
+    if minibatches not in MINIBATCH_SCHEMES:
+        raise ValueError(f"minibatches must be 'per_chain' (each vectorized chain its own minibatch: independent "
+                         f"chains) or 'shared' (one minibatch for all chains: correlated), got {minibatches!r}.")
+    return minibatches
+
+
 class InitialShapeError(ValueError):
     """An ``initial_params`` value of the wrong shape (``given`` against ``expected``, one chain's)."""
 
@@ -115,7 +126,11 @@ class ModelPotential(AutogradTarget):
         (Pyro's ``vectorize_particles`` layout): a global weight vector of
         shape ``(d,)`` arrives as ``(C, 1, d)`` in a model with one data plate, or as ``(C, d)``
         if it is declared in a ``pyro.plate`` of its own (see :func:`pyro_flat.models.logistic_regression`).
-        All chains see the same minibatch at a step.
+    :param minibatches: with ``num_chains``, ``"per_chain"`` (default): each chain draws its own
+        minibatches, so the chains are independent; the plate's indices are ``(C, B)`` and a model
+        that gathers its data as ``X[idx]`` gets ``(C, B, ...)`` data. ``"shared"``: all chains see
+        the same ``(B,)`` minibatch at a step and share its gradient noise, which correlates them
+        (R-hat and ESS then overstate convergence).
     """
 
     def __init__(
@@ -125,9 +140,12 @@ class ModelPotential(AutogradTarget):
         model_kwargs: Optional[dict] = None,
         init_strategy: Callable = init_to_sample,
         num_chains: Optional[int] = None,
+        minibatches: str = "per_chain",
     ):
         self.model = model
         self.num_chains = num_chains
+        self.minibatches = check_minibatches(minibatches)
+        per_chain = num_chains if minibatches == "per_chain" else None
         self.model_args = tuple(model_args)
         self.model_kwargs = dict(model_kwargs or {})
         self.init_strategy = init_strategy
@@ -146,7 +164,7 @@ class ModelPotential(AutogradTarget):
                 batch = site["value"].numel()
                 if batch < fn.size:
                     subsampled[name] = (fn.size, batch)
-                    batchers[name] = EpochBatcher(fn.size, batch, site["value"].device)
+                    batchers[name] = EpochBatcher(fn.size, batch, site["value"].device, per_chain)
                 else:
                     self.full_indices[name] = site["value"]
                 continue
