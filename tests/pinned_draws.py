@@ -36,7 +36,7 @@ def model(X, y, batch_size=10):
         w = pyro.sample("w", dist.Normal(torch.zeros((), dtype=X.dtype), 1.0))
     s = pyro.sample("s", dist.LogNormal(torch.zeros((), dtype=X.dtype), 0.5))
     with pyro.plate("data", X.shape[0], subsample_size=batch_size, dim=-1) as idx:
-        logits = (X.index_select(0, idx) * w.unsqueeze(-2)).sum(-1) * s
+        logits = (X[idx] * w.unsqueeze(-2)).sum(-1) * s  # idx: (B,), or per chain (C, B)
         pyro.sample("y", dist.Bernoulli(logits=logits), obs=y[idx])
 
 
@@ -49,9 +49,9 @@ def _cases() -> Dict[str, Callable]:
     from pyro_flat import (MCMC, SASGLD, SGD, SGLD, EntropyHMC, EntropySGLD, FlatSGLD, LocalEntropySGD,
                            LocalEntropySGLD)
 
-    def run(kernel, chains=1, warmup=10, samples=12, thinning=1, batch_size=10):
+    def run(kernel, chains=1, warmup=10, samples=12, thinning=1, batch_size=10, minibatches="per_chain"):
         mcmc = MCMC(kernel, num_samples=samples, warmup_steps=warmup, num_chains=chains, thinning=thinning,
-                    disable_progbar=True, minibatches="shared")  # pinned before per-chain minibatches
+                    disable_progbar=True, minibatches=minibatches)
         mcmc.run(*_data(), batch_size=batch_size)
         return mcmc
 
@@ -65,6 +65,8 @@ def _cases() -> Dict[str, Callable]:
     return {
         "SGLD": lambda: run(SGLD(model, step_size=0.01)),
         "SGLD, 3 vectorized chains": lambda: run(SGLD(model, step_size=0.01), chains=3),
+        "SGLD, 3 vectorized chains, shared minibatches": lambda: run(SGLD(model, step_size=0.01), chains=3,
+                                                                     minibatches="shared"),
         "SGLD, 2 sequential chains": lambda: _sequential(SGLD(model, step_size=0.01)),
         "SGLD, jit fx": lambda: run(SGLD(model, step_size=0.01, jit_compile="fx"), chains=2),
         "SGD": lambda: run(SGD(model, step_size=0.01)),
@@ -77,6 +79,8 @@ def _cases() -> Dict[str, Callable]:
             EntropySGLD(model, eta=0.5, preconditioner="diagonal", coupling_metric=0.9), chains=2),
         "EntropySGLD, jit fx": lambda: run(EntropySGLD(model, eta=0.5, step_size=0.01, jit_compile="fx"),
                                            chains=2),
+        "EntropySGLD, jit fx, thinning 3 (fused)": lambda: run(
+            EntropySGLD(model, eta=0.5, step_size=0.01, jit_compile="fx"), chains=2, thinning=3, samples=24),
         "EntropySGLD, potential_fn": lambda: potential(
             EntropySGLD(potential_fn=_quadratic, eta=0.5, step_size=0.05), chains=2),
         "LocalEntropySGLD": lambda: run(LocalEntropySGLD(model, eta=0.5, step_size=0.01, num_inner_steps=3)),

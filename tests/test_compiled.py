@@ -10,7 +10,8 @@ import pyro
 import pyro.distributions as dist
 from pyro.infer import MCMC
 from pyro_flat import MCMC as VectorizedMCMC
-from pyro_flat import EntropyHMC, EntropySGLD, LocalEntropySGLD, SGLD
+from pyro_flat import DivergenceError, EntropyHMC, EntropySGLD, LocalEntropySGLD, SGLD
+from pyro_flat.diagnostics import mcmc_sample_stats
 from pyro_flat.models import BayesianMLP, logistic_regression
 from pyro_flat.targets import CompiledTarget, CoupledPotential, ModelPotential, compile_target
 
@@ -215,3 +216,54 @@ def test_bad_jit_compile_is_refused():
         SGLD(logistic_regression, step_size=1e-3, jit_compile="yes")
     with pytest.raises(ValueError, match="backend must be 'fx' or 'inductor'"):
         compile_target(ModelPotential(_branchy, (torch.zeros(3),)), {"mu": torch.zeros(())}, backend="xla")
+
+
+def _fused_run(fused_steps, backend, **kernel_kwargs):
+    X, y = _data()
+    kernel = EntropySGLD(logistic_regression, eta=0.5, step_size=1e-3, jit_compile=backend, **kernel_kwargs)
+    kernel.fused_steps = fused_steps
+    pyro.set_rng_seed(0)
+    mcmc = VectorizedMCMC(kernel, 60, 10, num_chains=2, thinning=4, disable_progbar=True)
+    mcmc.run(X, y, batch_size=50)  # 6 minibatches an epoch: reshuffles fall inside fused blocks
+    return kernel, mcmc
+
+
+@pytest.mark.parametrize("backend", ["fx", True])
+def test_fused_iterations_give_the_one_at_a_time_draws(backend):
+    """Four iterations per graph call (thinning 4) give the draws and statistics of one iteration
+    per call, on the same seed, up to round-off."""
+    one_kernel, one = _fused_run(1, backend)
+    fused_kernel, fused = _fused_run(None, backend)
+    assert any(len(key) == 4 and key[-1] == 4 for key in fused_kernel._steps.graphs)  # a fused graph ran
+    assert not any(len(key) == 4 for key in one_kernel._steps.graphs)
+    want, got = one.get_samples(group_by_chain=True), fused.get_samples(group_by_chain=True)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5)
+    for name, value in mcmc_sample_stats(one).items():
+        torch.testing.assert_close(mcmc_sample_stats(fused)[name], value, rtol=1e-4, atol=1e-4)
+    assert fused_kernel.num_grad_evals == one_kernel.num_grad_evals == 10 + 60
+
+
+def _exploding(params):  # curvature 50: a step of 0.05 multiplies x by -1.5 each iteration
+    return 25.0 * (params["x"] ** 2).sum(-1)
+
+
+def test_a_divergence_inside_a_fused_graph_names_its_iteration_and_keeps_the_draws():
+    def run(fused_steps):
+        kernel = SGLD(potential_fn=_exploding, step_size=0.05, jit_compile="fx")
+        kernel.fused_steps = fused_steps
+        pyro.set_rng_seed(0)
+        mcmc = VectorizedMCMC(kernel, 2000, 4, num_chains=3, thinning=8, disable_progbar=True,
+                              initial_params={"x": torch.ones(3, 2)})
+        with pytest.raises(DivergenceError) as info:
+            mcmc.run()
+        return kernel, info.value
+
+    one_kernel, one = run(1)
+    fused_kernel, fused = run(None)
+    assert any(len(key) == 4 for key in fused_kernel._steps.graphs)
+    assert (fused.iteration, fused.chain) == (one.iteration, one.chain)
+    assert fused.iteration > 100 and (fused.iteration - 4) % 8 not in (0, 7)  # inside a fused block of 8
+    assert fused.samples["x"].shape == one.samples["x"].shape and fused.samples["x"].shape[0] >= 12  # the draws made before iteration 104
+    torch.testing.assert_close(fused.samples["x"], one.samples["x"])
+    assert "iteration" in str(fused) and "chain" in str(fused)

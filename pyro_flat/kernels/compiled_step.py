@@ -9,6 +9,15 @@ C++ (a few seconds per graph; ``jit_compile="fx"`` skips this and replays the tr
 the graph: Pyro's handlers, the distributions' Python code and autograd's tape are gone from the
 loop.
 
+Fused iterations: after warm-up, :meth:`CompiledSteps.fused` runs ``k`` iterations (a kept draw's,
+thinning inside the kernel) as one graph: the ``k`` minibatches go in as inputs (drawn ahead from
+the batcher's own random stream, so the same ones as one at a time), the noise is drawn inside in
+the eager order, and the graph returns the last state, the statistics at the first and last
+iterations' starting states, and every iteration's energy and state inf-norms, which the kernel
+checks with one host sync per call. The draws equal the one-at-a-time compiled path's up to
+round-off; a divergence is replayed one iteration at a time on the same random numbers, so that
+its report names the iteration and the chain.
+
 A graph bakes in what was constant when it was traced: the step size and temperature, and a
 preconditioner's frozen metric. A step size is compiled once it repeats on consecutive
 iterations, at most :data:`MAX_GRAPHS` of them: a schedule that changes the step at every
@@ -33,8 +42,10 @@ from ..targets import Params
 from ..tracing import compile_graph, first_line, mismatch, trace_graph, tracing_context, untraceable_reason
 from .integrators import Transition
 
-#: graphs kept per kernel (one per step size, temperature and metric)
+#: graphs kept per kernel (one per step size, temperature, metric and number of fused iterations)
 MAX_GRAPHS = 4
+#: the most iterations one fused graph unrolls (its trace and compile time grow with it)
+MAX_FUSED_STEPS = 16
 
 
 class CompiledSteps:
@@ -46,6 +57,7 @@ class CompiledSteps:
         self.graphs: Dict[tuple, object] = {}
         self.compile_seconds = 0.0
         self.disabled: Optional[str] = None  # why the kernel runs eagerly
+        self.fused_disabled: Optional[str] = None  # why iterations are not fused
         self.last_compiled = False  # whether the last iteration ran through a graph
         self._previous_key = None
         self.batches = kernel.target.batches  # where every minibatch of an iteration comes from
@@ -86,7 +98,58 @@ class CompiledSteps:
         return Transition(dict(zip(names, outputs[:n])), outputs[n], dict(zip(names, outputs[n + 1: 2 * n + 1])),
                           dict(zip(stat_names, outputs[2 * n + 1:])))
 
+    def fused(self, params: Params, step_size: float, temperature: float, length: int):
+        """``length`` iterations in one graph call: ``(new params, energy and statistics at params,
+        statistics at the last iteration's start, (2, length) energy and state inf-norms, the
+        minibatches used)``, or ``None`` where no graph can do it."""
+        self.last_compiled = False
+        if self.disabled is not None or self.fused_disabled is not None:
+            return None
+        key, keep_alive = self._key(step_size, temperature)
+        key = (*key, length)
+        entry = self.graphs.get(key)
+        if entry is None:
+            if len(self.graphs) >= MAX_GRAPHS:
+                return None
+            start = time.perf_counter()
+            entry = self._build(params, step_size, temperature, length)
+            self.compile_seconds += time.perf_counter() - start
+            if entry is None:
+                return None
+            self.graphs[key] = (*entry, keep_alive)
+            entry = self.graphs[key]
+        graph, names, plates, num_draws, stat_names, _ = entry
+        batches = [self.batches.draw() for _ in range(length * num_draws)]
+        outputs = graph(*(params[n] for n in names), *(batch[p] for batch in batches for p in plates))
+        n, m = len(names), len(stat_names)
+        self.last_compiled = True
+        return (dict(zip(names, outputs[:n])), outputs[n], dict(zip(stat_names, outputs[n + 1: n + 1 + m])),
+                dict(zip(stat_names, outputs[n + 1 + m: n + 1 + 2 * m])), outputs[-1], batches)
+
     # ----------------------------------------------------------------- building a graph
+    def _fused_traceable(self, names, plates, num_draws, step_size, temperature, length: int):
+        """``length`` iterations as a function of flat tensors: the values, then every minibatch's
+        indices; it returns the last values, the energy and statistics at the first iteration's
+        start, the statistics at the last one's, and the (2, length) inf-norms of each iteration's
+        energy and new state."""
+        kernel, n, k = self.kernel, len(names), len(plates)
+
+        def steps(*inputs):
+            params, norms, first, stats = dict(zip(names, inputs[:n])), [], None, {}
+            for j in range(length):
+                at = n + j * num_draws * k
+                batches = [dict(zip(plates, inputs[at + d * k: at + (d + 1) * k])) for d in range(num_draws)]
+                with self.batches.scripted(batches):
+                    params, energy, _, stats = kernel.transition(params, step_size, temperature)
+                if first is None:
+                    first = (energy, stats)
+                state = torch.stack([v.detach().abs().amax() for v in params.values()]).amax()
+                norms.append(torch.stack([energy.detach().abs().amax(), state]))
+            return [*(params[m] for m in names), first[0], *first[1].values(), *stats.values(),
+                    torch.stack(norms, 1)]
+
+        return steps
+
     def _traceable(self, names, plates, num_draws, step_size, temperature):
         """The iteration as a function of flat tensors: the values, then each draw's minibatch
         indices; it returns the new values, the energy, the gradients and the target's statistics."""
@@ -100,7 +163,8 @@ class CompiledSteps:
 
         return step
 
-    def _build(self, params: Params, step_size: float, temperature: float):
+    def _build(self, params: Params, step_size: float, temperature: float, length: Optional[int] = None):
+        """The graph of one iteration, or of ``length`` fused ones; ``None`` (after a warning) if it fails."""
         kernel, names = self.kernel, list(params)
         values = [params[n].detach() for n in names]
         devices = [v.device for v in values if v.device.type == "cuda"]
@@ -111,18 +175,25 @@ class CompiledSteps:
                 plates, num_draws = list(script.fixed), script.count
                 # a distinct tensor (and minibatch) per draw: make_fx tells inputs apart by identity
                 inputs = values + [self.batches.shifted(p, script.fixed[p], d)
-                                   for d in range(num_draws) for p in plates]
-                step = self._traceable(names, plates, num_draws, step_size, temperature)
+                                   for d in range((length or 1) * num_draws) for p in plates]
+                if length is None:
+                    step = self._traceable(names, plates, num_draws, step_size, temperature)
+                else:
+                    step = self._fused_traceable(names, plates, num_draws, step_size, temperature, length)
                 graph = trace_graph(step, inputs)
-                self._check(graph, step, inputs, len(names))
-        except Exception as err:  # any failure to trace means: stay eager, and say why
-            self._disable(_reason(err))
+                self._check(graph, step, inputs, len(names), length)
+        except Exception as err:  # any failure to trace means: stay eager (or unfused), and say why
+            if length is None:
+                self._disable(_reason(err))
+            else:
+                self.fused_disabled = _reason(err)
+                self.kernel.warn_jit(f"runs one iteration per graph call: fusing {length} failed ({self.fused_disabled})")
             return None
         if self.backend == "inductor":
             try:
                 compiled = compile_graph(graph, inputs, "inductor")
                 with torch.random.fork_rng(devices=devices):
-                    self._check(compiled, step, inputs, len(names))
+                    self._check(compiled, step, inputs, len(names), length)
                 graph = compiled
             except Exception as err:
                 self.kernel.warn_jit(f"inductor failed ({type(err).__name__}: {first_line(err)}); the traced graph "
@@ -130,9 +201,9 @@ class CompiledSteps:
                 self.backend = "fx"
         return graph, names, plates, num_draws, stat_names
 
-    def _check(self, graph, step, inputs, n: int) -> None:
-        """The traced graph against the eager iteration, on the same random numbers: new values,
-        energy, gradients and the target's statistics."""
+    def _check(self, graph, step, inputs, n: int, length: Optional[int] = None) -> None:
+        """The traced graph against the eager iteration(s), on the same random numbers: new values,
+        energy, gradients (fused: the inf-norms) and the target's statistics."""
         seed = int(torch.randint(0, 2**31 - 1, ()))
         outputs = []
         for fn in (step, graph):
@@ -140,8 +211,9 @@ class CompiledSteps:
             if inputs[0].device.type == "cuda":
                 torch.cuda.manual_seed(seed)
             outputs.append(fn(*inputs))
-        labels = ["the new value"] * n + ["the energy"] + ["the gradient"] * n
-        labels += ["a statistic"] * (len(outputs[0]) - len(labels))
+        labels = ["the new value"] * n + ["the energy"] + ["the gradient"] * (n if length is None else 0)
+        labels += ["a statistic"] * (len(outputs[0]) - len(labels) - (length is not None))
+        labels += ["the inf-norms"] * (length is not None)
         reason = mismatch(zip(labels, *outputs))
         if reason is not None:
             raise _Mismatch(reason)
@@ -159,4 +231,4 @@ def _reason(err: Exception) -> str:
     return str(err) if isinstance(err, _Mismatch) else untraceable_reason(err)
 
 
-__all__ = ["CompiledSteps", "MAX_GRAPHS"]
+__all__ = ["CompiledSteps", "MAX_GRAPHS", "MAX_FUSED_STEPS"]

@@ -20,7 +20,7 @@ from ..schedules import Schedule, as_schedule
 from ..targets import Params
 from ..validation import check_positive
 from .base import TargetKernel
-from .compiled_step import CompiledSteps
+from .compiled_step import MAX_FUSED_STEPS, CompiledSteps
 from .divergence import divergence_error
 from .integrators import Transition, langevin_step
 from .preconditioning import DEFAULT_STEP_SIZE, Preconditioner
@@ -29,6 +29,27 @@ from .preconditioning import DEFAULT_STEP_SIZE, Preconditioner
 def inf_norm(params: Params) -> float:
     """The largest absolute coordinate of a state (NaN if it holds one), with one host sync."""
     return float(torch.stack(torch._foreach_norm(list(params.values()), math.inf)).amax())
+
+
+def _blow_up(energy_norm: float, norm_after: float, norm_before: float, max_growth: Optional[float]) -> Optional[str]:
+    if not (math.isfinite(energy_norm) and math.isfinite(norm_after)):
+        return "non-finite"
+    if max_growth is not None and norm_after > max_growth * max(1.0, norm_before):
+        return "growth"
+    return None
+
+
+def fused_blow_up(norms: torch.Tensor, norm_before: float, max_growth: Optional[float]) -> Tuple[Optional[str], float]:
+    """:func:`step_blow_up` for ``k`` fused iterations, from the graph's ``(2, k)`` output of
+    ``[energy inf-norm, state inf-norm]`` per iteration; one host sync. ``(why the first divergent
+    iteration is one or None, the last state's largest |coordinate|)``."""
+    energy_norms, state_norms = norms.tolist()
+    for energy_norm, norm_after in zip(energy_norms, state_norms):
+        problem = _blow_up(energy_norm, norm_after, norm_before, max_growth)
+        if problem is not None:
+            return problem, norm_after
+        norm_before = norm_after
+    return None, norm_before
 
 
 def step_blow_up(energy: torch.Tensor, new_params: Params, norm_before: float,
@@ -44,11 +65,7 @@ def step_blow_up(energy: torch.Tensor, new_params: Params, norm_before: float,
     """
     norms = torch.stack(torch._foreach_norm([energy.reshape(-1), *new_params.values()], math.inf))
     energy_norm, norm_after = torch.stack([norms[0], norms[1:].amax()]).tolist()
-    if not (math.isfinite(energy_norm) and math.isfinite(norm_after)):
-        return "non-finite", norm_after
-    if max_growth is not None and norm_after > max_growth * max(1.0, norm_before):
-        return "growth", norm_after
-    return None, norm_after
+    return _blow_up(energy_norm, norm_after, norm_before, max_growth), norm_after
 
 
 class StochasticGradientKernel(TargetKernel):
@@ -166,9 +183,69 @@ class StochasticGradientKernel(TargetKernel):
         :class:`~pyro_flat.schedules.cyclical_cosine`) the iterations of each cycle's exploration
         phase are optimisation steps (no injected noise) and make no draw: after warm-up one call
         runs through them to the next sampling-phase iterations (cSGMCMC, Zhang et al. 2020).
+
+        Compiled (``jit_compile``), a draw's iterations at one step size run as fused graphs of
+        :attr:`fused_steps` iterations each (:meth:`~pyro_flat.kernels.compiled_step.CompiledSteps.fused`):
+        one call and one host sync per graph instead of per iteration, the same draws up to round-off.
         """
         sampling = self._iteration >= self._warmup_steps
-        needed, j = (self.steps_per_draw if sampling else 1), 0
+        if sampling and self._steps is not None:
+            fused = self._fused_draw(params)
+            if fused is not None:
+                return fused
+        return self._iterate(params, sampling)
+
+    #: iterations per fused graph call (``jit_compile`` after warm-up); ``None``: the largest divisor of
+    #: the iterations per draw up to :data:`MAX_FUSED_STEPS`; 1 turns fusing off
+    fused_steps: Optional[int] = None
+
+    def _fused_length(self) -> int:
+        if self.fused_steps is not None:
+            return self.fused_steps if self.steps_per_draw % self.fused_steps == 0 else 1
+        return max(k for k in range(1, min(self.steps_per_draw, MAX_FUSED_STEPS) + 1) if self.steps_per_draw % k == 0)
+
+    def _fused_draw(self, params: Params) -> Optional[Params]:
+        """A draw's :attr:`steps_per_draw` iterations as fused graph calls, or ``None`` (then they run one
+        by one) where a graph cannot do them: a step size or phase that changes within the draw."""
+        first, total, length = self._iteration, self.steps_per_draw, self._fused_length()
+        if length < 2:
+            return None
+        factors = {self._schedule_factor(k) for k in range(first, first + total)}
+        if len(factors) > 1 or not all(self.in_sampling_phase(k) for k in range(first, first + total)):
+            return None
+        step_size = self.step_size * factors.pop()
+        for call in range(total // length):
+            random_state = _random_state(params)
+            out = self._steps.fused(params, step_size, self.temperature, length)
+            if out is None:  # no graph (it failed to trace or compile): the rest one by one
+                if call == 0:
+                    return None
+                params = self._iterate(params, True, steps=total - call * length, record=False)
+                break
+            new_params, energy, stats, last_stats, norms, batches = out
+            before = self._state_norm if params is self._normed_state else inf_norm(params)
+            problem, self._state_norm = fused_blow_up(norms, before, self.max_growth)
+            if problem is not None:  # replay one by one on the same numbers: the error names the iteration
+                _restore_random_state(random_state)
+                with self.target.batches.scripted(batches):
+                    self._iterate(params, True, steps=length, record=call == 0, eager=True)
+                raise RuntimeError("a fused graph diverged but its replay did not")  # pragma: no cover
+            self._normed_state = new_params
+            self.num_grad_evals += self.grads_per_iteration * length
+            if call == 0 and first > self._warmup_steps:  # the previous draw's statistics (see _iterate)
+                self._record_state({"potential_energy": energy, **stats})
+            self._iteration += length
+            self._last_stats = {"step_size": step_size, **last_stats}
+            params = new_params
+        self._stats["step_size"].append(step_size)
+        self._stats["grad_evals"].append(self.num_grad_evals)
+        self._record_draw(params)
+        return params
+
+    def _iterate(self, params: Params, sampling: bool, *, steps: Optional[int] = None, record: bool = True,
+                 eager: bool = False) -> Params:
+        """The iterations of :meth:`sample` one at a time (``steps`` of them, default a draw's)."""
+        needed, j = (steps or self.steps_per_draw) if sampling else 1, 0
         while needed:
             k = self._iteration
             if self.preconditioner is not None and not sampling:
@@ -176,7 +253,10 @@ class StochasticGradientKernel(TargetKernel):
             explore = not self.in_sampling_phase(k)
             temperature = 0.0 if explore else self.temperature  # exploration: optimisation steps
             step_size = self.step_size * self._schedule_factor(k)
-            new_params, energy, grads, target_stats = self._transition(params, step_size, temperature)
+            if eager:
+                new_params, energy, grads, target_stats = self.transition(params, step_size, temperature)
+            else:
+                new_params, energy, grads, target_stats = self._transition(params, step_size, temperature)
             self.num_grad_evals += self.grads_per_iteration
             # the state's norm: the previous step's result, computed only for a state it did not make
             before = self._state_norm if params is self._normed_state else inf_norm(params)
@@ -186,7 +266,7 @@ class StochasticGradientKernel(TargetKernel):
                 self._raise_divergence(params, grads, new_params, energy, step_size, problem)
             self._iteration += 1
             state_stats = {"potential_energy": energy, **target_stats}
-            if j == 0 and k > self._warmup_steps:
+            if record and j == 0 and k > self._warmup_steps:
                 # `params` is the draw returned by the previous call: its statistics are known
                 # now, at no extra cost (they come with this step's potential evaluation).
                 self._record_state(state_stats)
@@ -195,7 +275,7 @@ class StochasticGradientKernel(TargetKernel):
             j += 1
             if not (sampling and explore):  # exploration iterations make no draw
                 needed -= 1
-        if sampling:
+        if sampling and steps is None:
             self._stats["step_size"].append(self._last_stats["step_size"])  # one for all chains
             self._stats["grad_evals"].append(self.num_grad_evals)
             self._record_draw(params)
@@ -258,4 +338,17 @@ class StochasticGradientKernel(TargetKernel):
             completed_chains=self._completed_draws)
 
 
-__all__ = ["StochasticGradientKernel", "Transition", "inf_norm", "step_blow_up"]
+def _random_state(params: Params) -> tuple:
+    """The global random streams a graph call draws from (the CPU's, and the CUDA device's in use)."""
+    devices = {v.device for v in params.values() if v.device.type == "cuda"}
+    return torch.get_rng_state(), [(d, torch.cuda.get_rng_state(d)) for d in devices]
+
+
+def _restore_random_state(state: tuple) -> None:
+    cpu, cuda = state
+    torch.set_rng_state(cpu)
+    for device, value in cuda:
+        torch.cuda.set_rng_state(value, device)
+
+
+__all__ = ["StochasticGradientKernel", "Transition", "inf_norm", "step_blow_up", "fused_blow_up"]

@@ -31,7 +31,9 @@ class EpochBatcher:
     """Minibatch indices without replacement within an epoch, reshuffled every epoch.
 
     Each batch is a uniformly random subset of ``range(size)``, so ``N/B`` times its log-likelihood
-    is an unbiased estimate of the full one. One permutation per epoch instead of per step. With
+    is an unbiased estimate of the full one. One permutation per epoch instead of per step, from a
+    random stream of the batcher's own (:attr:`generator`, seeded from the global one when the
+    batcher is made), so that drawing several minibatches ahead changes nothing. With
     ``num_chains=C`` every call gives ``(C, B)`` indices, each chain its own permutation (chains
     that share no minibatch are independent draws of one chain's law); else ``(B,)``.
 
@@ -42,15 +44,19 @@ class EpochBatcher:
     """
 
     def __init__(self, size: int, batch_size: int, device: torch.device, num_chains: Optional[int] = None):
-        self.size, self.batch_size, self.device = size, batch_size, device
+        self.size, self.batch_size, self.device = size, batch_size, torch.device(device)
         self.num_chains = num_chains
         self._perm = torch.empty(0 if num_chains is None else (num_chains, 0), dtype=torch.long, device=device)
         self._pos = 0
+        # a stream of its own, seeded from the global one: the minibatches do not depend on when
+        # they are drawn relative to the kernel's noise (a fused graph draws k at once)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(int(torch.randint(0, 2**62, ())))
 
     def _shuffle(self) -> torch.Tensor:
         if self.num_chains is None:
-            return torch.randperm(self.size, device=self.device)
-        return torch.rand(self.num_chains, self.size, device=self.device).argsort(-1)
+            return torch.randperm(self.size, device=self.device, generator=self.generator)
+        return torch.rand(self.num_chains, self.size, device=self.device, generator=self.generator).argsort(-1)
 
     def __call__(self) -> torch.Tensor:
         if self._pos + self.batch_size > self._perm.shape[-1]:
