@@ -1,4 +1,4 @@
-"""The compiled fast path (``jit_compile=True``) against eager kernels, hand-written loops and the floor.
+"""The compiled fast path (``jit_compile=True``) against eager kernels, hand-written loops, the floor and JAX.
 
 Every number is measured in this run, on one thread unless said otherwise:
 
@@ -7,16 +7,24 @@ Every number is measured in this run, on one thread unless said otherwise:
    - the floor: a hand-fused step with the gradient written out (no autograd): gather, two
      matvecs, the Gaussians;
    - hand-written eager torch loops with autograd (SGLD, Entropy-MCMC);
-   - SGLD / EntropySGLD in ``pyro.infer.MCMC``, eager and compiled;
-   - the same Entropy-MCMC step in JAX (``lax.scan``, ``jit``), when JAX is installed;
-   and the compile time and the iterations after which compiling pays. Targets: compiled
-   EntropySGLD <= 1.2x the hand-written Entropy loop and <= 3x the JAX step.
+   - SGLD / EntropySGLD in ``pyro.infer.MCMC``, eager and compiled (one iteration per graph call);
+   - the same in ``pyro_flat.MCMC`` with ``thinning=10``: ten iterations per fused graph call;
+   - when JAX is installed (``pip install -e '.[bench]'``), the same Entropy-MCMC step in JAX and
+     BlackJAX's SGLD (``jit`` over ``lax.scan``, the gather inside, the permutations drawn before
+     the timer, best of several calls; ``jax_reference.py``).
+   Targets: fused EntropySGLD <= 1.2x the floor loop and <= 1.3x the JAX step; fused SGLD <= 1.5x
+   BlackJAX's SGLD; compiled EntropySGLD <= 1.2x the hand-written loop.
 2. 128 vectorized chains (``bench_vectorized.py``'s problem: the embedded MNIST 7-vs-9 training
-   images, EntropySGLD): chain-iterations per second, eager and compiled (2 threads), and JAX
-   ``vmap`` when installed (XLA's default threads: the 2 cores). Target: compiled >= JAX.
+   images), 2 threads, chain-iterations per second of EntropySGLD and SGLD, compiled and fused
+   (``thinning=10``), against JAX ``vmap`` (Entropy) and BlackJAX (SGLD) running the same algorithm:
+   per-chain minibatches on both sides (pyro-flat's default), and one shared minibatch on both sides.
+   Target: per-chain pyro-flat >= per-chain JAX.
 3. The BNN study's network (``BayesianMLP`` 784-100-5, 2,000 images, minibatch 100), one chain, SGLD,
    20 kept draws: compiled against a hand-written loop with autograd on the same network. Target:
    <= 1.1x.
+
+``OMP_WAIT_POLICY=PASSIVE`` is set (unless given): on a busy machine OpenMP's spinning threads
+turned a 3 ms 128-chain iteration into 11-160 ms.
 
 Run:  python benchmarks/bench_compiled.py [--iters 1000] [--repeats 3]
 """
@@ -24,11 +32,13 @@ Run:  python benchmarks/bench_compiled.py [--iters 1000] [--repeats 3]
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import os
 import time
 
 os.environ.setdefault("CI", "1")  # no progress bar: it would be timed too
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read when torch starts its threads
 
 import torch  # noqa: E402
 
@@ -77,9 +87,27 @@ def kernel_run(kernel_fn, iters: int, *args, **kwargs) -> tuple:
     return seconds / iters * 1e6, kernel.compile_seconds
 
 
-def vectorized_rate(jit: bool, X, y, chains: int, iters: int) -> float:
-    kernel = EntropySGLD(model, eta=0.01, step_size=5e-4, record_draws=False, jit_compile=jit)
-    mcmc = VectorizedMCMC(kernel, iters, 0, num_chains=chains, disable_progbar=True)
+def fused_run(kernel_fn, iters: int, *args, thinning: int = 10, **kwargs) -> tuple:
+    """(µs per iteration, compile seconds) of one chain in ``pyro_flat.MCMC`` with ``thinning``:
+    ``thinning`` iterations per fused graph call."""
+    kernel = kernel_fn()
+    mcmc = VectorizedMCMC(kernel, num_samples=iters, warmup_steps=0, thinning=thinning, disable_progbar=True)
+    pyro.set_rng_seed(0)
+    start = time.perf_counter()
+    mcmc.run(*args, **kwargs)
+    seconds = time.perf_counter() - start - kernel.compile_seconds
+    return seconds / iters * 1e6, kernel.compile_seconds
+
+
+def vectorized_rate(kind: str, jit: bool, X, y, chains: int, iters: int, minibatches: str = "per_chain",
+                    thinning: int = 1) -> float:
+    """Chain-iterations per second of ``chains`` vectorized chains (compile time excluded)."""
+    if kind == "Entropy":
+        kernel = EntropySGLD(model, eta=0.01, step_size=5e-4, record_draws=False, jit_compile=jit)
+    else:
+        kernel = SGLD(model, step_size=5e-4, record_draws=False, jit_compile=jit)
+    mcmc = VectorizedMCMC(kernel, iters, 0, num_chains=chains, thinning=thinning, minibatches=minibatches,
+                          disable_progbar=True)
     pyro.set_rng_seed(0)
     start = time.perf_counter()
     mcmc.run(X, y, batch_size=100, prior_scale=0.5)
@@ -119,61 +147,8 @@ def mlp_hand_loop(net: BayesianMLP, X, y, iters: int, step: float) -> float:
     return (time.perf_counter() - start) / iters * 1e6
 
 
-def jax_rates(X, y, iters: int, chains: int, X79, y79, vector_iters: int):
-    """(µs per iteration of one JAX Entropy-MCMC chain, chain-iterations/s of ``chains`` vmapped
-    chains), the same step as EntropySGLD under ``lax.scan`` and ``jit``; ``None`` without JAX."""
-    try:
-        import jax
-        import jax.numpy as jnp
-    except ImportError:
-        return None
-
-    def make_run(Xt, yt, step, eta, prior_var):
-        Xj, yj = jnp.asarray(Xt.numpy()), jnp.asarray(yt.numpy())
-        n, d = Xj.shape
-        noise = math.sqrt(2 * step)
-
-        def potential(w, b, idx):
-            logits = Xj[idx] @ w + b
-            nll = jnp.sum(jax.nn.softplus(logits) - yj[idx] * logits)
-            return 0.5 * (w @ w + b * b) / prior_var + (n / B) * nll
-
-        grad = jax.grad(potential, argnums=(0, 1))
-
-        def body(carry, idx):
-            w, b, wa, ba, key = carry
-            key, k1, k2, k3, k4 = jax.random.split(key, 5)
-            gw, gb = grad(w, b, idx)
-            w_new = w - step * (gw + (w - wa) / eta) + noise * jax.random.normal(k1, (d,))
-            b_new = b - step * (gb + (b - ba) / eta) + noise * jax.random.normal(k2, ())
-            wa = wa - step * (wa - w) / eta + noise * jax.random.normal(k3, (d,))
-            ba = ba - step * (ba - b) / eta + noise * jax.random.normal(k4, ())
-            return (w_new, b_new, wa, ba, key), None
-
-        def chain(key, batches):
-            zero = jnp.zeros(d)
-            return jax.lax.scan(body, (zero, 0.0, zero, 0.0, key), batches)[0][0]
-
-        def epochs(key, steps):  # epoch-shuffled minibatches, as EpochBatcher draws them
-            per = n // B
-            perms = jax.vmap(lambda k: jax.random.permutation(k, n)[: per * B])(jax.random.split(key, -(-steps // per)))
-            return perms.reshape(-1, B)[:steps]
-
-        return chain, epochs
-
-    def timed(fn, *args):
-        jax.block_until_ready(fn(*args))  # compile
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        return time.perf_counter() - start
-
-    chain, epochs = make_run(X, y, STEP, ETA, 1.0)
-    one = jax.jit(lambda key: chain(key, epochs(key, iters)))
-    one_us = timed(one, jax.random.PRNGKey(0)) / iters * 1e6
-    chain, epochs = make_run(X79, y79, 5e-4, 0.01, 0.25)
-    many = jax.jit(jax.vmap(lambda key: chain(key, epochs(key, vector_iters))))
-    seconds = timed(many, jax.random.split(jax.random.PRNGKey(0), chains))
-    return one_us, chains * vector_iters / seconds
+def jax_available() -> bool:
+    return all(importlib.util.find_spec(name) is not None for name in ("jax", "blackjax"))
 
 
 def best(fn, repeats: int) -> float:
@@ -202,6 +177,9 @@ def main():
             "EntropySGLD eager": lambda: kernel_run(lambda: EntropySGLD(model, eta=ETA, step_size=STEP), iters, X, y)[0],
             "EntropySGLD compiled": lambda: kernel_run(
                 lambda: EntropySGLD(model, eta=ETA, step_size=STEP, jit_compile=True), iters, X, y),
+            "SGLD fused": lambda: fused_run(lambda: SGLD(model, step_size=STEP, jit_compile=True), iters, X, y),
+            "EntropySGLD fused": lambda: fused_run(
+                lambda: EntropySGLD(model, eta=ETA, step_size=STEP, jit_compile=True), iters, X, y),
         }.items():
             value = fn()
             us, compile_s = value if isinstance(value, tuple) else (value, None)
@@ -222,31 +200,65 @@ def main():
         ("SGLD compiled / hand SGLD", rows["SGLD compiled"][0] / rows["hand SGLD (autograd)"][0], 1.2),
         ("EntropySGLD compiled / floor Entropy", rows["EntropySGLD compiled"][0] / rows["floor Entropy"][0], None),
         ("SGLD compiled / floor SGLD", rows["SGLD compiled"][0] / rows["floor SGLD"][0], None),
+        ("EntropySGLD fused / floor Entropy", rows["EntropySGLD fused"][0] / rows["floor Entropy"][0], 1.2),
+        ("SGLD fused / floor SGLD", rows["SGLD fused"][0] / rows["floor SGLD"][0], None),
     ]
     for name, ratio, target in ratios:
         verdict = "" if target is None else ("  ok" if ratio <= target else "  MISSED") + f" (target <= {target})"
         print(f"  {name:<40s} {ratio:5.2f}{verdict}")
 
     X79, y79 = load_mnist79(None, split="train")
-    jax = jax_rates(X, y, iters, args.chains, X79, y79, 200)
-    if jax is None:
-        print("  JAX: not installed (pip install -e '.[bench]'); no JAX figures in this run")
+    have_jax = jax_available()
+    if not have_jax:
+        print("  JAX / BlackJAX: not installed (pip install -e '.[bench]'); no JAX figures in this run")
     else:
-        entropy = rows["EntropySGLD compiled"][0]
-        print(f"  JAX Entropy-MCMC step (lax.scan, jit) {jax[0]:8.0f} us/iteration")
-        verdict = "ok" if entropy / jax[0] <= 3 else "MISSED"
-        print(f"  EntropySGLD compiled / JAX step          {entropy / jax[0]:5.2f}  {verdict} (target <= 3)")
+        import jax_reference as jr
+
+        Xj, yj = (jr.jnp.asarray(t.numpy()) for t in make_data())
+        jax_us = {
+            "JAX Entropy step": jr.seconds_per_call(jr.entropy_chain(Xj, yj, B, STEP, ETA, 1.0), iters, B, N, None,
+                                                    False, repeats) / iters * 1e6,
+            "BlackJAX SGLD": jr.seconds_per_call(jr.blackjax_sgld_chain(Xj, yj, B, STEP, 1.0), iters, B, N, None,
+                                                 False, repeats) / iters * 1e6,
+        }
+        for name, us in jax_us.items():
+            print(f"  {name:<26s} {us:8.0f} us/iteration   (jit, lax.scan)")
+        for name, ratio, target in [
+            ("EntropySGLD fused / JAX Entropy step", rows["EntropySGLD fused"][0] / jax_us["JAX Entropy step"], 1.3),
+            ("EntropySGLD compiled / JAX Entropy step", rows["EntropySGLD compiled"][0] / jax_us["JAX Entropy step"],
+             None),
+            ("SGLD fused / BlackJAX SGLD", rows["SGLD fused"][0] / jax_us["BlackJAX SGLD"], 1.5),
+        ]:
+            verdict = "" if target is None else ("  ok" if ratio <= target else "  MISSED") + f" (target <= {target})"
+            print(f"  {name:<40s} {ratio:5.2f}{verdict}")
 
     torch.set_num_threads(2)
-    rates = {jit: max(vectorized_rate(jit, X79, y79, args.chains, 200) for _ in range(repeats)) for jit in (False, True)}
-    print(f"\n2. {args.chains} vectorized chains: EntropySGLD, logistic regression d=785, N={len(X79)}, minibatch 100, "
-          "2 threads")
-    print(f"  eager     {rates[False]:10.0f} chain-iterations/s")
-    print(f"  compiled  {rates[True]:10.0f} chain-iterations/s  ({rates[True] / rates[False]:.2f}x)")
-    if jax is not None:
-        verdict = "ok" if rates[True] >= jax[1] else "MISSED"
-        print(f"  JAX vmap  {jax[1]:10.0f} chain-iterations/s  (compiled / JAX: {rates[True] / jax[1]:.2f}, "
-              f"{verdict}, target >= 1)")
+    chains, vector_iters = args.chains, 200
+    print(f"\n2. {chains} vectorized chains: logistic regression d=785, N={len(X79)}, minibatch 100, 2 threads, "
+          f"{vector_iters} iterations; chain-iterations/s, best of {repeats}")
+    if have_jax:
+        Xj, yj = jr.jnp.asarray(X79.numpy()), jr.jnp.asarray(y79.numpy())
+        jax_chains = {"Entropy": jr.entropy_chain(Xj, yj, B, 5e-4, 0.01, 0.25),
+                      "SGLD": jr.blackjax_sgld_chain(Xj, yj, B, 5e-4, 0.25)}
+    for scheme in ("per_chain", "shared"):
+        for kind in ("Entropy", "SGLD"):
+            rate = {
+                "compiled": best(lambda: -vectorized_rate(kind, True, X79, y79, chains, vector_iters, scheme), repeats),
+                "fused": best(lambda: -vectorized_rate(kind, True, X79, y79, chains, vector_iters, scheme, 10), repeats),
+            }
+            rate = {k: -v for k, v in rate.items()}
+            line = (f"  {kind + 'SGLD' if kind == 'Entropy' else kind:<12s} {scheme:<9s} compiled {rate['compiled']:8.0f}, "
+                    f"fused (thinning 10) {rate['fused']:8.0f}")
+            if have_jax:
+                seconds = jr.seconds_per_call(jax_chains[kind], vector_iters, B, len(X79), chains, scheme == "shared",
+                                              repeats)
+                jax_rate = chains * vector_iters / seconds
+                label = "JAX vmap" if kind == "Entropy" else "BlackJAX vmap"
+                ratio = max(rate.values()) / jax_rate
+                target = "" if scheme != "per_chain" or kind != "Entropy" else \
+                    ("  ok" if ratio >= 1 else "  MISSED") + " (target >= 1)"
+                line += f"; {label} {jax_rate:8.0f}; pyro-flat / JAX {ratio:5.2f}{target}"
+            print(line)
 
     torch.set_num_threads(1)
     data = load_mnist_ood(None)

@@ -44,12 +44,16 @@ def logistic_regression(X: torch.Tensor, y: Optional[torch.Tensor] = None, *,
     b = pyro.sample("b", dist.Normal(zero, prior_scale))
     subsample = None if batch_size is None else min(batch_size, X.shape[0])
     with pyro.plate("data", X.shape[0], subsample_size=subsample) as idx:
-        if subsample is not None and subsample < X.shape[0]:  # full batch: no copy of X
-            X, y = take_rows(X, idx), None if y is None else take_rows(y, idx)
-        if X.dim() == 2:  # the same data for every chain
+        if subsample is None or subsample >= X.shape[0]:  # full batch: no copy of X
             logits = w @ X.T + b
-        else:  # (C, B, d): each chain its own minibatch
-            logits = (X * w.unsqueeze(-2)).sum(-1) + b
+        elif idx.dim() == 1:  # one minibatch (for every chain)
+            logits = w @ take_rows(X, idx).T + b
+        elif X.shape[0] <= 16 * subsample:  # each chain its own, few data: all logits, then each chain's
+            logits = (w @ X.T).gather(-1, idx) + b
+        else:  # each chain its own: (C, B, d) @ (C, d, 1)
+            logits = torch.matmul(take_rows(X, idx), w.unsqueeze(-1)).squeeze(-1) + b
+        if y is not None and subsample is not None and subsample < X.shape[0]:
+            y = take_rows(y, idx)
         pyro.sample("y", dist.Bernoulli(logits=logits), obs=y)
 
 

@@ -3,6 +3,7 @@ runs are reproducible, and models that do not broadcast fall back to Pyro's driv
 clearly when vectorization was demanded)."""
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -418,3 +419,26 @@ def test_acceptance_rate_is_a_float_per_chain_in_both_drivers():
         rates = mcmc.diagnostics()["acceptance rate"]
         assert set(rates) == {"chain 0", "chain 1"}
         assert all(type(r) is float and 0 <= r <= 1 for r in rates.values()), (chain_method, rates)
+
+
+def test_the_progress_bar_counts_every_iteration_while_logging_seldom(monkeypatch):
+    """The bar advances by every iteration (warm-up, and thinning's skipped ones), while the kernel's
+    ``logging()`` (a JSON record each) runs at most every 0.1 s and at each phase's end."""
+    import pyro_flat.mcmc
+    from pyro.infer.mcmc.logger import ProgressBar
+
+    counted, logged = [], []
+
+    class Counting(ProgressBar):
+        def update(self, n=1):
+            counted.append(n)
+
+    monkeypatch.setattr(pyro_flat.mcmc, "ProgressBar", Counting)
+    kernel = SGLD(_regression, step_size=1e-4)
+    monkeypatch.setattr(kernel, "logging", lambda: logged.append(1) or {"step size": "1e-4"})
+    X, y = _data()
+    start = time.perf_counter()
+    MCMC(kernel, 40, 7, num_chains=3, thinning=4, disable_progbar=True).run(X, y)
+    seconds = time.perf_counter() - start
+    assert sum(counted) == 7 + 40
+    assert 2 <= len(logged) <= 2 + seconds / 0.1
