@@ -83,13 +83,9 @@ class CompiledSteps:
                 self.kernel.warn_jit(f"{MAX_GRAPHS} graphs compiled already (one per step size and temperature); "
                                 "iterations at other step sizes run eagerly")
                 return None
-            start = time.perf_counter()
-            entry = self._build(params, step_size, temperature)
-            self.compile_seconds += time.perf_counter() - start
+            entry = self._cached_build(key, keep_alive, params, step_size, temperature)
             if entry is None:
                 return None
-            self.graphs[key] = (*entry, keep_alive)
-            entry = self.graphs[key]
         graph, names, plates, num_draws, stat_names, _ = entry
         indices = [batch[p] for _ in range(num_draws) for batch in (self.batches.draw(),) for p in plates]
         outputs = graph(*(params[n] for n in names), *indices)
@@ -111,13 +107,9 @@ class CompiledSteps:
         if entry is None:
             if len(self.graphs) >= MAX_GRAPHS:
                 return None
-            start = time.perf_counter()
-            entry = self._build(params, step_size, temperature, length)
-            self.compile_seconds += time.perf_counter() - start
+            entry = self._cached_build(key, keep_alive, params, step_size, temperature, length)
             if entry is None:
                 return None
-            self.graphs[key] = (*entry, keep_alive)
-            entry = self.graphs[key]
         graph, names, plates, num_draws, stat_names, _ = entry
         batches = [self.batches.draw() for _ in range(length * num_draws)]
         outputs = graph(*(params[n] for n in names), *(batch[p] for batch in batches for p in plates))
@@ -127,6 +119,16 @@ class CompiledSteps:
                 dict(zip(stat_names, outputs[n + 1 + m: n + 1 + 2 * m])), outputs[-1], batches)
 
     # ----------------------------------------------------------------- building a graph
+    def _cached_build(self, key, keep_alive, params, step_size, temperature, length=None):
+        """:meth:`_build`, timed into :attr:`compile_seconds` and kept under ``key`` (``None`` if it failed)."""
+        start = time.perf_counter()
+        entry = self._build(params, step_size, temperature, length)
+        self.compile_seconds += time.perf_counter() - start
+        if entry is None:
+            return None
+        self.graphs[key] = (*entry, keep_alive)
+        return self.graphs[key]
+
     def _fused_traceable(self, names, plates, num_draws, step_size, temperature, length: int):
         """``length`` iterations as a function of flat tensors: the values, then every minibatch's
         indices; it returns the last values, the energy and statistics at the first iteration's
