@@ -14,7 +14,8 @@ arguments, ``chain_method`` and ``thinning``. ``chain_method`` is one of:
 - ``"sequential"``/``"parallel"``: Pyro's behaviour (``"parallel"`` uses Pyro's worker processes
   when there are enough CPUs).
 
-Whatever ran is in ``mcmc.chain_method``. Vectorized chains of a subsampled model draw their own
+Whatever ran is in ``mcmc.chain_method``, and how its chains drew minibatches in
+``mcmc.minibatches`` (``"per_chain"`` whenever Pyro's driver ran them). Vectorized chains of a subsampled model draw their own
 minibatches (``minibatches="per_chain"``, the default): the plate's indices are ``(C, B)``, chain
 ``c``'s in row ``c``, and a model that gathers its data as ``X[idx]`` evaluates all chains in one
 batched pass. Chains are then independent, as R-hat and ESS assume. ``minibatches="shared"``
@@ -148,7 +149,7 @@ class MCMC(pyro.infer.MCMC):
         if chain_method not in CHAIN_METHODS:
             raise ValueError(f"chain_method must be one of {CHAIN_METHODS}, got {chain_method!r}.")
         num_chains = check_positive_int("num_chains", num_chains)
-        self.minibatches = check_minibatches(minibatches)
+        self._requested_minibatches = self.minibatches = check_minibatches(minibatches)
         if thinning > 1 and num_samples < thinning:
             raise ValueError(f"num_samples={num_samples} keeps no draw with thinning={thinning}; "
                              "pass num_samples >= thinning.")
@@ -189,6 +190,7 @@ class MCMC(pyro.infer.MCMC):
     def run(self, *args, **kwargs) -> None:
         num_chains, method, initial_params, *_ = self._requested
         if self._try_vectorized:  # vectorization requested: can it be done with these data?
+            self.minibatches = self._requested_minibatches
             reason = self.kernel.vectorization_error(num_chains, args, kwargs, initial_params, self.minibatches)
             if reason is None:
                 return self._run_vectorized(num_chains, initial_params, args, kwargs)
@@ -224,6 +226,7 @@ class MCMC(pyro.infer.MCMC):
         return self._run_pyro(args, kwargs)
 
     def _run_pyro(self, args: tuple, kwargs: dict) -> None:
+        self.minibatches = "per_chain"  # one chain per setup: each draws its own
         if hasattr(self.kernel, "configure"):  # one chain per setup; forget any earlier run
             self.kernel.configure(steps_per_draw=self.thinning)
         return super().run(*args, **kwargs)

@@ -172,6 +172,7 @@ def test_a_model_that_cannot_gather_per_chain_says_how_to_fix_it():
     with pytest.warns(UserWarning, match=r"cannot draw their own minibatches.*X\[idx\].*minibatches='shared'"):
         mcmc.run(X, y)
     assert mcmc.chain_method == "sequential"  # Pyro's driver: independent chains all the same
+    assert mcmc.minibatches == "per_chain"
     shared = MCMC(SGLD(_gathered_by_index_select, step_size=1e-3), 20, 5, num_chains=3, minibatches="shared",
                   disable_progbar=True)
     shared.run(X, y)
@@ -197,6 +198,11 @@ def test_fallback_when_the_model_does_not_broadcast():
         mcmc.run(X.float(), y.float())
     assert mcmc.chain_method == "sequential"
     assert mcmc.get_samples(group_by_chain=True)["w"].shape == (3, 30, 4)
+    asked_shared = MCMC(SGLD(_not_broadcasting, step_size=1e-3), 5, 2, num_chains=2, minibatches="shared",
+                        disable_progbar=True)
+    with pytest.warns(UserWarning, match="not vectorized"):
+        asked_shared.run(X.float(), y.float())
+    assert asked_shared.minibatches == "per_chain"  # what ran: Pyro's driver, one chain per setup
     demanded = MCMC(SGLD(_not_broadcasting, step_size=1e-3), 30, 10, num_chains=3,
                     chain_method="vectorized", disable_progbar=True)
     with pytest.raises(ValueError, match="does not broadcast.*chain_method='sequential'"):

@@ -91,10 +91,8 @@ def sample_chains(key: str, name: str, config: BNNConfig, model: BayesianMLP, da
     start = time.perf_counter()
     mcmc.run(data.X_train, data.y_train, batch_size=config.batch_size)
     seconds = time.perf_counter() - start
-    scheme = "each on its own minibatches" if mcmc.chain_method != "vectorized" or mcmc.minibatches == "per_chain" \
-        else "sharing one minibatch per step"
-    log(f"{name}: {config.num_chains} chains ({mcmc.chain_method}, {scheme}) x {iterations} iterations "
-        f"({kernel.num_grad_evals} gradient evaluations each) in {seconds:.1f} s")
+    log(f"{name}: {config.num_chains} chains ({mcmc.chain_method}, minibatches {mcmc.minibatches}) x {iterations} "
+        f"iterations ({kernel.num_grad_evals} gradient evaluations each) in {seconds:.1f} s")
     return mcmc.get_samples(group_by_chain=True), seconds, kernel.num_grad_evals
 
 

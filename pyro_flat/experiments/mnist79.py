@@ -109,9 +109,7 @@ def run_sampler(name: str, config: MNIST79Config, X: torch.Tensor, y: torch.Tens
 
 def _scheme(mcmc: MCMC, batch_size: Optional[int]) -> str:
     """``"full batch"``, or how the chains drew minibatches: ``"per_chain"`` or ``"shared"``."""
-    if batch_size is None:
-        return "full batch"
-    return mcmc.minibatches if mcmc.chain_method == "vectorized" else "per_chain"
+    return "full batch" if batch_size is None else mcmc.minibatches
 
 
 def _gradient_cost(run: SamplerRun, warmup: int) -> Optional[np.ndarray]:

@@ -224,13 +224,15 @@ class StochasticGradientKernel(TargetKernel):
                 break
             new_params, energy, stats, last_stats, norms, batches = out
             before = self._state_norm if params is self._normed_state else inf_norm(params)
-            problem, self._state_norm = fused_blow_up(norms, before, self.max_growth)
-            if problem is not None:  # replay one by one on the same numbers: the error names the iteration
+            problem, norm = fused_blow_up(norms, before, self.max_growth)
+            if problem is not None:
+                # replay one by one on the same numbers and minibatches: the error names the iteration
+                # and the chain (if round-off keeps the replay finite, its states stand)
                 _restore_random_state(random_state)
                 with self.target.batches.scripted(batches):
-                    self._iterate(params, True, steps=length, record=call == 0, eager=True)
-                raise RuntimeError("a fused graph diverged but its replay did not")  # pragma: no cover
-            self._normed_state = new_params
+                    params = self._iterate(params, True, steps=length, record=call == 0, eager=True)
+                continue
+            self._state_norm, self._normed_state = norm, new_params
             self.num_grad_evals += self.grads_per_iteration * length
             if call == 0 and first > self._warmup_steps:  # the previous draw's statistics (see _iterate)
                 self._record_state({"potential_energy": energy, **stats})

@@ -8,7 +8,7 @@ hand out given minibatches for a while (what a trace needs to see each draw as a
 without touching the target.
 
 For ``C`` vectorized chains each batcher may draw per-chain minibatches: ``(C, B)`` indices, row
-``c`` from chain ``c``'s own epoch permutation (:attr:`Minibatches.per_chain`). Chains that share
+``c`` from chain ``c``'s own epoch permutation (``EpochBatcher(num_chains=C)``). Chains that share
 no minibatch share no gradient noise, so they are independent draws of one chain's law, which is
 what R-hat and ESS assume; chains that share one minibatch per step are not.
 
@@ -97,11 +97,6 @@ class Minibatches:
         if self._script is not None:
             return self._script.next()
         return {name: batcher() for name, batcher in self.batchers.items()}
-
-    @property
-    def per_chain(self) -> bool:
-        """Whether each chain draws its own minibatches (``(C, B)`` indices)."""
-        return any(b.num_chains is not None for b in self.batchers.values())
 
     def fixed(self) -> Dict[str, torch.Tensor]:
         """The first ``B`` indices of every subsampled plate (for deterministic comparisons); with
