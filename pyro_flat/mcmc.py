@@ -63,7 +63,9 @@ from pyro.util import optional
 from .targets import Params, check_minibatches
 from .validation import check_nonnegative_int, check_positive_int, check_tensor, check_thinning
 
-CHAIN_METHODS = ("auto", "vectorized", "sequential", "parallel")
+CHAIN_METHODS = ("auto", "vectorized", "sequential", "parallel", "distributed", "data_parallel")
+#: the chain methods that span the ranks of a torch.distributed process group
+RANK_METHODS = ("distributed", "data_parallel")
 
 
 class _LoggingHook:
@@ -154,9 +156,9 @@ class MCMC(pyro.infer.MCMC):
             raise ValueError(f"num_samples={num_samples} keeps no draw with thinning={thinning}; "
                              "pass num_samples >= thinning.")
         can_vectorize = hasattr(kernel, "vectorization_error")
-        if chain_method == "vectorized" and not can_vectorize:
+        if chain_method in ("vectorized",) + RANK_METHODS and not can_vectorize:
             raise ValueError(
-                f"chain_method='vectorized' needs a pyro-flat kernel; {type(kernel).__name__} "
+                f"chain_method={chain_method!r} needs a pyro-flat kernel; {type(kernel).__name__} "
                 "cannot batch chains. Use chain_method='sequential'."
             )
         check_thinning(kernel, thinning)
@@ -169,7 +171,10 @@ class MCMC(pyro.infer.MCMC):
         self.chain_method = chain_method
         # decided for good in run(), when the model's arguments are known
         self._try_vectorized = num_chains > 1 and can_vectorize and chain_method in ("auto", "vectorized")
-        if self._try_vectorized:
+        self.rank, self.world_size, self.backend = 0, 1, None  # set by a run across ranks
+        if chain_method in RANK_METHODS:
+            super().__init__(kernel, num_samples, warmup_steps, num_chains=1, **kwargs)
+        elif self._try_vectorized:
             super().__init__(kernel, num_samples, warmup_steps, num_chains=1, **kwargs)
         else:
             self._init_pyro(num_chains, initial_params)
@@ -189,13 +194,15 @@ class MCMC(pyro.infer.MCMC):
 
     def run(self, *args, **kwargs) -> None:
         num_chains, method, initial_params, *_ = self._requested
+        if method in RANK_METHODS:
+            return self._run_across_ranks(num_chains, initial_params, args, kwargs)
         if self._try_vectorized:  # vectorization requested: can it be done with these data?
             self.minibatches = self._requested_minibatches
-            reason = self.kernel.vectorization_error(num_chains, args, kwargs, initial_params, self.minibatches)
+            reason = self._probe(num_chains, args, kwargs, initial_params)
             if reason is None:
                 return self._run_vectorized(num_chains, initial_params, args, kwargs)
-            if self.minibatches == "per_chain" and self.kernel.vectorization_error(
-                    num_chains, args, kwargs, initial_params, "shared") is None:
+            if self.minibatches == "per_chain" and self._probe(num_chains, args, kwargs, initial_params,
+                                                              "shared") is None:
                 hint = (f"{num_chains} chains cannot draw their own minibatches: the model does not give chain c "
                         f"the data of its own indices ({reason}). Gather the data with the plate's indices as "
                         "X[idx] (not X.index_select(0, idx)) and write the likelihood so that (C, B, ...) data "
@@ -239,22 +246,73 @@ class MCMC(pyro.infer.MCMC):
         require_draws(self, "summary")
         return super().summary(prob)
 
-    def _run_vectorized(self, num_chains: int, initial_params, args, kwargs) -> None:
-        """Pyro's sampling loop for one kernel that holds every chain; draws go straight into
-        preallocated ``(chain, draw, ...)`` buffers."""
+    def _probe(self, num_chains: int, args, kwargs, initial_params, minibatches: Optional[str] = None):
+        """Why ``num_chains`` chains cannot run as one batched kernel, or ``None``; the global random stream
+        is left as it was, so that the draws do not depend on the probe (nor on the chains it probed)."""
+        with torch.random.fork_rng(devices=_cuda_devices(args, kwargs)):
+            return self.kernel.vectorization_error(num_chains, args, kwargs, initial_params,
+                                                   minibatches or self.minibatches)
+
+    def _run_across_ranks(self, num_chains: int, initial_params, args, kwargs) -> None:
+        """``chain_method="distributed"`` or ``"data_parallel"``: this rank's part of the run (see
+        :mod:`pyro_flat.distributed`)."""
+        from .distributed import ChainShard, init_from_env
+        from .distributed.group import fingerprint, shard_fingerprint
+
+        method = self.chain_method
+        devices = _cuda_devices(args, kwargs)
+        ranks = init_from_env(device=devices[0] if devices else None)
+        self.rank, self.world_size, self.backend = ranks.rank, ranks.world_size, ranks.backend
+        data_parallel = method == "data_parallel"
+        summary = shard_fingerprint if data_parallel else fingerprint
+        ranks.agree(f"MCMC(chain_method={method!r})", {
+            "the kernel": type(self.kernel).__name__, "num_chains": num_chains, "num_samples": self.num_samples,
+            "warmup_steps": self.warmup_steps, "thinning": self.thinning, "minibatches": self.minibatches,
+            "the model's arguments": summary(args), "the model's keyword arguments": summary(kwargs),
+            "initial_params": summary(initial_params)})
+        ranks.sync_random_state(devices[0] if devices else None)
+        shard = None if data_parallel else ChainShard.split(num_chains, ranks.rank, ranks.world_size, ranks.group)
+        local = num_chains if shard is None else shard.count
+        if initial_params is not None and shard is not None:
+            initial_params = {k: shard.rows(torch.as_tensor(v)) for k, v in initial_params.items()}
+        try:
+            reason, error = self._probe(local, args, kwargs, initial_params), None
+        except Exception as err:  # the user's error (bad data, a discrete latent, ...): every rank stops
+            reason, error = None, err
+        failure = ranks.check(error)
+        if failure is not None:
+            raise failure from error
+        reasons = [r for r in ranks.all_objects(reason, "comparing the vectorization probes") if r is not None]
+        if reasons:
+            raise ValueError(
+                f"chain_method={method!r} runs each rank's chains as one batched kernel, and this model does not "
+                f"broadcast over a leading chain dimension ({reasons[0]}). Write it so that every latent may carry "
+                "a leading batch dim and gather its data as X[idx] (or pass minibatches='shared'), or pass a "
+                "batched potential_fn.")
+        self._run_vectorized(local, initial_params, args, kwargs, ranks=ranks, shard=shard)
+
+    def _run_vectorized(self, num_chains: int, initial_params, args, kwargs, ranks=None, shard=None) -> None:
+        """Pyro's sampling loop for one kernel that holds every chain (this rank's, with ``ranks``); draws go
+        straight into preallocated ``(chain, draw, ...)`` buffers."""
+        from .distributed import sharded
+
         kernel, warmup, num_samples = self.kernel, self.warmup_steps, self.num_samples
-        kernel.configure(num_chains=num_chains, steps_per_draw=self.thinning, minibatches=self.minibatches)
+        data_parallel = ranks if self.chain_method == "data_parallel" else None
+        kernel.configure(num_chains=num_chains, steps_per_draw=self.thinning, minibatches=self.minibatches,
+                         data_parallel=data_parallel)
         if initial_params is not None:
             kernel.initial_params = initial_params
         self._args, self._kwargs = args, kwargs
         args = tuple(a.detach() if torch.is_tensor(a) else a for a in args)
-        progress_bar = ProgressBar(warmup, num_samples * self.thinning, disable=self.sampler.disable_progbar)
+        quiet = self.sampler.disable_progbar or (ranks is not None and not ranks.is_main)
+        progress_bar = ProgressBar(warmup, num_samples * self.thinning, disable=quiet)
         logger = initialize_logger(logging.getLogger("pyro.infer.mcmc"), "", progress_bar)
         hook = _LoggingHook(logger, progress_bar, self.sampler.hook, iterations_per_draw=self.thinning)
+        steps = run_chains(kernel, warmup, num_samples, args, kwargs)
         try:
-            with poutine.block(), optional(pyro.validation_enabled(not self.disable_validation),
-                                           self.disable_validation is not None):
-                for phase, i, params in run_chains(kernel, warmup, num_samples, args, kwargs):
+            with sharded(shard), poutine.block(), optional(pyro.validation_enabled(not self.disable_validation),
+                                                           self.disable_validation is not None):
+                for phase, i, params in _checked(steps, ranks):
                     if phase == "Initial":
                         names = getattr(kernel, "save_params", None) or sorted(params)
                         draws = {n: params[n].new_empty((num_samples,) + params[n].shape)
@@ -270,16 +328,104 @@ class MCMC(pyro.infer.MCMC):
             draws = {n: v.transpose(0, 1) for n, v in draws.items()}  # (chain, draw, ...) views
             self._samples = {n: self.transforms[n].inv(v) if n in self.transforms else v
                              for n, v in draws.items()}
+        except _RanksFailed as failed:
+            steps.close()  # this rank's kernel cleans up: its draws so far are in kernel.partial_samples
+            raise _with_draws(failed.error, ranks, shard, kernel.partial_samples) from failed.cause
         finally:
             progress_bar.close()
-        self.chain_method = "vectorized"
-        self.num_chains = num_chains
+        if ranks is None:
+            self.chain_method = "vectorized"
+        self.num_chains = num_chains if shard is None else shard.total
         self._diagnostics = _split_diagnostics(diagnostics, num_chains)
+        if shard is not None and ranks.distributed:
+            self._gather(ranks)
+
+    def _gather(self, ranks) -> None:
+        """Every rank's chains to rank 0, in chain order; the other ranks keep none."""
+        device = next(iter(self._samples.values())).device
+        mine = ({n: v.cpu() for n, v in self._samples.items()}, _cpu(self._diagnostics))
+        everyone = ranks.gather(mine, "gathering the draws to rank 0")
+        if everyone is None:
+            self._samples, self._diagnostics = None, None
+            return
+        self._samples = {n: torch.cat([s[n] for s, _ in everyone]).to(device) for n in self._samples}
+        self._diagnostics = [chain for _, diagnostics in everyone for chain in diagnostics]
+
+
+class _RanksFailed(Exception):
+    """A rank raised: ``error`` is the same on every rank, ``cause`` is this rank's own error (or None)."""
+
+    def __init__(self, error: BaseException, cause: Optional[BaseException]):
+        super().__init__(str(error))
+        self.error, self.cause = error, cause
+
+
+def _checked(steps, ranks):
+    """``steps``, with the collective error check after each draw when the run spans ranks: a rank that
+    raised makes every rank raise the same error at the same draw (see :meth:`pyro_flat.distributed.Ranks.check`)."""
+    if ranks is None or not ranks.distributed:
+        yield from steps
+        return
+    while True:
+        try:
+            item, error = next(steps), None
+        except StopIteration:
+            return
+        except Exception as err:  # a KeyboardInterrupt is not caught: torchrun stops every rank
+            item, error = None, err
+        failure = ranks.check(error)
+        if failure is not None:
+            raise _RanksFailed(failure, error)
+        yield item
+
+
+def _with_draws(error: BaseException, ranks, shard, partial: list) -> BaseException:
+    """``error`` with the draws every chain made before it: on rank 0 for chains split over ranks (every
+    rank for data-parallel chains, which are the same on every rank). A
+    :class:`~pyro_flat.DivergenceError`'s failing chain goes to ``.samples``, the others to
+    ``.completed_chains``; any other error carries them all as ``.partial_samples``."""
+    from .kernels.errors import DivergenceError
+
+    if shard is not None:
+        everyone = ranks.gather([{n: v.cpu() for n, v in chain.items()} for chain in partial],
+                                "gathering the draws made before the error to rank 0")
+        chains = None if everyone is None else [chain for rank in everyone for chain in rank]
+    else:
+        chains = partial
+    if chains is None:  # not rank 0
+        return error
+    if isinstance(error, DivergenceError) and 0 <= error.chain < len(chains):
+        error.samples = chains[error.chain]
+        error.completed_chains = [c for i, c in enumerate(chains) if i != error.chain]
+    else:
+        error.partial_samples = chains
+    return error
+
+
+def _cpu(diagnostics: list) -> list:
+    """Per-chain diagnostics with their tensors on the CPU (to be sent to rank 0)."""
+    def move(value):
+        if torch.is_tensor(value):
+            return value.cpu()
+        if isinstance(value, dict):
+            return {k: move(v) for k, v in value.items()}
+        return value
+
+    return [move(chain) for chain in diagnostics]
+
+
+def _cuda_devices(args: tuple, kwargs: dict) -> list:
+    """The CUDA devices of the model's tensor arguments (whose random streams a run draws from)."""
+    values = list(args) + list(kwargs.values())
+    return sorted({v.device for v in values if torch.is_tensor(v) and v.device.type == "cuda"}, key=str)
 
 
 def require_draws(mcmc, what: str) -> None:
     """A ``ValueError`` that says why ``mcmc`` has no draws, instead of Pyro's ``NoneType`` errors."""
     if getattr(mcmc, "_samples", None) is None:
+        if getattr(mcmc, "rank", 0) != 0 and getattr(mcmc, "chain_method", None) == "distributed":
+            raise ValueError(f"{what}: this is rank {mcmc.rank}; the draws of all chains were gathered to rank 0. "
+                             "Call it there (if mcmc.rank == 0: ...).")
         raise ValueError(f"{what}: this MCMC has no draws: call mcmc.run(...) first. A run that stopped "
                          "with an error has none either; after a DivergenceError its draws are in "
                          "err.samples and err.completed_chains (also kernel.partial_samples).")

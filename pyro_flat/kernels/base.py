@@ -72,6 +72,7 @@ class TargetKernel(DrawRecording, MCMCKernel):
         self._reset_jit()
         self.num_chains: Optional[int] = None  # vectorized chains (set by pyro_flat.MCMC)
         self.minibatches = "per_chain"  # how vectorized chains draw minibatches (set by pyro_flat.MCMC)
+        self.data_parallel = None  # the Ranks whose data shards the potential sums (set by pyro_flat.MCMC)
         self._pending_initial_params: Optional[Params] = None
         self._initial_params: Optional[Params] = None
         self.target = None
@@ -87,7 +88,7 @@ class TargetKernel(DrawRecording, MCMCKernel):
 
     # ----------------------------------------------------------------- driver settings
     def configure(self, *, num_chains: Optional[int] = None, steps_per_draw: int = 1,
-                  minibatches: str = "per_chain") -> None:
+                  minibatches: str = "per_chain", data_parallel=None) -> None:
         """Settings a driver hands the kernel before a run; forgets every earlier run.
 
         :param num_chains: ``C`` chains advanced together as one batched tensor (a leading
@@ -99,6 +100,9 @@ class TargetKernel(DrawRecording, MCMCKernel):
         :param minibatches: for vectorized chains of a subsampled model, ``"per_chain"`` (each
             chain its own minibatches: independent chains) or ``"shared"`` (one minibatch per step
             for all chains, which correlates them); see :class:`~pyro_flat.targets.ModelPotential`.
+        :param data_parallel: ``None``, or the :class:`~pyro_flat.distributed.Ranks` of a data-parallel
+            run: this process's data are one shard, and the potential is summed over the ranks
+            (:class:`~pyro_flat.distributed.DataParallelTarget`).
         """
         if num_chains is not None:
             num_chains = check_positive_int("num_chains", num_chains)
@@ -106,6 +110,7 @@ class TargetKernel(DrawRecording, MCMCKernel):
         self.num_chains = num_chains
         self.steps_per_draw = steps_per_draw
         self.minibatches = check_minibatches(minibatches)
+        self.data_parallel = data_parallel
         self._num_setups = 0
         self._forget_runs()
         self._reset_jit()
@@ -143,7 +148,10 @@ class TargetKernel(DrawRecording, MCMCKernel):
                 f"{float(energy.reshape(-1)[bad][0])}; pass finite initial_params or a different "
                 "init_strategy (e.g. init_to_median)."
             )
-        if self.jit_compile:  # after the eager checks above: the model's own errors surface eagerly
+        if self.jit_compile and self.data_parallel is not None:
+            self.warn_jit("runs eagerly: a data-parallel step all-reduces its gradient, which a traced graph "
+                          "cannot do")
+        elif self.jit_compile:  # after the eager checks above: the model's own errors surface eagerly
             self._compile_target(params)
         self._initial_params = params
         self.after_setup(params)
@@ -194,9 +202,28 @@ class TargetKernel(DrawRecording, MCMCKernel):
                      initial_params: Optional[Params] = None) -> Target:
         """The potential sampled, for ``num_chains`` vectorized chains (or one): the model's, or
         ``potential_fn``'s, which takes its sites and shapes from ``initial_params``. Builds without
-        changing the kernel."""
+        changing the kernel. Data-parallel: this shard's part, summed over the ranks."""
+        ranks = self.data_parallel
+        if ranks is None:
+            return self._build_local_target(args, kwargs, num_chains, initial_params)
+        from ..distributed import DataParallelTarget
+
+        try:  # every rank builds its shard's target, then all learn whether one failed
+            local, error = self._build_local_target(args, kwargs, num_chains, initial_params, ranks.world_size), None
+        except Exception as err:
+            local, error = None, err
+        failure = ranks.check(error)
+        if failure is not None:
+            raise failure from error
+        ranks.agree(f"{type(self).__name__}'s data-parallel target",
+                    {"latent sites": {n: tuple(s.shape) for n, s in local.sites.items()},
+                     "subsampled plates": {p: b for p, (_, b) in local.subsampled_plates.items()}})
+        return DataParallelTarget(local, ranks)
+
+    def _build_local_target(self, args, kwargs, num_chains, initial_params, shards: int = 1) -> Target:
         if self.model is not None:
-            return ModelPotential(self.model, args, kwargs, self.init_strategy, num_chains, self.minibatches)
+            return ModelPotential(self.model, args, kwargs, self.init_strategy, num_chains, self.minibatches,
+                                  latent_weight=1.0 / shards)
         if initial_params is None:
             raise ValueError(
                 f"{type(self).__name__}(potential_fn=...) needs a starting point: pass "
@@ -268,6 +295,10 @@ def coupled_target(kernel: TargetKernel, args: tuple, kwargs: dict, *, num_chain
         suffix = kernel.suffix
         theta = {k: v for k, v in initial_params.items() if k[: -len(suffix)] not in initial_params}
         base = CallablePotential(kernel.potential_fn, theta, num_chains)
+        if kernel.data_parallel is not None:
+            from ..distributed import DataParallelTarget
+
+            base = DataParallelTarget(base, kernel.data_parallel)
     else:
         base = TargetKernel.build_target(kernel, args, kwargs, num_chains=num_chains, initial_params=initial_params)
     return CoupledPotential(base, kernel.eta, kernel.sites, kernel.suffix)

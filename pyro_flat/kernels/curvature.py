@@ -26,6 +26,8 @@ from typing import Callable, Optional
 
 import torch
 
+from ..distributed.sharding import chain_draw
+
 EnergyFn = Callable[[torch.Tensor], torch.Tensor]
 #: :func:`hessian_diagonal` forms the Hessian up to this dimension, Hutchinson's estimate above
 EXACT_DIAGONAL_DIM = 1024
@@ -59,7 +61,7 @@ def hessian_diagonal(energy_fn: EnergyFn, x: torch.Tensor, *, num_probes: int = 
         x, grad = _gradient_graph(energy_fn, x)
         total = torch.zeros_like(x)
         for _ in range(num_probes):
-            v = (torch.randint(0, 2, x.shape, generator=generator) * 2.0 - 1.0).to(x)
+            v = (chain_draw(lambda s: torch.randint(0, 2, s, generator=generator), x.shape) * 2.0 - 1.0).to(x)
             (hv,) = torch.autograd.grad(grad, x, v, retain_graph=True)
             total += v * hv
     return (total / num_probes).detach()

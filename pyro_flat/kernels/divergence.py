@@ -12,6 +12,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from ..targets import Params
+from ..distributed.sharding import current_shard
 from .errors import DivergenceError
 
 
@@ -68,7 +69,8 @@ def divergence_error(kernel_name: str, problem: str, *, params: Params, grads: P
     else:
         found, site, where = _non_finite(params, grads, new_params, energy, num_chains)
     if found is not None:
-        chain = found
+        shard = current_shard()  # chains split over ranks: name the chain by its number in the whole run
+        chain = found + (shard.start if shard is not None and num_chains == shard.count else 0)
     phase = "warm-up" if warming_up else "sampling"
     vectorized = num_chains is not None
     return DivergenceError(
@@ -81,8 +83,8 @@ def divergence_error(kernel_name: str, problem: str, *, params: Params, grads: P
         iteration=iteration,
         chain=chain,
         step_size=step_size,
-        samples=(draws[chain] if vectorized else draws[0]) if draws else {},
-        completed_chains=list(completed_chains) + [d for c, d in enumerate(draws) if vectorized and c != chain],
+        samples=(draws[found] if vectorized else draws[0]) if draws else {},
+        completed_chains=list(completed_chains) + [d for c, d in enumerate(draws) if vectorized and c != found],
     )
 
 

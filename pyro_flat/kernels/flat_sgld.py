@@ -6,6 +6,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ..distributed.sharding import chain_randn_like
 from ..validation import check_positive
 from ..targets import Params
 from .integrators import Transition
@@ -60,7 +61,7 @@ class FlatSGLD(SGLD):
 
     def transition(self, params: Params, step_size: float, temperature: float) -> Transition:
         indices = self.target.draw_indices()
-        perturbed = {n: z + self.sigma * torch.randn_like(z) for n, z in params.items()}
+        perturbed = {n: z + self.sigma * chain_randn_like(z) for n, z in params.items()}
         _, grads = self.target.potential_and_grad(perturbed, indices)
         with torch.no_grad():
             energy = self.target(params, indices).detach()

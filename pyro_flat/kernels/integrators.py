@@ -11,6 +11,7 @@ from typing import Callable, Dict, NamedTuple, Tuple
 
 import torch
 
+from ..distributed.sharding import chain_randn_like
 from ..targets import Params
 
 
@@ -39,7 +40,7 @@ def langevin_step(params: Params, grads: Params, step_size: float, temperature: 
     # torch._foreach_* (as in torch.optim) updates every site in one dispatch per operation.
     new = torch._foreach_add([params[n] for n in names], [grads[n] for n in names], alpha=-step_size)
     if noise_scale > 0:
-        torch._foreach_add_(new, [torch.randn_like(z) for z in new], alpha=noise_scale)
+        torch._foreach_add_(new, [chain_randn_like(z) for z in new], alpha=noise_scale)
     return dict(zip(names, new))
 
 

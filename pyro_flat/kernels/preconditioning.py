@@ -92,6 +92,7 @@ from typing import Optional, Union
 
 import torch
 
+from ..distributed.sharding import chain_randn_like
 from ..targets import ChainLayout, Params
 from .curvature import EXACT_DIAGONAL_DIM, absolute_curvature, hessian, hessian_diagonal, inverse_diagonal
 from .mass_matrix import BlockFactor, CoupledFactor, PrecisionFactor, factor_from_covariance
@@ -275,7 +276,7 @@ class Preconditioner:
         if temperature == 0:  # SGD, or a cyclical schedule's exploration phase: the drift alone
             return self._unpack(z - step_size * self.factor.velocity(g))
         noise = (2.0 * step_size * temperature) ** 0.5
-        return self._unpack(z + self.factor.increment(g, torch.randn_like(z), step_size, noise))
+        return self._unpack(z + self.factor.increment(g, chain_randn_like(z), step_size, noise))
 
     def covariance(self, chain: int = 0) -> torch.Tensor:
         """The current :math:`M^{-1}` of ``chain`` as a dense matrix over the target's flat vector."""

@@ -26,6 +26,8 @@ from typing import Dict, Iterator, List, Optional
 
 import torch
 
+from ..distributed.sharding import chain_draw
+
 
 class EpochBatcher:
     """Minibatch indices without replacement within an epoch, reshuffled every epoch.
@@ -56,7 +58,10 @@ class EpochBatcher:
     def _shuffle(self) -> torch.Tensor:
         if self.num_chains is None:
             return torch.randperm(self.size, device=self.device, generator=self.generator)
-        return torch.rand(self.num_chains, self.size, device=self.device, generator=self.generator).argsort(-1)
+        # under a chain shard: the full (C, N) draw's own rows, so a chain's minibatches do not depend on the split
+        uniforms = chain_draw(lambda s: torch.rand(s, device=self.device, generator=self.generator),
+                              (self.num_chains, self.size))
+        return uniforms.argsort(-1)
 
     def __call__(self) -> torch.Tensor:
         if self._pos + self.batch_size > self._perm.shape[-1]:

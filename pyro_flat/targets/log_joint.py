@@ -41,13 +41,18 @@ class LogJoint(Messenger):
     With ``block=(plate, keep, first)`` it evaluates one block of a full-data pass (see
     :meth:`~pyro_flat.targets.ModelPotential.full_data`): terms inside ``plate`` lose the plate's ``N/B`` scale and
     keep only the indices marked in ``keep``; terms outside it count in the ``first`` block only.
-    With ``observed_only=True`` only the observed sites count: the log-likelihood.
+    With ``observed_only=True`` only the observed sites count: the log-likelihood. ``latent_weight``
+    multiplies the terms of the latent sites (their prior densities and Jacobians): ``1/R`` on each of
+    ``R`` data-parallel ranks, whose sum then counts the prior once (see
+    :class:`~pyro_flat.distributed.DataParallelTarget`).
     """
 
     def __init__(self, sites: Dict[str, SiteInfo], params: Params, indices: Dict[str, torch.Tensor],
                  chains: Optional[Tuple[int, int]] = None,
-                 block: Optional[Tuple[str, torch.Tensor, bool]] = None, observed_only: bool = False):
+                 block: Optional[Tuple[str, torch.Tensor, bool]] = None, observed_only: bool = False,
+                 latent_weight: float = 1.0):
         super().__init__()
+        self.latent_weight = latent_weight
         self.sites, self.params, self.indices, self.chains = sites, params, indices, chains
         self.block, self.observed_only = block, observed_only
         self.terms: list = []
@@ -114,10 +119,11 @@ class LogJoint(Messenger):
                 return
             if not site.is_identity and (self.block is None or self.block[2]):
                 jacobian = site.transform.log_abs_det_jacobian(unconstrained, value)
-                self.terms.append(
-                    jacobian.sum() if self.chains is None else jacobian.reshape(self.chains[0], -1).sum(-1)
-                )
+                jacobian = jacobian.sum() if self.chains is None else jacobian.reshape(self.chains[0], -1).sum(-1)
+                self.terms.append(jacobian if self.latent_weight == 1.0 else self.latent_weight * jacobian)
         scale, mask = msg["scale"], msg["mask"]
+        if not msg["is_observed"] and self.latent_weight != 1.0:
+            scale = scale * self.latent_weight
         if self.block is not None:
             plate, keep, first = self.block
             frame = next((f for f in msg["cond_indep_stack"] if f.name == plate), None)

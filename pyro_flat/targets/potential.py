@@ -18,6 +18,7 @@ import torch
 from pyro import poutine
 from pyro.infer.autoguide.initialization import InitMessenger, init_to_sample
 
+from ..distributed.sharding import chain_indices, owns
 from .batching import EpochBatcher, Minibatches
 from .layout import Params
 from .log_joint import LogJoint
@@ -131,6 +132,8 @@ class ModelPotential(AutogradTarget):
         that gathers its data as ``X[idx]`` gets ``(C, B, ...)`` data. ``"shared"``: all chains see
         the same ``(B,)`` minibatch at a step and share its gradient noise, which correlates them
         (R-hat and ESS then overstate convergence).
+    :param latent_weight: weight of the latent sites' terms (prior densities and Jacobians): ``1/R``
+        for one of ``R`` data-parallel shards, so that the shards' potentials sum to the whole one.
     """
 
     def __init__(
@@ -141,8 +144,10 @@ class ModelPotential(AutogradTarget):
         init_strategy: Callable = init_to_sample,
         num_chains: Optional[int] = None,
         minibatches: str = "per_chain",
+        latent_weight: float = 1.0,
     ):
         self.model = model
+        self.latent_weight = latent_weight
         self.num_chains = num_chains
         self.minibatches = check_minibatches(minibatches)
         per_chain = num_chains if minibatches == "per_chain" else None
@@ -234,11 +239,13 @@ class ModelPotential(AutogradTarget):
     def initial_params(self, overrides: Optional[Params] = None) -> Params:
         """Unconstrained values drawn by the init strategy (the setup trace, then fresh ones),
         with the user's ``overrides`` put in."""
-        draws = []
-        for _ in range(self.num_chains or 1):  # vectorized chains: one init-strategy draw each
+        draws, count = [], self.num_chains or 1
+        for chain in chain_indices(count):  # vectorized chains: one init-strategy draw each (all of a shard's)
             trace, self._initial_trace = self._initial_trace, None
             if trace is None:
                 trace = self._init_trace()
+            if not owns(chain, count):
+                continue
             draws.append({
                 name: site.transform.inv(trace.nodes[name]["value"]).detach().clone()
                 for name, site in self.sites.items()
@@ -254,7 +261,7 @@ class ModelPotential(AutogradTarget):
             indices = self.draw_indices()
         indices = {**indices, **self.full_indices}
         chains = None if self.num_chains is None else (self.num_chains, self.max_plate_nesting)
-        with LogJoint(self.sites, params, indices, chains) as log_joint:
+        with LogJoint(self.sites, params, indices, chains, latent_weight=self.latent_weight) as log_joint:
             self.model(*self.model_args, **self.model_kwargs)
         return -log_joint.log_joint
 
@@ -271,7 +278,7 @@ class ModelPotential(AutogradTarget):
         batchers = self.batches.batchers
         if not batchers:
             with LogJoint(self.sites, params, dict(self.full_indices), chains,
-                           observed_only=likelihood_only) as lj:
+                          observed_only=likelihood_only, latent_weight=self.latent_weight) as lj:
                 self.model(*self.model_args, **self.model_kwargs)
             return -lj.log_joint
         if len(batchers) > 1:
@@ -286,7 +293,7 @@ class ModelPotential(AutogradTarget):
             idx = torch.arange(stop - batcher.batch_size, stop, device=batcher.device)
             block = (plate, idx >= start, start == 0)
             with LogJoint(self.sites, params, {plate: idx, **self.full_indices}, chains, block,
-                           likelihood_only) as lj:
+                          likelihood_only, self.latent_weight) as lj:
                 self.model(*self.model_args, **self.model_kwargs)
             total = -lj.log_joint if total is None else total - lj.log_joint
         return total

@@ -1,0 +1,139 @@
+r"""Data-parallel targets: each rank holds a shard of the data, the potential is the sum over ranks.
+
+With the data split into shards :math:`D_1, \dots, D_R`, one per rank, the potential is
+
+.. math:: U(z) = \sum_{r=1}^{R} U_r(z), \qquad
+          U_r(z) = -\log p(D_r \mid z) - \tfrac{1}{R}\,\log p(z) - \tfrac1R \log\lvert\det J\rvert,
+
+so each rank evaluates its shard's likelihood (on its own minibatch of its shard, scaled by Pyro's
+plate as :math:`N_r/B_r`) and a :math:`1/R` share of the prior, and one all-reduce sums energy and
+gradient. Every rank then holds the same :math:`U` and :math:`\nabla U`; with the noise drawn from
+one random stream on every rank, the chains' states stay bit-identical across ranks. A minibatch
+drawn as :math:`B_r` points from each shard is a stratified minibatch of the whole data: the
+estimate stays unbiased, and its noise is the sum of the shards' noises.
+
+:class:`DataParallelTarget` wraps the target of one shard. Its :meth:`~DataParallelTarget.evaluate`
+sums energy and gradient in one all-reduce; its energy alone (:meth:`~DataParallelTarget.__call__`,
+:meth:`~DataParallelTarget.full_data`) is differentiable to any order through a pair of conjugate
+operations (Megatron-LM's): the sum over ranks, whose derivative is the identity, and the identity
+on the input, whose derivative is the sum over ranks; Hessians and Hessian-vector products of
+:math:`U` come out whole on every rank.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from ..targets import Params
+from ..targets.protocol import Evaluation, TargetBase
+from .group import Ranks
+
+
+class _SumOverRanks(torch.autograd.Function):
+    """Forward: the sum of ``x`` over ranks. Backward: the identity (each rank's share is its own)."""
+
+    @staticmethod
+    def forward(ctx, x, ranks):
+        import torch.distributed as dist
+
+        y = x.clone()
+        ranks._collective("summing the energy across ranks", dist.all_reduce, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _SharedInput(torch.autograd.Function):
+    """Forward: the identity. Backward: the sum of the gradient over ranks (differentiable again)."""
+
+    @staticmethod
+    def forward(ctx, x, ranks):
+        ctx.ranks = ranks
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _SumOverRanks.apply(grad, ctx.ranks), None
+
+
+class DataParallelTarget(TargetBase):
+    """The target of all shards, from this rank's ``local`` target (see the module docstring).
+
+    ``local`` must count its latent terms with weight ``1/R`` (``ModelPotential(latent_weight=1/R)``;
+    a ``potential_fn`` returns its shard's share itself). Its minibatches are re-seeded per rank, so
+    that the shards' minibatches are independent.
+    """
+
+    coupling = None
+    is_compiled = False
+
+    def __init__(self, local, ranks: Ranks):
+        self.local, self.ranks = local, ranks
+        self.sites, self.num_chains = local.sites, local.num_chains
+        self.subsampled_plates, self.batches = local.subsampled_plates, local.batches
+        for batcher in self.batches.batchers.values():
+            seed = batcher.generator.initial_seed()
+            batcher.generator.manual_seed((seed + 0x9E3779B97F4A7C15 * (ranks.rank + 1)) % 2**63)
+
+    @property
+    def transforms(self) -> Dict[str, torch.distributions.Transform]:
+        return self.local.transforms
+
+    def initial_params(self, overrides: Optional[Params] = None) -> Params:
+        """Rank 0's initial point, on every rank."""
+        import torch.distributed as dist
+
+        params = self.local.initial_params(overrides)
+        names = sorted(params)
+        flat = torch.cat([params[n].reshape(-1) for n in names])
+        self.ranks._collective("sharing the initial point", dist.broadcast, flat, src=0)
+        return _split(flat, {n: params[n] for n in names})
+
+    def evaluate(self, params: Params, indices: Optional[Dict[str, torch.Tensor]] = None) -> Evaluation:
+        """Energy and gradient summed over the shards in one all-reduce; the statistics are this rank's."""
+        import torch.distributed as dist
+
+        energy, grads, stats = self.local.evaluate(params, indices)
+        names = list(grads)
+        flat = torch.cat([energy.reshape(-1), *(grads[n].reshape(-1) for n in names)])
+        self.ranks._collective("summing the gradient across ranks", dist.all_reduce, flat)
+        energy_total = flat[: energy.numel()].reshape(energy.shape)
+        return Evaluation(energy_total, _split(flat[energy.numel():], {n: grads[n] for n in names}), stats)
+
+    def __call__(self, params: Params, indices: Optional[Dict[str, torch.Tensor]] = None) -> torch.Tensor:
+        """The energy of all shards, differentiable (the gradient is summed over ranks)."""
+        shared = {k: _SharedInput.apply(v, self.ranks) for k, v in params.items()}
+        return _SumOverRanks.apply(self.local(shared, indices), self.ranks)
+
+    def full_data(self, params: Params, *, likelihood_only: bool = False) -> torch.Tensor:
+        """The potential on all the data of all shards, differentiable (see :meth:`__call__`).
+        ``likelihood_only``: the negative log-likelihood alone."""
+        shared = {k: _SharedInput.apply(v, self.ranks) for k, v in params.items()}
+        return _SumOverRanks.apply(self.local.full_data(shared, likelihood_only=likelihood_only), self.ranks)
+
+
+def _split(flat: torch.Tensor, like: Params) -> Params:
+    out, start = {}, 0
+    for name, value in like.items():
+        out[name] = flat[start: start + value.numel()].reshape(value.shape)
+        start += value.numel()
+    return out
+
+
+def shard_rows(data: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """Rank ``rank``'s contiguous block of the rows of ``data`` (the first ``N % R`` ranks get one more):
+    the shard a rank holds in a data-parallel run.
+
+    >>> [shard_rows(torch.arange(5), r, 2).tolist() for r in range(2)]
+    [[0, 1, 2], [3, 4]]
+    """
+    base, extra = divmod(data.shape[0], world_size)
+    start = rank * base + min(rank, extra)
+    return data[start: start + base + (rank < extra)]
+
+
+__all__ = ["DataParallelTarget", "shard_rows"]

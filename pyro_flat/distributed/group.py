@@ -1,0 +1,225 @@
+r"""The process group a run spans: torchrun's environment, a timeout, and checks that all ranks agree.
+
+pyro-flat runs on ``torch.distributed`` as PyTorch users start it: ``torchrun --nproc-per-node R
+script.py`` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``, and
+:func:`init_from_env` joins that group (gloo on CPU, nccl when the run's device is a GPU) with a
+timeout, so that a rank that stops answering ends the run with an error instead of a hang. A
+script that created its own group (``dist.init_process_group``) keeps it.
+
+:class:`Ranks` is the little a driver needs from the group:
+
+- :meth:`Ranks.agree`: every rank passed the same settings (a mismatch names the setting and the rank);
+- :meth:`Ranks.check`: the collective error check after every draw. A rank that raised says so, and
+  every rank stops with the same error at the same draw;
+- :meth:`Ranks.sync_random_state`: rank 0's random stream on every rank, so that one seed gives the
+  same draws whatever the number of ranks;
+- :meth:`Ranks.gather`: objects to rank 0.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Dict, List, Optional
+
+import torch
+
+#: seconds a collective may wait for the other ranks before the run stops with an error
+DEFAULT_TIMEOUT = 300.0
+_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def launched_by_torchrun() -> bool:
+    """Whether this process was started by ``torchrun`` (its rendezvous variables are set)."""
+    return all(name in os.environ for name in _ENV)
+
+
+def default_backend(device: Optional[torch.device] = None) -> str:
+    """``"nccl"`` for CUDA devices, ``"gloo"`` otherwise (CPU)."""
+    return "nccl" if device is not None and torch.device(device).type == "cuda" else "gloo"
+
+
+def init_from_env(backend: Optional[str] = None, timeout: Optional[float] = None,
+                  device: Optional[torch.device] = None) -> "Ranks":
+    """Join the default process group described by torchrun's environment, unless one exists.
+
+    :param backend: ``"gloo"`` or ``"nccl"``; default :func:`default_backend` of ``device``.
+    :param timeout: seconds a collective waits for the other ranks (default: the environment's
+        ``PYRO_FLAT_DIST_TIMEOUT``, else :data:`DEFAULT_TIMEOUT`).
+    :param device: with nccl, each rank's GPU is ``cuda:LOCAL_RANK`` unless given.
+
+    Without torchrun's variables and without a group this is a world of one process.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return Ranks(0, 1, None, "none", 0.0)
+    if timeout is None:
+        timeout = float(os.environ.get("PYRO_FLAT_DIST_TIMEOUT", DEFAULT_TIMEOUT))
+    if not dist.is_initialized():
+        if not launched_by_torchrun():
+            return Ranks(0, 1, None, "none", timeout)
+        backend = backend or default_backend(device)
+        if backend == "nccl":
+            torch.cuda.set_device(device if device is not None else int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+    return Ranks(dist.get_rank(), dist.get_world_size(), None, dist.get_backend(), timeout)
+
+
+class RankLost(RuntimeError):
+    """A collective failed: another rank died, or did not answer within the group's timeout."""
+
+
+@dataclass
+class Ranks:
+    """This process's place in the group: ``rank`` of ``world_size`` on ``backend``."""
+
+    rank: int
+    world_size: int
+    group: Any
+    backend: str
+    timeout: float
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def _device(self) -> torch.device:
+        return torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+
+    def _collective(self, what: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, group=self.group, **kwargs)
+        except RuntimeError as err:  # a peer died (connection closed) or the timeout passed
+            raise RankLost(
+                f"rank {self.rank}: {what} failed: another rank died or did not answer within "
+                f"{self.timeout:g} s ({str(err).splitlines()[0]}). See the other ranks' output for the cause; "
+                "a longer wait is the timeout of pyro_flat.distributed.init_from_env (PYRO_FLAT_DIST_TIMEOUT)."
+            ) from err
+
+    def all_objects(self, value: Any, what: str) -> List[Any]:
+        """``value`` of every rank, in rank order, on every rank."""
+        import torch.distributed as dist
+
+        if not self.distributed:
+            return [value]
+        out: List[Any] = [None] * self.world_size
+        self._collective(what, dist.all_gather_object, out, value)
+        return out
+
+    def agree(self, what: str, settings: Dict[str, Any]) -> None:
+        """Raise on every rank unless every rank passed the same ``settings`` (``{name: value}``)."""
+        everyone = self.all_objects(settings, f"comparing {what} across ranks")
+        reference = everyone[0]
+        for rank, theirs in enumerate(everyone[1:], 1):
+            for name in reference:
+                if theirs.get(name) != reference[name]:
+                    raise ValueError(
+                        f"{what}: rank {rank} has {name} = {theirs.get(name)!r}, rank 0 has {reference[name]!r}. "
+                        "Every rank must run the same script with the same settings and data (for data-parallel "
+                        "chains, the same model on shards of the same kind).")
+
+    def check(self, error: Optional[BaseException]) -> Optional[BaseException]:
+        """The collective error check: ``None`` if no rank raised, else the first failing rank's error,
+        rebuilt on every rank with its rank in the message (the same type where it can be)."""
+        import torch.distributed as dist
+
+        if not self.distributed:
+            return error
+        flag = torch.tensor([0 if error is None else 1], dtype=torch.int32, device=self._device())
+        self._collective("the error check", dist.all_reduce, flag, op=dist.ReduceOp.MAX)
+        if not int(flag.item()):
+            return None
+        report = None if error is None else _report(error)
+        reports = self.all_objects(report, "sharing an error")
+        rank, report = next((r, rep) for r, rep in enumerate(reports) if rep is not None)
+        return _rebuild(rank, report)
+
+    def sync_random_state(self, device: Optional[torch.device] = None) -> None:
+        """Every rank continues rank 0's random stream (torch's CPU stream, and ``device``'s if CUDA)."""
+        import torch.distributed as dist
+
+        if not self.distributed:
+            return
+        states = [torch.get_rng_state()]
+        cuda = device is not None and torch.device(device).type == "cuda"
+        if cuda:
+            states.append(torch.cuda.get_rng_state(device))
+        self._collective("sharing the random state", dist.broadcast_object_list, states, src=0)
+        torch.set_rng_state(states[0])
+        if cuda:
+            torch.cuda.set_rng_state(states[1], device)
+
+    def gather(self, value: Any, what: str) -> Optional[List[Any]]:
+        """``value`` of every rank, in rank order, on rank 0 (``None`` on the others)."""
+        import torch.distributed as dist
+
+        if not self.distributed:
+            return [value]
+        out = [None] * self.world_size if self.is_main else None
+        self._collective(what, dist.gather_object, value, out, dst=0)
+        return out
+
+
+def fingerprint(value: Any) -> Any:
+    """A comparable summary of a model argument: shape, dtype and a digest of a tensor's bytes."""
+    if torch.is_tensor(value):
+        data = value.detach().cpu().contiguous()
+        digest = hashlib.sha1(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"").hexdigest()[:16]
+        return ("tensor", tuple(value.shape), str(value.dtype), digest)
+    if isinstance(value, (int, float, str, bool, type(None))):
+        return value
+    if isinstance(value, (list, tuple)):
+        return tuple(fingerprint(v) for v in value)
+    if isinstance(value, dict):
+        return {k: fingerprint(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    return type(value).__name__
+
+
+def shard_fingerprint(value: Any) -> Any:
+    """:func:`fingerprint` without what may differ between shards of one data set: a tensor's leading
+    (row) size and its bytes."""
+    if torch.is_tensor(value):
+        return ("tensor", tuple(value.shape[1:]), str(value.dtype))
+    if isinstance(value, (list, tuple)):
+        return tuple(shard_fingerprint(v) for v in value)
+    if isinstance(value, dict):
+        return {k: shard_fingerprint(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    return fingerprint(value)
+
+
+def _report(error: BaseException) -> tuple:
+    """What other ranks need to raise ``error`` again: its type, message and scalar attributes."""
+    from ..kernels.errors import DivergenceError
+
+    attrs = {}
+    if isinstance(error, DivergenceError):
+        attrs = {"site": error.site, "iteration": error.iteration, "chain": error.chain, "step_size": error.step_size}
+    return type(error).__module__, type(error).__qualname__, str(error), attrs
+
+
+def _rebuild(rank: int, report: tuple) -> BaseException:
+    from ..kernels.errors import DivergenceError
+
+    module, name, message, attrs = report
+    message = f"rank {rank}: {message}"
+    if name == "DivergenceError":
+        return DivergenceError(message, **attrs)
+    cls = getattr(builtins, name, None) if module == "builtins" else None
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            return cls(message)
+        except Exception:
+            pass
+    return RuntimeError(f"{message} ({module}.{name})")
+
+
+__all__ = ["init_from_env", "launched_by_torchrun", "default_backend", "Ranks", "RankLost", "fingerprint",
+           "shard_fingerprint", "DEFAULT_TIMEOUT"]

@@ -1,0 +1,143 @@
+r"""Which chains a process runs, and random numbers that do not depend on it.
+
+Vectorized chains draw their random numbers as one ``(C, ...)`` tensor per operation. When the
+``C`` chains are split over ranks (:class:`ChainShard`: rank ``r`` runs chains ``start..stop-1``),
+each rank still draws the full ``(C, ...)`` tensor from the same random stream and keeps its own
+rows. Chain ``c`` then gets the same numbers whatever the number of ranks, and the draws of ``R``
+ranks equal those of one process up to floating-point round-off. The price is drawing ``R`` times
+the noise a rank needs, which is small next to a gradient.
+
+The kernels draw through :func:`chain_randn_like` and :func:`chain_rand_like`, and the few decisions
+that read several chains at once (the shortest step size, whether every chain is done) through
+:func:`chains_min` and :func:`chains_all`. Outside :func:`sharded` they are plain torch calls.
+
+>>> shard = ChainShard(total=4, start=2, stop=4)
+>>> torch.manual_seed(0); full = torch.randn(4, 3)
+>>> with sharded(shard):
+...     _ = torch.manual_seed(0); mine = chain_randn_like(torch.zeros(2, 3))
+>>> bool((mine == full[2:]).all())
+True
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class ChainShard:
+    """Chains ``start, ..., stop - 1`` of ``total``, run by this process; ``group`` is the process group
+    over which decisions that read every chain are reduced (``None``: the default group)."""
+
+    total: int
+    start: int
+    stop: int
+    group: Any = None
+
+    @property
+    def count(self) -> int:
+        return self.stop - self.start
+
+    @classmethod
+    def split(cls, total: int, rank: int, world_size: int, group: Any = None) -> "ChainShard":
+        """Rank ``rank``'s contiguous block of ``total`` chains; the first ``total % world_size`` ranks
+        get one more.
+
+        >>> [ChainShard.split(5, r, 2).count for r in range(2)]
+        [3, 2]
+        """
+        if total < world_size:
+            raise ValueError(f"num_chains={total} chains cannot be split over {world_size} ranks: every rank "
+                             f"needs at least one. Pass num_chains >= {world_size}, or run fewer processes.")
+        base, extra = divmod(total, world_size)
+        start = rank * base + min(rank, extra)
+        return cls(total, start, start + base + (rank < extra), group)
+
+    def rows(self, full: torch.Tensor) -> torch.Tensor:
+        """This shard's rows of a ``(total, ...)`` tensor."""
+        return full[self.start: self.stop]
+
+
+_SHARD: ContextVar[Optional[ChainShard]] = ContextVar("pyro_flat_chain_shard", default=None)
+
+
+def current_shard() -> Optional[ChainShard]:
+    """The :class:`ChainShard` in force, or ``None`` (every chain is in this process)."""
+    return _SHARD.get()
+
+
+@contextmanager
+def sharded(shard: Optional[ChainShard]) -> Iterator[Optional[ChainShard]]:
+    """Run the enclosed chains as ``shard`` of a larger set (``None``: no change)."""
+    token = _SHARD.set(shard)
+    try:
+        yield shard
+    finally:
+        _SHARD.reset(token)
+
+
+def chain_draw(draw: Callable[[Sequence[int]], torch.Tensor], shape: Sequence[int]) -> torch.Tensor:
+    """``draw(shape)`` for a ``(C, ...)`` shape of this process's chains: under a shard, the full
+    ``(total, ...)`` draw's rows of this shard, so that each chain's numbers do not depend on the split."""
+    shard = _SHARD.get()
+    if shard is None or not len(shape) or shape[0] != shard.count:
+        return draw(tuple(shape))
+    return shard.rows(draw((shard.total, *shape[1:])))
+
+
+def chain_randn_like(x: torch.Tensor) -> torch.Tensor:
+    """``torch.randn_like(x)`` for a ``(C, ...)`` tensor of chains (see :func:`chain_draw`)."""
+    return chain_draw(lambda s: torch.randn(s, dtype=x.dtype, device=x.device), x.shape)
+
+
+def chain_rand_like(x: torch.Tensor) -> torch.Tensor:
+    """``torch.rand_like(x)`` for a ``(C, ...)`` tensor of chains (see :func:`chain_draw`)."""
+    return chain_draw(lambda s: torch.rand(s, dtype=x.dtype, device=x.device), x.shape)
+
+
+def chain_indices(count: int) -> range:
+    """The chain numbers, out of all the shard's chains, whose random draws a loop over ``count``
+    chains must make to keep the stream in step: ``range(total)`` under a shard, else ``range(count)``.
+    Keep the ones in ``range(start, stop)``."""
+    shard = _SHARD.get()
+    return range(count) if shard is None or count != shard.count else range(shard.total)
+
+
+def owns(chain: int, count: int) -> bool:
+    """Whether ``chain`` (of :func:`chain_indices`) is one of this process's ``count`` chains."""
+    shard = _SHARD.get()
+    return chain < count if shard is None or count != shard.count else shard.start <= chain < shard.stop
+
+
+def _all_reduce(value: torch.Tensor, op) -> torch.Tensor:
+    import torch.distributed as dist
+
+    shard = _SHARD.get()
+    if shard is None or not dist.is_available() or not dist.is_initialized():
+        return value
+    value = value.clone()
+    dist.all_reduce(value, op=op, group=shard.group)
+    return value
+
+
+def chains_min(x: torch.Tensor) -> torch.Tensor:
+    """The smallest entry of ``x`` over every chain of every rank (a 0-dim tensor)."""
+    import torch.distributed as dist
+
+    return _all_reduce(x.amin().reshape(()), dist.ReduceOp.MIN)
+
+
+def chains_all(flag: torch.Tensor) -> bool:
+    """Whether ``flag`` (a boolean tensor over this process's chains) holds for every chain of every rank."""
+    import torch.distributed as dist
+
+    return bool(_all_reduce(flag.all().to(torch.int32).reshape(()), dist.ReduceOp.MIN))
+
+
+__all__ = ["ChainShard", "current_shard", "sharded", "chain_draw", "chain_randn_like", "chain_rand_like",
+           "chain_indices", "owns", "chains_min", "chains_all"]
