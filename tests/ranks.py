@@ -43,7 +43,8 @@ def _entry(rank: int, fn, world_size: int, port: int, out_dir: str, env: dict, a
 
 
 class RankResults(list):
-    """Each rank's ``("ok", value)`` or ``("error", (type name, message, attributes, traceback))``."""
+    """Each rank's ``("ok", value)``, ``("error", (type name, message, attributes, traceback))`` or
+    ``("died", exit code)``."""
 
     def values(self):
         bad = [(r, res[1]) for r, res in enumerate(self) if res[0] != "ok"]
@@ -70,9 +71,9 @@ def run_ranks(fn, world_size: int = 2, *args, timeout: float = 120.0, env: dict 
         results = RankResults()
         for rank in range(world_size):
             path = os.path.join(out_dir, f"{rank}.pkl")
-            if not os.path.exists(path):
-                code = context.processes[rank].exitcode
-                raise RuntimeError(f"rank {rank} exited with code {code} without a result")
+            if not os.path.exists(path):  # the process died: its exit code
+                results.append(("died", context.processes[rank].exitcode))
+                continue
             with open(path, "rb") as f:
                 results.append(pickle.load(f))
         return results

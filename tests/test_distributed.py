@@ -1,0 +1,245 @@
+"""Chains and gradients across real torch.distributed process groups (2 ranks, gloo, localhost).
+
+Every run starts real processes (``ranks.run_ranks``), bounded in time, and is compared with the
+one-process run: draws, gathered statistics, and the exact minibatch law of data-parallel SGLD.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+
+import pyro
+import pyro.distributions as dist
+from pyro_flat import MCMC, SGLD, DivergenceError, EntropyHMC, EntropySGLD, to_arviz
+from pyro_flat.distributed import ChainShard, shard_rows
+
+from moments import assert_moments
+from ranks import run_ranks
+
+N, D = 400, 3
+
+
+def data(n=N):
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(n, D, generator=g, dtype=torch.float64)
+    y = X @ torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64) + torch.randn(n, generator=g, dtype=torch.float64)
+    return X, y
+
+
+def model(X, y, batch_size=20):
+    """Linear regression; per-chain minibatches gather as X[idx] ((C, B, D) against w (C, 1, D))."""
+    w = pyro.sample("w", dist.Normal(torch.zeros(D, dtype=X.dtype), 1.0).to_event(1))
+    with pyro.plate("data", X.shape[0], subsample_size=batch_size) as idx:
+        pyro.sample("y", dist.Normal((X[idx] * w).sum(-1), 1.0), obs=y[idx])
+
+
+KERNELS = {
+    "SGLD": lambda: SGLD(model, step_size=1e-3),
+    "EntropySGLD, dense preconditioner, cyclical": lambda: EntropySGLD(
+        model, eta=0.1, preconditioner="dense", schedule=lambda k: 1.0 if k % 10 < 5 else 0.5),
+    "EntropySGLD, jit fx, thinning 4": lambda: EntropySGLD(model, eta=0.1, step_size=1e-3, jit_compile="fx"),
+    "EntropyHMC": lambda: EntropyHMC(model, eta=0.1),
+}
+
+
+def run_case(name, chain_method, num_chains=3):
+    pyro.set_rng_seed(5)
+    thinning = 4 if "thinning" in name else 1
+    mcmc = MCMC(KERNELS[name](), num_samples=24, warmup_steps=20, num_chains=num_chains, thinning=thinning,
+                chain_method=chain_method, disable_progbar=True)
+    mcmc.run(*data(), batch_size=None if "HMC" in name else 20)
+    if mcmc._samples is None:  # not rank 0: the draws went there
+        with pytest.raises(ValueError, match="gathered to rank 0"):
+            mcmc.get_samples()
+        return None
+    stats = to_arviz(mcmc).sample_stats
+    return {"draws": {k: v.clone() for k, v in mcmc.get_samples(group_by_chain=True).items()},
+            "stats": {k: stats[k].values for k in stats.data_vars},
+            "chain_method": mcmc.chain_method, "world": (mcmc.rank, mcmc.world_size, mcmc.backend)}
+
+
+def _all_cases(rank):
+    return {name: run_case(name, "distributed") for name in KERNELS}
+
+
+@pytest.fixture(scope="module")
+def distributed_runs():
+    return run_ranks(_all_cases, 2, timeout=240).values()
+
+
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_chains_split_over_ranks_give_the_one_process_draws(name, distributed_runs):
+    """3 chains on 2 ranks (2 + 1) with one seed: the same draws and sample statistics as one process,
+    whatever rank a chain ran on (each rank draws the full noise and keeps its chains' rows)."""
+    single = run_case(name, "vectorized")
+    rank0, rank1 = distributed_runs[0][name], distributed_runs[1][name]
+    assert rank1 is None and rank0["world"] == (0, 2, "gloo") and rank0["chain_method"] == "distributed"
+    for site, value in single["draws"].items():
+        assert rank0["draws"][site].shape == value.shape == (3, 24 // (4 if "thinning" in name else 1), D)
+        torch.testing.assert_close(rank0["draws"][site], value, rtol=1e-12, atol=1e-12)
+    assert set(rank0["stats"]) == set(single["stats"])
+    for stat, value in single["stats"].items():
+        np.testing.assert_allclose(rank0["stats"][stat], value, rtol=1e-12, atol=1e-12, err_msg=stat)
+
+
+def test_chain_shards_cover_every_chain_once():
+    for total in range(2, 9):
+        for world in range(1, total + 1):
+            shards = [ChainShard.split(total, r, world) for r in range(world)]
+            assert [c for s in shards for c in range(s.start, s.stop)] == list(range(total))
+            assert max(s.count for s in shards) - min(s.count for s in shards) <= 1
+    with pytest.raises(ValueError, match="num_chains=2 chains cannot be split over 3 ranks"):
+        ChainShard.split(2, 0, 3)
+
+
+# ----------------------------------------------------------------------------- data-parallel chains
+def full_model(X, y):
+    w = pyro.sample("w", dist.Normal(torch.zeros(D, dtype=X.dtype), 1.0).to_event(1))
+    with pyro.plate("data", X.shape[0]):
+        pyro.sample("y", dist.Normal((X * w).sum(-1), 1.0), obs=y)
+
+
+def _data_parallel_full_batch(rank):
+    X, y = data()
+    X, y = shard_rows(X, rank, 2), shard_rows(y, rank, 2)
+    out = {}
+    for name, kernel in (("SGLD", lambda: SGLD(full_model, step_size=1e-3)),
+                         ("EntropyHMC", lambda: EntropyHMC(full_model, eta=0.1, full_mass="hessian"))):
+        pyro.set_rng_seed(7 + rank)  # different seeds: rank 0's stream is shared
+        mcmc = MCMC(kernel(), num_samples=30, warmup_steps=30, num_chains=2, chain_method="data_parallel",
+                    disable_progbar=True)
+        mcmc.run(X, y)
+        out[name] = mcmc.get_samples(group_by_chain=True)["w"]
+    return out
+
+
+def test_data_parallel_ranks_stay_identical_and_match_one_process():
+    """Each rank holds half the data; the summed energy, gradient (and, for EntropyHMC's Hessian metric,
+    Hessian) make the ranks' chains bit-identical, and equal to the one-process chains up to round-off."""
+    rank0, rank1 = run_ranks(_data_parallel_full_batch, 2, timeout=120).values()
+    for name, kernel in (("SGLD", lambda: SGLD(full_model, step_size=1e-3)),
+                         ("EntropyHMC", lambda: EntropyHMC(full_model, eta=0.1, full_mass="hessian"))):
+        assert torch.equal(rank0[name], rank1[name]), name
+        pyro.set_rng_seed(7)
+        mcmc = MCMC(kernel(), num_samples=30, warmup_steps=30, num_chains=2, chain_method="vectorized",
+                    disable_progbar=True)
+        mcmc.run(*data())
+        torch.testing.assert_close(rank0[name], mcmc.get_samples(group_by_chain=True)["w"], rtol=1e-7, atol=1e-7)
+
+
+LAW_N, LAW_B, LAW_STEP = 2000, 50, 3e-6  # 2 shards of 1,000 points, 50 from each per step
+
+
+def _data_parallel_law(rank):
+    X, y = data(LAW_N)
+    X, y = shard_rows(X, rank, 2), shard_rows(y, rank, 2)
+    pyro.set_rng_seed(1)
+    mcmc = MCMC(SGLD(model, step_size=LAW_STEP, init_strategy=pyro.infer.autoguide.init_to_median),
+                num_samples=12_000, warmup_steps=1_000, num_chains=2, chain_method="data_parallel",
+                disable_progbar=True)
+    mcmc.run(X, y, batch_size=LAW_B)
+    return mcmc.get_samples(group_by_chain=True)["w"].numpy()
+
+
+def test_data_parallel_minibatch_sgld_follows_the_exact_law():
+    """Minibatch SGLD with 2 shards: the stationary law solves the Lyapunov equation with the stratified
+    minibatch covariance (the sum of the shards' without-replacement covariances), and matches it
+    within Monte-Carlo error; the ranks' draws are identical."""
+    w0, w1 = run_ranks(_data_parallel_law, 2, timeout=240).values()
+    assert np.array_equal(w0, w1)
+    X, y = data(LAW_N)
+    P = (X.T @ X + torch.eye(D, dtype=X.dtype)).numpy()
+    cov = np.linalg.inv(P)
+    mean = cov @ (X.T @ y).numpy()
+    C = np.zeros((D, D))
+    for rank in range(2):
+        Xr, yr = shard_rows(X, rank, 2).numpy(), shard_rows(y, rank, 2).numpy()
+        n = len(Xr)
+        g = Xr * (yr - Xr @ mean)[:, None]
+        C += n**2 / LAW_B * (n - LAW_B) / (n - 1) * np.cov(g.T, bias=True)
+    sigma = scipy.linalg.solve_discrete_lyapunov(np.eye(D) - LAW_STEP * P, 2 * LAW_STEP * np.eye(D) + LAW_STEP**2 * C)
+    assert_moments(w0, mean, cov, known_bias=sigma - cov)
+
+
+# ----------------------------------------------------------------------------- faults
+def _cliff(params):
+    """0.5 x² below 1, a slope pushing x up from 1, NaN from 3: a chain started at 1.5 diverges in
+    about 15 iterations of step 0.1; chains started at 0 stay near 0."""
+    x = params["x"]
+    energy = torch.where(x < 1, 0.5 * x * x, 0.5 - (x - 1))
+    return torch.where(x >= 3, torch.full_like(x, math.nan), energy).sum(-1)
+
+
+def _diverging(rank):
+    start = torch.zeros(4, 1, dtype=torch.float64)
+    start[3] = 1.5  # chain 3: on rank 1
+    mcmc = MCMC(SGLD(potential_fn=_cliff, step_size=0.1, temperature=1e-6), num_samples=40, warmup_steps=5,
+                num_chains=4, chain_method="distributed", initial_params={"x": start}, disable_progbar=True)
+    try:
+        mcmc.run()
+    except DivergenceError as err:
+        return str(err), err.chain, len(err.samples.get("x", [])), [len(c["x"]) for c in err.completed_chains]
+    return None
+
+
+def test_a_divergence_on_one_rank_stops_every_rank_with_the_same_error_and_keeps_the_draws():
+    rank0, rank1 = run_ranks(_diverging, 2, timeout=90).values()
+    message, chain, kept, completed = rank0
+    assert message == rank1[0] and message.startswith("rank 1: SGLD: chain 3 diverged at iteration")
+    assert chain == rank1[1] == 3
+    assert kept > 0 and len(completed) == 3 and all(n >= kept for n in completed)  # on rank 0: every chain's draws
+    assert rank1[2] == 0 and rank1[3] == []  # the other ranks hand theirs to rank 0
+
+
+def _bad_shard(rank):
+    X, y = data()
+    X, y = shard_rows(X, rank, 2).clone(), shard_rows(y, rank, 2)
+    if rank == 1:
+        X[5, 0] = math.nan
+    MCMC(SGLD(model, step_size=1e-3), num_samples=5, num_chains=2, chain_method="data_parallel",
+         disable_progbar=True).run(X, y)
+
+
+def _other_data(rank):
+    X, y = data(N + 10 * rank)
+    MCMC(SGLD(model, step_size=1e-3), num_samples=5, num_chains=2, chain_method="distributed",
+         disable_progbar=True).run(X, y)
+
+
+def _other_model(rank):
+    X, y = data()
+    chosen = full_model if rank == 0 else (lambda X, y: full_model(X, y) or pyro.sample("s", dist.Normal(0.0, 1.0)))
+    MCMC(SGLD(chosen, step_size=1e-3), num_samples=5, num_chains=2, chain_method="data_parallel",
+         disable_progbar=True).run(shard_rows(X, rank, 2), shard_rows(y, rank, 2))
+
+
+def _dies(rank):
+    def hook(kernel, params, stage, i):
+        if rank == 1 and stage == "Sample" and i == 3:
+            import os
+
+            os._exit(3)
+
+    MCMC(SGLD(model, step_size=1e-3), num_samples=50, num_chains=2, chain_method="distributed",
+         disable_progbar=True, hook_fn=hook).run(*data())
+
+
+@pytest.mark.parametrize("worker, expected", [
+    (_bad_shard, "rank 1: model argument 0 holds 1 NaN/inf value"),
+    (_other_data, "rank 1 has the model's arguments"),
+    (_other_model, "rank 1 has latent sites"),
+])
+def test_a_bad_rank_stops_every_rank_at_set_up_with_a_message_that_names_it(worker, expected):
+    results = run_ranks(worker, 2, timeout=60)
+    for status, (kind, message, _, _) in results:
+        assert status == "error" and kind == "ValueError" and expected in message, message
+
+
+def test_a_rank_that_dies_ends_the_others_within_the_timeout():
+    results = run_ranks(_dies, 2, timeout=60, env={"PYRO_FLAT_DIST_TIMEOUT": "20"})
+    assert results[1] == ("died", 3)
+    status, (kind, message, _, _) = results[0]
+    assert status == "error" and kind == "RankLost" and "another rank died or did not answer" in message
