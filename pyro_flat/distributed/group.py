@@ -66,6 +66,7 @@ def init_from_env(backend: Optional[str] = None, timeout: Optional[float] = None
         if backend == "nccl":
             torch.cuda.set_device(device if device is not None else int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+        return Ranks(dist.get_rank(), dist.get_world_size(), None, dist.get_backend(), timeout, owns_group=True)
     return Ranks(dist.get_rank(), dist.get_world_size(), None, dist.get_backend(), timeout)
 
 
@@ -82,6 +83,8 @@ class Ranks:
     group: Any
     backend: str
     timeout: float
+    #: whether :func:`init_from_env` created the group (then :meth:`finish` destroys it)
+    owns_group: bool = False
 
     @property
     def is_main(self) -> bool:
@@ -156,6 +159,16 @@ class Ranks:
         torch.set_rng_state(states[0])
         if cuda:
             torch.cuda.set_rng_state(states[1], device)
+
+    def finish(self, wait: bool = True) -> None:
+        """End of a script's work: wait for every rank (``wait``; rank 0 may still be writing), then leave the
+        group if :func:`init_from_env` made it (a gloo group left to the interpreter's exit aborts the process)."""
+        import torch.distributed as dist
+
+        if self.distributed and wait:
+            self._collective("waiting for the other ranks to finish", dist.barrier)
+        if self.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
 
     def gather(self, value: Any, what: str) -> Optional[List[Any]]:
         """``value`` of every rank, in rank order, on rank 0 (``None`` on the others)."""

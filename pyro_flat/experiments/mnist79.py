@@ -4,6 +4,11 @@
 then writes everything a user looks at: the draws (ArviZ netCDF), the ArviZ summary, figures, BMA
 metrics and a report. An interrupted run (Ctrl-C) still writes the draws made so far.
 
+Under ``torchrun --nproc-per-node R -m pyro_flat mnist79`` every sampler's chains are split over the
+``R`` ranks (``MCMC(chain_method="distributed")``, the same draws as one process for one seed); rank
+0 gathers them and alone writes the output folder, and the report names the ranks and the backend.
+An interrupted run across ranks leaves the folder as it was.
+
 >>> cfg = MNIST79Config.reduced()
 >>> cfg.sampler, cfg.eta, cfg.num_samples
 ('entropy-sgld', 0.01, 300)
@@ -24,6 +29,7 @@ import pyro
 
 from .. import metrics
 from ..datasets import load_mnist79, pixel_index
+from ..distributed import Ranks, init_from_env
 from ..diagnostics import (MAX_R_HAT, chain_correlation, convergence_verdict, diagnostics_table, guidance_correlation,
                            mcmc_sample_stats)
 from ..kernels import EntropyHMC, kernel_class, make_kernel
@@ -82,27 +88,35 @@ def _stack_partial(chains: List[Dict[str, torch.Tensor]]) -> Dict[str, torch.Ten
     return {k: torch.stack([c[k][:n] for c in chains]) for k in chains[0]}
 
 
-def run_sampler(name: str, config: MNIST79Config, X: torch.Tensor, y: torch.Tensor) -> SamplerRun:
-    """Run one sampler of :data:`~pyro_flat.experiments.configs.SAMPLERS` on the logistic regression; Ctrl-C keeps the draws.
-    EntropyHMC runs ``config.reference_samples`` draws after ``config.reference_warmup``, unthinned."""
+def run_sampler(name: str, config: MNIST79Config, X: torch.Tensor, y: torch.Tensor,
+                ranks: Optional[Ranks] = None) -> SamplerRun:
+    """Run one sampler of :data:`~pyro_flat.experiments.configs.SAMPLERS` on the logistic regression; Ctrl-C keeps the draws
+    (in one process). EntropyHMC runs ``config.reference_samples`` draws after ``config.reference_warmup``, unthinned.
+    With ``ranks`` of several processes the chains are split over them; ranks other than 0 return no draws."""
+    distributed = ranks is not None and ranks.distributed
     kernel = make_study_kernel(name, config, logistic_regression)
     exact = is_full_batch(name)
     thin = 1 if exact else config.thin
     num_samples = config.reference_samples if exact else config.num_samples
     warmup = config.reference_warmup if exact else config.warmup
     mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup, thinning=thin, num_chains=config.chains,
-                minibatches=config.minibatches, disable_progbar=not config.progress)  # vectorized chains
+                minibatches=config.minibatches, disable_progbar=not config.progress,
+                chain_method="distributed" if distributed else "auto")  # vectorized chains
     pyro.set_rng_seed(config.seed)
     start = time.perf_counter()
     batch_size = None if is_full_batch(name) else min(config.batch_size, len(X))
     try:
         mcmc.run(X, y, batch_size=batch_size, prior_scale=config.prior_scale)
     except KeyboardInterrupt as stop:
+        if distributed:  # the other ranks' draws are out of reach: the output folder stays as it was
+            raise
         samples = _stack_partial(kernel.partial_samples)
         return SamplerRun(name, samples, seconds=time.perf_counter() - start, interrupted=True,
                           interrupted_by="SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C",
                           chain_method=mcmc.chain_method, minibatches=_scheme(mcmc, batch_size))
     seconds = time.perf_counter() - start
+    if mcmc.rank != 0:  # the draws went to rank 0
+        return SamplerRun(name, {}, seconds=seconds, chain_method=mcmc.chain_method)
     return SamplerRun(name, mcmc.get_samples(group_by_chain=True), mcmc_sample_stats(mcmc), seconds,
                       chain_method=mcmc.chain_method, minibatches=_scheme(mcmc, batch_size))
 
@@ -197,15 +211,68 @@ def run_mnist79(config: MNIST79Config, *, log: Callable[[str], None] = print) ->
 
     matplotlib.use("Agg")
     config.validate()
+    ranks = init_from_env()
+    try:
+        if ranks.distributed:
+            config = _per_rank_threads(config)
+        report = _follow(config, ranks) if not ranks.is_main else _lead(config, ranks, log)
+    except BaseException:
+        ranks.finish(wait=False)
+        raise
+    ranks.finish()
+    return report
+
+
+def _lead(config: MNIST79Config, ranks: Ranks, log: Callable[[str], None]) -> dict:
+    """Rank 0 (or the only process): the study, and its output folder."""
     out = Path(config.out).expanduser()
+    ready = False
     try:
         with study_output(config, log) as staging:
-            report = _run_mnist79(config, staging, log)
+            ready = True
+            if ranks.distributed:
+                ranks.check(None)  # the output folder is usable: the other ranks start sampling
+            report = _run_mnist79(config, staging, log, ranks)
     except _NothingDrawn as stop:
         log(f"interrupted ({stop.report['interrupted_by']}) before the first draw: {out} left as it was")
         return stop.report
+    except Exception as err:
+        if ranks.distributed and not ready:  # e.g. --out is not usable: the other ranks stop with this error
+            ranks.check(err)
+        raise
     log(f"wrote {', '.join(str(out / f) for f in report['files'].values())}, {out / 'report.json'}")
     return report
+
+
+def _per_rank_threads(config: MNIST79Config) -> MNIST79Config:
+    """Each of the ranks on this machine gets its share of the cores (unless ``--threads`` says otherwise)."""
+    import os
+    from dataclasses import replace
+
+    if config.threads is not None:
+        return config
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
+    return replace(config, threads=max(1, (os.cpu_count() or 1) // local))
+
+
+def _follow(config: MNIST79Config, ranks: Ranks) -> dict:
+    """A rank other than 0: run its share of every sampler's chains; rank 0 gathers and writes."""
+    from .output import torch_threads
+
+    failure = ranks.check(None)  # rank 0's output folder is ready, or its error
+    if failure is not None:
+        raise failure
+    X, y = load_mnist79(config.data_dir, split="train")
+    with torch_threads(config.threads):
+        for name in _sampler_names(config):
+            run_sampler(name, config, X, y, ranks)
+    return {"interrupted": False, "rank": ranks.rank}
+
+
+def _sampler_names(config: MNIST79Config) -> List[str]:
+    """The samplers the study runs, in order, once each."""
+    names = [config.sampler, config.baseline, config.reference]
+    return list(dict.fromkeys(n for n in names if n is not None))
 
 
 class _NothingDrawn(Exception):
@@ -216,7 +283,7 @@ class _NothingDrawn(Exception):
         self.report = report
 
 
-def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None]) -> dict:
+def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None], ranks: Optional[Ranks] = None) -> dict:
     from ..diagnostics import to_arviz
     from .plots import (plot_bma_curves, plot_rank_panels, plot_reliability, plot_trace_panels,
                         plot_weight_comparison, save_figures)
@@ -236,10 +303,12 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None]) -
     if kernel_class(config.sampler).__name__ == "EntropySGLD":
         log(f"{config.sampler}: {metric_text(config)}")
 
+    if ranks is not None and ranks.distributed:
+        log(f"{ranks.world_size} ranks (torch.distributed, {ranks.backend}): each sampler's {config.chains} chains "
+            f"split over them, {config.threads} thread(s) per rank; rank 0 gathers the draws and writes")
     runs = {}
-    names = [config.sampler, config.baseline, config.reference]
-    for name in dict.fromkeys(n for n in names if n is not None):  # in order, once each
-        runs[name] = run_sampler(name, config, X, y)
+    for name in _sampler_names(config):
+        runs[name] = run_sampler(name, config, X, y, ranks)
         log(f"{name}: {runs[name].seconds:.1f} s" + (" (interrupted)" if runs[name].interrupted else ""))
         if runs[name].interrupted:
             break
@@ -250,6 +319,8 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None]) -
               "interrupted": any(r.interrupted for r in runs.values()),
               "interrupted_by": next((r.interrupted_by for r in runs.values() if r.interrupted), None),
               "seconds": {k: round(r.seconds, 2) for k, r in runs.items()},
+              "ranks": {"world_size": 1 if ranks is None else ranks.world_size,
+                        "backend": None if ranks is None or not ranks.distributed else ranks.backend},
               "files": files}
     if not main.samples:
         raise _NothingDrawn(report)  # keep the previous output: nothing of this run is worth it

@@ -107,6 +107,11 @@ def report_markdown(report: dict, config: MNIST79Config) -> str:
            f"{schedule_text(config)}, "
            f"seed {config.seed}. Seconds: "
            + ", ".join(f"{k} {v}" for k, v in report["seconds"].items()) + ".", ""]
+    ranks = report.get("ranks") or {}
+    if ranks.get("world_size", 1) > 1:
+        md += [f"Ran on {ranks['world_size']} ranks (torch.distributed, {ranks['backend']} backend): each sampler's "
+               "chains were split over the ranks and gathered to rank 0, which wrote these files. One seed gives "
+               "the same draws on any number of ranks.", ""]
     if report.get("chains"):
         md += ["## Are the chains independent?", "",
                "The correlation between two chains' per-draw moves, averaged over chain pairs and the 785 "
