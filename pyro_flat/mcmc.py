@@ -362,7 +362,7 @@ class _RanksFailed(Exception):
 
 #: iterations between two collective error checks of a run across ranks (each costs one all-reduce:
 #: about 1 ms on the 2-core test machine, 50-100 us on a usual host)
-CHECK_ITERATIONS = 32
+CHECK_ITERATIONS = 128
 
 
 def _checked(steps, ranks, iterations_per_draw: int = 1):

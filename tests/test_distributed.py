@@ -243,3 +243,59 @@ def test_a_rank_that_dies_ends_the_others_within_the_timeout():
     assert results[1] == ("died", 3)
     status, (kind, message, _, _) = results[0]
     assert status == "error" and kind == "RankLost" and "another rank died or did not answer" in message
+
+
+# ----------------------------------------------------------------------------- the study under torchrun
+def _torchrun(args, timeout, interrupt_after=None):
+    """``torchrun --nproc-per-node 2 -m pyro_flat ...`` in its own session; killed (all of it) at ``timeout``.
+    ``interrupt_after`` seconds: Ctrl-C (SIGINT) to the whole session, as a terminal sends it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+               str(__import__("ranks").free_port()), "-m", "pyro_flat", *args]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, "PYRO_FLAT_DIST_TIMEOUT": "60"})
+    try:
+        if interrupt_after is not None:
+            time.sleep(interrupt_after)
+            os.killpg(proc.pid, signal.SIGINT)
+        output, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, output
+
+
+SMALL_STUDY = ["mnist79", "--chains", "4", "--warmup", "100", "--num-samples", "150", "--thin", "1", "--no-progress",
+               "--reference", "none", "--baseline", "none"]
+
+
+def test_the_mnist_study_runs_on_two_ranks_and_rank_0_writes_one_report(tmp_path):
+    import json
+
+    import arviz as az
+
+    out = tmp_path / "run"
+    code, output = _torchrun([*SMALL_STUDY, "--out", str(out)], timeout=240)
+    assert code == 0, output
+    report = json.loads((out / "report.json").read_text())
+    assert report["ranks"] == {"world_size": 2, "backend": "gloo"}
+    assert report["chains"]["entropy-sgld"]["chain_method"] == "distributed"
+    assert az.from_netcdf(str(out / "samples.nc")).posterior["w"].shape == (4, 150, 784)
+    assert "Ran on 2 ranks (torch.distributed, gloo backend)" in (out / "report.md").read_text()
+    assert output.count("wrote ") == 1  # rank 0 alone writes
+    assert not list(tmp_path.glob(".run.*"))  # no staging folder left
+
+
+def test_ctrl_c_under_torchrun_leaves_the_output_folder_as_it_was(tmp_path):
+    out = tmp_path / "run"
+    code, output = _torchrun([*SMALL_STUDY, "--num-samples", "100000", "--out", str(out)], timeout=120,
+                             interrupt_after=25)
+    assert code != 0 and not out.exists(), output
+    assert "interrupted; --out left as it was" in output
+    assert not list(tmp_path.iterdir())  # no partial folder either
