@@ -299,3 +299,52 @@ def test_ctrl_c_under_torchrun_leaves_the_output_folder_as_it_was(tmp_path):
     assert code != 0 and not out.exists(), output
     assert "interrupted; --out left as it was" in output
     assert not list(tmp_path.iterdir())  # no partial folder either
+
+
+# ----------------------------------------------------------------------------- flat-seeking SVI, data-parallel
+def svi_model(X, y, idx):
+    w = pyro.sample("w", dist.Normal(torch.zeros(D, dtype=X.dtype), 1.0).to_event(1))
+    with pyro.plate("data", len(X), subsample=idx):
+        pyro.sample("y", dist.Normal((X[idx] * w).sum(-1), 1.0), obs=y[idx])
+
+
+def _svi_steps(X, y, batches, loss_name, data_parallel):
+    from pyro.infer import SVI
+    from pyro.infer.autoguide import AutoLowRankMultivariateNormal, AutoNormal
+
+    from pyro_flat import SABMA_ELBO, SAM_ELBO
+
+    pyro.clear_param_store()
+    pyro.set_rng_seed(11)
+    if loss_name == "SAM_ELBO":
+        guide, loss = AutoNormal(svi_model), SAM_ELBO(rho=0.05, data_parallel=data_parallel)
+    else:
+        guide, loss = AutoLowRankMultivariateNormal(svi_model, rank=2), SABMA_ELBO(gamma=0.01, data_parallel=data_parallel)
+    svi = SVI(svi_model, guide, pyro.optim.Adam({"lr": 0.05}), loss)
+    losses = [svi.step(X, y, idx) for idx in batches]
+    return losses, {k: v.detach().clone() for k, v in pyro.get_param_store().items()}
+
+
+BATCHES = [torch.arange(s, 200, 10) for s in range(3)]  # 3 steps, 20 of each rank's 200 points per step
+
+
+def _svi_on_ranks(rank):
+    X, y = data()
+    X, y = shard_rows(X, rank, 2), shard_rows(y, rank, 2)
+    return {name: _svi_steps(X, y, BATCHES, name, True) for name in ("SAM_ELBO", "SABMA_ELBO")}
+
+
+def test_sam_and_sabma_steps_on_two_ranks_equal_the_global_minibatch_step_in_one_process():
+    """Each rank holds half the data and takes 20 points per step; 3 steps of SAM_ELBO and of SABMA_ELBO
+    (ascent and descent summed over ranks) equal, up to round-off, 3 steps in one process on the union
+    of the two minibatches, and leave the ranks' parameters identical."""
+    rank0, rank1 = run_ranks(_svi_on_ranks, 2, timeout=120).values()
+    X, y = data()
+    for name in ("SAM_ELBO", "SABMA_ELBO"):
+        losses, params = _svi_steps(X, y, [torch.cat([b, b + 200]) for b in BATCHES], name, False)
+        assert rank0[name][1].keys() == params.keys()
+        for key, value in params.items():
+            assert torch.equal(rank0[name][1][key], rank1[name][1][key]), (name, key)
+            torch.testing.assert_close(rank0[name][1][key], value, rtol=1e-9, atol=1e-9, msg=f"{name} {key}")
+        np.testing.assert_allclose(rank0[name][0], losses, rtol=1e-9)
+        assert rank0[name][0] == rank1[name][0]

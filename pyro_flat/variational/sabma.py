@@ -52,6 +52,7 @@ import torch
 from pyro.infer import ELBO
 
 from .fisher import gaussian_parameters
+from .data_parallel import ShareLatents, ranks_for, sum_gradients, sum_over_ranks, traced_params
 from .minibatch import SameMinibatch
 from ..validation import check_number
 from .sam import check_base, check_radius
@@ -68,13 +69,15 @@ class SABMA_ELBO(ELBO):
     :param ball: ``"kl"`` (SA-BMA), ``"euclidean"`` (SAM) or ``"fisher-sam"``.
     :param params: ``"all"`` (loc and covariance parameters) or ``"loc"``.
     :param fisher_eta: Fisher-SAM's η in ``1 + η g²``.
+    :param data_parallel: under ``torchrun``, each rank holds a shard of the data: the ascent gradient and
+        the descent gradient are summed over the ranks (:mod:`~pyro_flat.variational.data_parallel`).
 
     After each step ``last_perturbation`` holds δ by parameter name and ``last_kl_radius`` the
     second-order KL ½ δᵀ F δ (γ for ``ball="kl"``).
     """
 
     def __init__(self, gamma: float, base: Optional[ELBO] = None, *, ball: str = "kl", params: str = "all",
-                 fisher_eta: float = 1.0):
+                 fisher_eta: float = 1.0, data_parallel: bool = False):
         self.gamma = check_radius("gamma", gamma, "SABMA_ELBO", example="0.01")
         self.base = check_base(base, "SABMA_ELBO")
         if ball not in BALLS:
@@ -82,6 +85,7 @@ class SABMA_ELBO(ELBO):
         if params not in PARAMS:
             raise ValueError(f"SABMA_ELBO: params must be one of {PARAMS}, got {params!r}")
         self.ball, self.params, self.fisher_eta = ball, params, _check_fisher_eta(fisher_eta)
+        self.data_parallel, self._ranks = bool(data_parallel), None
         self.last_perturbation = {}
         self.last_kl_radius = torch.tensor(float("nan"))
         super().__init__(num_particles=self.base.num_particles)
@@ -101,13 +105,24 @@ class SABMA_ELBO(ELBO):
             return [torch.zeros_like(g) for g in grads]
         return [math.sqrt(2 * self.gamma) * d / norm2.sqrt() for d in direction]
 
+    @property
+    def ranks(self):
+        """The ranks the gradients are summed over (``None``: one process)."""
+        if self.data_parallel and self._ranks is None:
+            self._ranks = ranks_for(True)
+        return self._ranks
+
     def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
-        same = SameMinibatch()
+        same, ranks = SameMinibatch(), self.ranks
         model, guide_run = same(model), same(guide)
+        if ranks is not None:  # each rank counts 1/R of the prior and guide terms
+            share = ShareLatents(1.0 / ranks.world_size)
+            model, guide_run = share(model), share(guide_run)
         ascent = self.base.differentiable_loss(model, guide_run, *args, **kwargs)
         family = gaussian_parameters(guide)
         grads = torch.autograd.grad(ascent, family.tensors, allow_unused=True)
         grads = [torch.zeros_like(t) if g is None else g.detach() for g, t in zip(grads, family.tensors)]
+        grads = sum_over_ranks(grads, ranks, "summing the ascent gradient across ranks")
         delta = self._perturbation(family, grads)
         self.last_perturbation = dict(zip(family.names, delta))
         self.last_kl_radius = 0.5 * family.quadratic(delta).detach()
@@ -115,7 +130,8 @@ class SABMA_ELBO(ELBO):
             for tensor, d in zip(family.tensors, delta):
                 tensor.add_(d)
         try:
-            loss = self.base.loss_and_grads(model, guide_run, *args, **kwargs)
+            loss, params = traced_params(self.base.loss_and_grads, model, guide_run, *args, **kwargs)
+            loss = sum_gradients(params, loss, ranks)
         finally:
             with torch.no_grad():
                 for tensor, d in zip(family.tensors, delta):

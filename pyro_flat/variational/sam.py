@@ -43,6 +43,7 @@ from pyro.infer import ELBO, Trace_ELBO
 from pyro.poutine.util import prune_subsample_sites
 
 from ..validation import check_number, check_positive, check_positive_int
+from .data_parallel import ShareLatents, ranks_for, sum_gradients, sum_over_ranks, traced_params
 from .minibatch import SameMinibatch
 
 
@@ -70,16 +71,30 @@ class SAM_ELBO(ELBO):
     :param rho: radius of the ball in θ (unconstrained coordinates of every latent together).
     :param base: the ELBO it follows for the number of particles (default ``Trace_ELBO()``); the
         guide must be reparameterisable (every autoguide of continuous latents is).
+    :param data_parallel: under ``torchrun``, each rank holds a shard of the data: the ascent direction
+        and the gradient are summed over the ranks (:mod:`~pyro_flat.variational.data_parallel`).
     """
 
-    def __init__(self, rho: float, base: Optional[ELBO] = None):
+    def __init__(self, rho: float, base: Optional[ELBO] = None, *, data_parallel: bool = False):
         self.rho = check_radius("rho", rho, "SAM_ELBO")
         self.base = check_base(base, "SAM_ELBO")
+        self.data_parallel = bool(data_parallel)
+        self._ranks = None
         super().__init__(num_particles=self.base.num_particles)
+
+    @property
+    def ranks(self):
+        """The ranks the gradients are summed over (``None``: one process)."""
+        if self.data_parallel and self._ranks is None:
+            self._ranks = ranks_for(True)
+        return self._ranks
 
     # --------------------------------------------------------------------- one particle
     def _particle(self, model, guide, args, kwargs) -> torch.Tensor:
         same = SameMinibatch()
+        if self.ranks is not None:  # each rank counts 1/R of the prior and guide terms
+            share = ShareLatents(1.0 / self.ranks.world_size)
+            model, guide = share(model), share(guide)
         guide_trace = poutine.trace(same(guide)).get_trace(*args, **kwargs)
         model_trace = poutine.trace(poutine.replay(same(model), trace=guide_trace)).get_trace(*args, **kwargs)
         guide_trace, model_trace = prune_subsample_sites(guide_trace), prune_subsample_sites(model_trace)
@@ -122,6 +137,7 @@ class SAM_ELBO(ELBO):
                 grad, = torch.autograd.grad(transform(u), u, grad)
             directions.append(grad.detach())
             transforms.append(transform)
+        directions = sum_over_ranks(directions, self.ranks, "summing the ascent direction across ranks")
         norm = torch.sqrt(sum((d ** 2).sum() for d in directions))
         scale = self.rho / norm if norm > 0 else 0.0
         out = {}
@@ -142,13 +158,15 @@ class SAM_ELBO(ELBO):
         return float(self.differentiable_loss(model, guide, *args, **kwargs).detach())
 
     def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
-        total = 0.0
+        total, params = 0.0, set()
         for _ in range(self.num_particles):
-            loss = self._particle(model, guide, args, kwargs) / self.num_particles
+            loss, touched = traced_params(self._particle, model, guide, args, kwargs)
+            params |= touched
+            loss = loss / self.num_particles
             if loss.requires_grad:
                 loss.backward()
             total += float(loss.detach())
-        return total
+        return sum_gradients(params, total, self.ranks)
 
 
 def _is_real(support) -> bool:
