@@ -4,7 +4,8 @@
   guiding twins θa (sites ``name + "_aux"``);
 - :class:`SGLD` and :class:`EntropySGLD` are ``pyro.infer.MCMC`` kernels with Pyro-native minibatches,
   :class:`EntropyHMC` the exact (Metropolis-corrected) sampler of the same joint;
-- :class:`MCMC` is Pyro's driver plus vectorized chains (all chains as one batched tensor);
+- :class:`MCMC` is Pyro's driver plus vectorized chains (all chains as one batched tensor), also split
+  over the ranks of ``torchrun`` or data-parallel across them (:mod:`pyro_flat.distributed`);
 - :class:`SGD`, :class:`LocalEntropySGD` and :class:`LocalEntropySGLD` are the paper's baselines,
   :class:`SASGLD` and :class:`FlatSGLD` the flat-seeking relatives; :mod:`pyro_flat.flatness`
   measures flatness (Hessian spectra and traces, loss curves, local entropy);
@@ -37,7 +38,7 @@ _PUBLIC = {
 }
 #: The subpackages and modules reachable as attributes (``pyro_flat.flatness``, ...).
 _MODULES = ("datasets", "diagnostics", "flatness", "metrics", "mixtures", "models", "schedules", "theory",
-            "variational", "kernels", "targets", "predictive", "convergence", "experiments")
+            "variational", "kernels", "targets", "predictive", "convergence", "experiments", "distributed")
 
 
 def __getattr__(name: str) -> Any:

@@ -12,7 +12,13 @@ arguments, ``chain_method`` and ``thinning``. ``chain_method`` is one of:
   leading chain dimension (checked by evaluating the first chains both ways), else Pyro's
   behaviour, with a warning that says why;
 - ``"sequential"``/``"parallel"``: Pyro's behaviour (``"parallel"`` uses Pyro's worker processes
-  when there are enough CPUs).
+  when there are enough CPUs);
+- ``"distributed"``: across the ranks of a ``torch.distributed`` group (``torchrun``): each rank runs
+  its block of the chains, vectorized, and rank 0 gathers the draws; one seed gives the same draws on
+  any number of ranks (:mod:`pyro_flat.distributed`). ``mcmc.rank`` and ``mcmc.world_size`` say where;
+- ``"data_parallel"``: every rank runs every chain on its own shard of the data, the potential summed
+  over the ranks (:class:`~pyro_flat.distributed.DataParallelTarget`); the chains are identical on
+  every rank.
 
 Whatever ran is in ``mcmc.chain_method``, and how its chains drew minibatches in
 ``mcmc.minibatches`` (``"per_chain"`` whenever Pyro's driver ran them). Vectorized chains of a subsampled model draw their own
@@ -129,7 +135,8 @@ def run_chains(kernel, warmup_steps: int, num_samples: int, args: tuple = (),
 class MCMC(pyro.infer.MCMC):
     """``pyro.infer.MCMC`` with vectorized chains (see the module docstring).
 
-    :param chain_method: ``"auto"``, ``"vectorized"``, ``"sequential"`` or ``"parallel"``.
+    :param chain_method: ``"auto"``, ``"vectorized"``, ``"sequential"``, ``"parallel"``, ``"distributed"``
+        or ``"data_parallel"``.
     :param thinning: keep every ``thinning``-th post-warm-up iteration (a pyro-flat
         stochastic-gradient kernel is needed for ``thinning > 1``).
     :param minibatches: ``"per_chain"`` (default) or ``"shared"``: how vectorized chains of a
