@@ -22,7 +22,7 @@ on the input, whose derivative is the sum over ranks; Hessians and Hessian-vecto
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 import torch
 

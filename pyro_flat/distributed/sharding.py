@@ -12,9 +12,11 @@ that read several chains at once (the shortest step size, whether every chain is
 :func:`chains_min` and :func:`chains_all`. Outside :func:`sharded` they are plain torch calls.
 
 >>> shard = ChainShard(total=4, start=2, stop=4)
->>> torch.manual_seed(0); full = torch.randn(4, 3)
+>>> _ = torch.manual_seed(0)
+>>> full = torch.randn(4, 3)
+>>> _ = torch.manual_seed(0)
 >>> with sharded(shard):
-...     _ = torch.manual_seed(0); mine = chain_randn_like(torch.zeros(2, 3))
+...     mine = chain_randn_like(torch.zeros(2, 3))
 >>> bool((mine == full[2:]).all())
 True
 """

@@ -17,7 +17,7 @@ and give the shards the same size, so that the random streams stay in step.
 
 from __future__ import annotations
 
-from typing import Iterable, List, Optional
+from typing import Dict, List, Optional
 
 import torch
 from pyro import poutine
@@ -62,11 +62,12 @@ def sum_over_ranks(tensors: List[torch.Tensor], ranks: Optional[Ranks], what: st
     return out
 
 
-def sum_gradients(params: Iterable[torch.Tensor], loss: float, ranks: Optional[Ranks]) -> float:
-    """The ``.grad`` of every parameter, and the loss, summed over the ranks in place; the global loss."""
+def sum_gradients(params: Dict[str, torch.Tensor], loss: float, ranks: Optional[Ranks]) -> float:
+    """The ``.grad`` of every parameter (``{name: tensor}``), and the loss, summed over the ranks in place;
+    the global loss. The parameters are packed in the order of their names, the same on every rank."""
     if ranks is None:
         return loss
-    params = [p for p in params if p.grad is not None]
+    params = [params[name] for name in sorted(params) if params[name].grad is not None]
     loss_tensor = torch.tensor([loss], dtype=params[0].grad.dtype if params else torch.float64,
                                device=params[0].grad.device if params else None)
     summed = sum_over_ranks([*(p.grad for p in params), loss_tensor], ranks, "summing the gradient across ranks")
@@ -76,10 +77,11 @@ def sum_gradients(params: Iterable[torch.Tensor], loss: float, ranks: Optional[R
 
 
 def traced_params(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` and the unconstrained parameters it touched (as ``SVI.step`` finds them)."""
+    """``fn(*args, **kwargs)`` and the unconstrained parameters it touched, ``{name: tensor}`` (what
+    ``SVI.step`` optimizes)."""
     with poutine.trace(param_only=True) as capture:
         value = fn(*args, **kwargs)
-    return value, {site["value"].unconstrained() for site in capture.trace.nodes.values()}
+    return value, {name: site["value"].unconstrained() for name, site in capture.trace.nodes.items()}
 
 
 __all__ = ["ShareLatents", "ranks_for", "sum_over_ranks", "sum_gradients", "traced_params"]

@@ -158,10 +158,10 @@ class SAM_ELBO(ELBO):
         return float(self.differentiable_loss(model, guide, *args, **kwargs).detach())
 
     def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
-        total, params = 0.0, set()
+        total, params = 0.0, {}
         for _ in range(self.num_particles):
             loss, touched = traced_params(self._particle, model, guide, args, kwargs)
-            params |= touched
+            params.update(touched)
             loss = loss / self.num_particles
             if loss.requires_grad:
                 loss.backward()
