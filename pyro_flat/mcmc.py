@@ -179,9 +179,7 @@ class MCMC(pyro.infer.MCMC):
         # decided for good in run(), when the model's arguments are known
         self._try_vectorized = num_chains > 1 and can_vectorize and chain_method in ("auto", "vectorized")
         self.rank, self.world_size, self.backend = 0, 1, None  # set by a run across ranks
-        if chain_method in RANK_METHODS:
-            super().__init__(kernel, num_samples, warmup_steps, num_chains=1, **kwargs)
-        elif self._try_vectorized:
+        if self._try_vectorized or chain_method in RANK_METHODS:  # one kernel holds this process's chains
             super().__init__(kernel, num_samples, warmup_steps, num_chains=1, **kwargs)
         else:
             self._init_pyro(num_chains, initial_params)

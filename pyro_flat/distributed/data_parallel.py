@@ -85,24 +85,16 @@ class DataParallelTarget(TargetBase):
 
     def initial_params(self, overrides: Optional[Params] = None) -> Params:
         """Rank 0's initial point, on every rank."""
-        import torch.distributed as dist
-
         params = self.local.initial_params(overrides)
         names = sorted(params)
-        flat = torch.cat([params[n].reshape(-1) for n in names])
-        self.ranks._collective("sharing the initial point", dist.broadcast, flat, src=0)
-        return _split(flat, {n: params[n] for n in names})
+        return dict(zip(names, self.ranks.broadcast([params[n] for n in names], "sharing the initial point")))
 
     def evaluate(self, params: Params, indices: Optional[Dict[str, torch.Tensor]] = None) -> Evaluation:
         """Energy and gradient summed over the shards in one all-reduce; the statistics are this rank's."""
-        import torch.distributed as dist
-
         energy, grads, stats = self.local.evaluate(params, indices)
         names = list(grads)
-        flat = torch.cat([energy.reshape(-1), *(grads[n].reshape(-1) for n in names)])
-        self.ranks._collective("summing the gradient across ranks", dist.all_reduce, flat)
-        energy_total = flat[: energy.numel()].reshape(energy.shape)
-        return Evaluation(energy_total, _split(flat[energy.numel():], {n: grads[n] for n in names}), stats)
+        energy, *summed = self.ranks.all_sum([energy, *(grads[n] for n in names)], "summing the gradient across ranks")
+        return Evaluation(energy, dict(zip(names, summed)), stats)
 
     def __call__(self, params: Params, indices: Optional[Dict[str, torch.Tensor]] = None) -> torch.Tensor:
         """The energy of all shards, differentiable (the gradient is summed over ranks)."""
@@ -114,14 +106,6 @@ class DataParallelTarget(TargetBase):
         ``likelihood_only``: the negative log-likelihood alone."""
         shared = {k: _SharedInput.apply(v, self.ranks) for k, v in params.items()}
         return _SumOverRanks.apply(self.local.full_data(shared, likelihood_only=likelihood_only), self.ranks)
-
-
-def _split(flat: torch.Tensor, like: Params) -> Params:
-    out, start = {}, 0
-    for name, value in like.items():
-        out[name] = flat[start: start + value.numel()].reshape(value.shape)
-        start += value.numel()
-    return out
 
 
 def shard_rows(data: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:

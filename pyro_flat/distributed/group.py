@@ -145,6 +145,26 @@ class Ranks:
         rank, report = next((r, rep) for r, rep in enumerate(reports) if rep is not None)
         return _rebuild(rank, report)
 
+    def all_sum(self, tensors: List[torch.Tensor], what: str) -> List[torch.Tensor]:
+        """Each tensor summed over the ranks, in one all-reduce of them all packed into one vector (one
+        dtype and device); every rank gets the same bits."""
+        import torch.distributed as dist
+
+        return self._packed(tensors, what, dist.all_reduce)
+
+    def broadcast(self, tensors: List[torch.Tensor], what: str) -> List[torch.Tensor]:
+        """Rank 0's tensors on every rank, in one broadcast."""
+        import torch.distributed as dist
+
+        return self._packed(tensors, what, dist.broadcast, src=0)
+
+    def _packed(self, tensors: List[torch.Tensor], what: str, collective, **kwargs) -> List[torch.Tensor]:
+        if not self.distributed or not tensors:
+            return list(tensors)
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        self._collective(what, collective, flat, **kwargs)
+        return [part.reshape(t.shape) for part, t in zip(flat.split([t.numel() for t in tensors]), tensors)]
+
     def sync_random_state(self, device: Optional[torch.device] = None) -> None:
         """Every rank continues rank 0's random stream (torch's CPU stream, and ``device``'s if CUDA)."""
         import torch.distributed as dist

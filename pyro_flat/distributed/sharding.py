@@ -73,6 +73,13 @@ def current_shard() -> Optional[ChainShard]:
     return _SHARD.get()
 
 
+def shard_of(count: int) -> Optional[ChainShard]:
+    """The shard in force if ``count`` chains are its chains (a leading dimension of ``count`` is this
+    process's chains), else ``None``: the one rule every helper below applies."""
+    shard = _SHARD.get()
+    return shard if shard is not None and shard.count == count else None
+
+
 @contextmanager
 def sharded(shard: Optional[ChainShard]) -> Iterator[Optional[ChainShard]]:
     """Run the enclosed chains as ``shard`` of a larger set (``None``: no change)."""
@@ -86,34 +93,44 @@ def sharded(shard: Optional[ChainShard]) -> Iterator[Optional[ChainShard]]:
 def chain_draw(draw: Callable[[Sequence[int]], torch.Tensor], shape: Sequence[int]) -> torch.Tensor:
     """``draw(shape)`` for a ``(C, ...)`` shape of this process's chains: under a shard, the full
     ``(total, ...)`` draw's rows of this shard, so that each chain's numbers do not depend on the split."""
-    shard = _SHARD.get()
-    if shard is None or not len(shape) or shape[0] != shard.count:
+    shard = shard_of(shape[0]) if len(shape) else None
+    if shard is None:
         return draw(tuple(shape))
     return shard.rows(draw((shard.total, *shape[1:])))
 
 
 def chain_randn_like(x: torch.Tensor) -> torch.Tensor:
     """``torch.randn_like(x)`` for a ``(C, ...)`` tensor of chains (see :func:`chain_draw`)."""
+    if _SHARD.get() is None:  # the hot path of one process: nothing to decide
+        return torch.randn_like(x)
     return chain_draw(lambda s: torch.randn(s, dtype=x.dtype, device=x.device), x.shape)
 
 
 def chain_rand_like(x: torch.Tensor) -> torch.Tensor:
     """``torch.rand_like(x)`` for a ``(C, ...)`` tensor of chains (see :func:`chain_draw`)."""
+    if _SHARD.get() is None:
+        return torch.rand_like(x)
     return chain_draw(lambda s: torch.rand(s, dtype=x.dtype, device=x.device), x.shape)
 
 
 def chain_indices(count: int) -> range:
     """The chain numbers, out of all the shard's chains, whose random draws a loop over ``count``
     chains must make to keep the stream in step: ``range(total)`` under a shard, else ``range(count)``.
-    Keep the ones in ``range(start, stop)``."""
-    shard = _SHARD.get()
-    return range(count) if shard is None or count != shard.count else range(shard.total)
+    Keep the ones :func:`owns` says are this process's."""
+    shard = shard_of(count)
+    return range(count) if shard is None else range(shard.total)
 
 
 def owns(chain: int, count: int) -> bool:
     """Whether ``chain`` (of :func:`chain_indices`) is one of this process's ``count`` chains."""
-    shard = _SHARD.get()
-    return chain < count if shard is None or count != shard.count else shard.start <= chain < shard.stop
+    shard = shard_of(count)
+    return chain < count if shard is None else shard.start <= chain < shard.stop
+
+
+def global_chain(chain: int, count: int) -> int:
+    """Chain ``chain`` of this process's ``count`` chains, numbered among all the chains of the run."""
+    shard = shard_of(count)
+    return chain if shard is None else shard.start + chain
 
 
 def _all_reduce(value: torch.Tensor, op) -> torch.Tensor:
@@ -141,5 +158,5 @@ def chains_all(flag: torch.Tensor) -> bool:
     return bool(_all_reduce(flag.all().to(torch.int32).reshape(()), dist.ReduceOp.MIN))
 
 
-__all__ = ["ChainShard", "current_shard", "sharded", "chain_draw", "chain_randn_like", "chain_rand_like",
-           "chain_indices", "owns", "chains_min", "chains_all"]
+__all__ = ["ChainShard", "current_shard", "shard_of", "sharded", "chain_draw", "chain_randn_like",
+           "chain_rand_like", "chain_indices", "owns", "global_chain", "chains_min", "chains_all"]

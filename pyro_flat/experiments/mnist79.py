@@ -17,8 +17,9 @@ An interrupted run across ranks leaves the folder as it was.
 from __future__ import annotations
 
 import json
+import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
@@ -246,9 +247,6 @@ def _lead(config: MNIST79Config, ranks: Ranks, log: Callable[[str], None]) -> di
 
 def _per_rank_threads(config: MNIST79Config) -> MNIST79Config:
     """Each of the ranks on this machine gets its share of the cores (unless ``--threads`` says otherwise)."""
-    import os
-    from dataclasses import replace
-
     if config.threads is not None:
         return config
     local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))

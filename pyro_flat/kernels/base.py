@@ -203,13 +203,20 @@ class TargetKernel(DrawRecording, MCMCKernel):
         """The potential sampled, for ``num_chains`` vectorized chains (or one): the model's, or
         ``potential_fn``'s, which takes its sites and shapes from ``initial_params``. Builds without
         changing the kernel. Data-parallel: this shard's part, summed over the ranks."""
+        return self.across_ranks(lambda shards: self._build_local_target(args, kwargs, num_chains, initial_params,
+                                                                         shards))
+
+    def across_ranks(self, build: Callable[[int], Target]) -> Target:
+        """``build(1)``, or for a data-parallel run over ``R`` ranks this shard's ``build(R)`` (its latent terms
+        weighted ``1/R``) summed over the ranks: every rank builds its target, all learn whether one failed,
+        and the targets' sites must agree."""
         ranks = self.data_parallel
         if ranks is None:
-            return self._build_local_target(args, kwargs, num_chains, initial_params)
+            return build(1)
         from ..distributed import DataParallelTarget
 
-        try:  # every rank builds its shard's target, then all learn whether one failed
-            local, error = self._build_local_target(args, kwargs, num_chains, initial_params, ranks.world_size), None
+        try:
+            local, error = build(ranks.world_size), None
         except Exception as err:
             local, error = None, err
         failure = ranks.check(error)
@@ -294,11 +301,7 @@ def coupled_target(kernel: TargetKernel, args: tuple, kwargs: dict, *, num_chain
     if kernel.model is None and initial_params is not None:
         suffix = kernel.suffix
         theta = {k: v for k, v in initial_params.items() if k[: -len(suffix)] not in initial_params}
-        base = CallablePotential(kernel.potential_fn, theta, num_chains)
-        if kernel.data_parallel is not None:
-            from ..distributed import DataParallelTarget
-
-            base = DataParallelTarget(base, kernel.data_parallel)
+        base = kernel.across_ranks(lambda shards: CallablePotential(kernel.potential_fn, theta, num_chains))
     else:
         base = TargetKernel.build_target(kernel, args, kwargs, num_chains=num_chains, initial_params=initial_params)
     return CoupledPotential(base, kernel.eta, kernel.sites, kernel.suffix)

@@ -12,7 +12,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from ..targets import Params
-from ..distributed.sharding import current_shard
+from ..distributed.sharding import global_chain
 from .errors import DivergenceError
 
 
@@ -69,8 +69,7 @@ def divergence_error(kernel_name: str, problem: str, *, params: Params, grads: P
     else:
         found, site, where = _non_finite(params, grads, new_params, energy, num_chains)
     if found is not None:
-        shard = current_shard()  # chains split over ranks: name the chain by its number in the whole run
-        chain = found + (shard.start if shard is not None and num_chains == shard.count else 0)
+        chain = global_chain(found, num_chains)  # chains split over ranks: its number in the whole run
     phase = "warm-up" if warming_up else "sampling"
     vectorized = num_chains is not None
     return DivergenceError(

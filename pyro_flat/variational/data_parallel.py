@@ -48,18 +48,9 @@ def ranks_for(data_parallel: bool) -> Optional[Ranks]:
 
 
 def sum_over_ranks(tensors: List[torch.Tensor], ranks: Optional[Ranks], what: str) -> List[torch.Tensor]:
-    """Each tensor summed over the ranks (one all-reduce for all of them); unchanged without ``ranks``."""
-    import torch.distributed as dist
-
-    if ranks is None or not tensors:
-        return tensors
-    flat = torch.cat([t.reshape(-1) for t in tensors])
-    ranks._collective(what, dist.all_reduce, flat)
-    out, start = [], 0
-    for t in tensors:
-        out.append(flat[start: start + t.numel()].reshape(t.shape))
-        start += t.numel()
-    return out
+    """Each tensor summed over the ranks (:meth:`~pyro_flat.distributed.Ranks.all_sum`); unchanged
+    without ``ranks``."""
+    return tensors if ranks is None else ranks.all_sum(tensors, what)
 
 
 def sum_gradients(params: Dict[str, torch.Tensor], loss: float, ranks: Optional[Ranks]) -> float:
