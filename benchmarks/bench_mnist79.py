@@ -33,13 +33,13 @@ from pyro_flat.models import logistic_regression  # noqa: E402
 ETA, CHAINS, PRIOR_SCALE = 0.01, 4, 0.5
 
 SAMPLERS = {
-    "EntropySGLD, dense, joint metric (the main job's; θ ignores θa)": (
+    "EntropySGLD, dense, pulled metric (the main job's; θ pulled by θa)": (
+        lambda: EntropySGLD(logistic_regression, eta=ETA, step_size=0.2, preconditioner="dense"),
+        dict(num_samples=5_000, warmup_steps=500, thinning=5), 100),
+    "EntropySGLD, dense, joint metric (θ ignores θa)": (
         lambda: EntropySGLD(logistic_regression, eta=ETA, step_size=0.2, preconditioner="dense",
                             coupling_metric="joint"),
-        dict(num_samples=10_000, warmup_steps=500, thinning=5), 100),
-    "EntropySGLD, dense, κ = 0.9 (θ pulled by θa)": (
-        lambda: EntropySGLD(logistic_regression, eta=ETA, step_size=0.2, preconditioner="dense", coupling_metric=0.9),
-        dict(num_samples=10_000, warmup_steps=500, thinning=5), 100),
+        dict(num_samples=5_000, warmup_steps=500, thinning=5), 100),
     "EntropySGLD, plain": (
         lambda: EntropySGLD(logistic_regression, eta=ETA, step_size=5e-4),
         dict(num_samples=6_000, warmup_steps=1_000, thinning=10), 100),
@@ -70,13 +70,13 @@ def main():
         seconds, ess, rhat = measure(make, settings, batch_size, X, y)
         rate[name] = ess / seconds
         print(f"  {name:64} {seconds:8.1f} {ess:13.0f} {rhat:10.4f} {rate[name]:9.2f}")
-    pre, pulled, plain, hmc = rate.values()
+    pre, joint, plain, hmc = rate.values()
     print()
     print(f"  preconditioned / plain EntropySGLD   {pre / plain:8.1f}x   target >= 50   "
           f"{'ok' if pre >= 50 * plain else 'MISSED'}")
     print(f"  preconditioned / EntropyHMC          {pre / hmc:8.2f}x   target >= 1    "
           f"{'ok' if pre >= hmc else 'MISSED'}")
-    print(f"  κ = 0.9 / joint metric (price of the pull) {pulled / pre:6.2f}x")
+    print(f"  pulled / joint metric (price of the pull) {pre / joint:7.2f}x")
 
 
 if __name__ == "__main__":

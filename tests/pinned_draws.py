@@ -72,11 +72,13 @@ def _cases() -> Dict[str, Callable]:
         "SGD": lambda: run(SGD(model, step_size=0.01)),
         "EntropySGLD": lambda: run(EntropySGLD(model, eta=0.5, step_size=0.01), chains=2),
         "EntropySGLD, thinning 3": lambda: run(EntropySGLD(model, eta=0.5, step_size=0.01), thinning=3),
-        "EntropySGLD, dense block": lambda: run(EntropySGLD(model, eta=0.5, preconditioner="dense"), chains=2),
+        "EntropySGLD, dense block": lambda: run(
+            EntropySGLD(model, eta=0.5, preconditioner="dense", coupling_metric="block"), chains=2),
         "EntropySGLD, dense joint": lambda: run(
             EntropySGLD(model, eta=0.5, preconditioner="dense", coupling_metric="joint")),
-        "EntropySGLD, diagonal kappa 0.9": lambda: run(
-            EntropySGLD(model, eta=0.5, preconditioner="diagonal", coupling_metric=0.9), chains=2),
+        "EntropySGLD, dense pulled": lambda: run(EntropySGLD(model, eta=0.5, preconditioner="dense"), chains=2),
+        "EntropySGLD, diagonal pull 0.5": lambda: run(
+            EntropySGLD(model, eta=0.5, preconditioner="diagonal", coupling_metric=0.5), chains=2),
         "EntropySGLD, jit fx": lambda: run(EntropySGLD(model, eta=0.5, step_size=0.01, jit_compile="fx"),
                                            chains=2),
         "EntropySGLD, jit fx, thinning 3 (fused)": lambda: run(

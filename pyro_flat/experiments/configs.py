@@ -6,7 +6,7 @@ reduced mode) and :meth:`~StudyConfig.validate`, which names the command-line op
 value. This module imports neither torch nor Pyro, so ``pyro-flat --help`` answers at once.
 
 >>> MNIST79Config.reduced().num_samples, MNIST79Config().num_samples
-(300, 10000)
+(300, 5000)
 >>> BNNConfig(grad_evals=100, num_draws=5).thinning(2)  # 25 iterations after burn-in, 5 kept
 5
 """
@@ -24,6 +24,8 @@ SAMPLERS = ("entropy-sgld", "sgld", "entropy-hmc")
 EXACT_SAMPLERS = ("entropy-hmc",)
 #: ``--preconditioner`` choices of its stochastic-gradient samplers
 PRECONDITIONERS = ("dense", "diagonal", "none")
+#: EntropySGLD's named metrics (pyro_flat.kernels.preconditioning.COUPLING_METRICS; a number is a pull strength)
+COUPLING_METRICS = ("pulled", "joint", "block")
 #: how vectorized chains draw minibatches: ``pyro_flat.targets.MINIBATCH_SCHEMES``, spelled out here
 #: because the configs import no torch (a test checks that the two agree)
 MINIBATCH_SCHEMES = ("per_chain", "shared")
@@ -45,7 +47,7 @@ def option(default: Any, help: str, **settings) -> Any:
 
 
 def parse_coupling_metric(text: str) -> Union[str, float]:
-    """``block``, ``joint`` or a number (κ)."""
+    """``pulled``, ``joint``, ``block`` or a number (the pull strength ε)."""
     try:
         return float(text)
     except ValueError:
@@ -118,10 +120,11 @@ class StudyConfig:
 
 
 def check_coupling_metric(value) -> None:
-    if value in ("block", "joint"):
+    if value in COUPLING_METRICS:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise StudyError(f"--coupling-metric {value!r} is not block, joint or a number κ in [0, 1)")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise StudyError(f"--coupling-metric {value!r} is not {', '.join(COUPLING_METRICS)} or a pull strength ε in "
+                         "[0, 1]")
 
 
 def check_sampler(name: Optional[str], option: str = "--sampler") -> None:
@@ -153,13 +156,14 @@ class MNIST79Config(StudyConfig):
     step_size: float = option(0.2, "Langevin step, in the preconditioner's units")
     preconditioner: str = option("dense", "metric of the stochastic-gradient samplers", choices=PRECONDITIONERS)
     coupling_metric: Union[str, float] = option(
-        "joint", "EntropySGLD's preconditioned metric: block (θ pulled by θa), joint (the exact inverse Hessian; θ "
-                 "then ignores θa) or a number κ in [0, 1)", type=parse_coupling_metric)
+        "pulled", "EntropySGLD's preconditioned metric: pulled (the exact metric with θ pulled toward θa, pull "
+                  "strength 1), a pull strength in [0, 1], joint (the exact inverse Hessian, strength 0: θ then ignores "
+                  "θa) or block (block-Jacobi: pulled, slow)", type=parse_coupling_metric)
     reference: Optional[str] = option("entropy-hmc", "exact sampler every coordinate is compared with: entropy-hmc "
                                                      "or none", none_word=True)
     reference_samples: int = option(1500, "reference draws per chain")
     reference_warmup: int = option(250, "reference warm-up iterations")
-    num_samples: int = option(10000, "iterations per chain after warm-up, before thinning: num-samples // thin "
+    num_samples: int = option(5000, "iterations per chain after warm-up, before thinning: num-samples // thin "
                                      "draws are kept")
     thin: int = option(5, "keep every n-th iteration")
     warmup: int = option(500, "warm-up steps per chain")
@@ -170,7 +174,7 @@ class MNIST79Config(StudyConfig):
                               choices=MINIBATCH_SCHEMES)
     prior_scale: float = option(0.5, "prior sd of the weights")
     out: str = out_option("pyro-flat-out/mnist79")
-    threads: Optional[int] = threads_option(1)
+    threads: Optional[int] = threads_option(None)
 
     COMMAND: ClassVar[str] = "mnist79"
     #: 2 chains x (200 warm-up + 300 draws), no thinning, a reference of 2 x (50 + 100) EntropyHMC draws

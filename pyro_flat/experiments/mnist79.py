@@ -267,6 +267,13 @@ def _follow(config: MNIST79Config, ranks: Ranks) -> dict:
     return {"interrupted": False, "rank": ranks.rank}
 
 
+def _gap(run: SamplerRun, eta: float) -> Dict[str, float]:
+    """The root-mean-square ‖θ − θa‖ over the draws, and √(dη), its value under the exact joint."""
+    gap = torch.cat([(run.samples[site + "_aux"] - run.samples[site]).reshape(*run.samples[site].shape[:2], -1)
+                     for site in ("w", "b")], -1).double()
+    return {"gap_rms": float(gap.pow(2).sum(-1).mean().sqrt()), "gap_exact": (gap.shape[-1] * eta) ** 0.5}
+
+
 def _sampler_names(config: MNIST79Config) -> List[str]:
     """The samplers the study runs, in order, once each."""
     names = [config.sampler, config.baseline, config.reference]
@@ -324,7 +331,7 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None], r
         raise _NothingDrawn(report)  # keep the previous output: nothing of this run is worth it
     hold_signals()  # the draws are made: a Ctrl-C from here waits until they are written
     report["draws_per_chain"] = {name: int(run.samples["b"].shape[1]) for name, run in runs.items() if run.samples}
-    report["guidance"] = {name: guidance_correlation(run.samples["w"], run.samples["w_aux"])
+    report["guidance"] = {name: {**guidance_correlation(run.samples["w"], run.samples["w_aux"]), **_gap(run, config.eta)}
                           for name, run in runs.items() if run.has_aux and run.samples["w"].shape[1] > 2}
     report["chains"] = {name: {"chain_method": run.chain_method, "minibatches": run.minibatches,
                                **(chain_correlation(run.samples["w"]) if run.samples["w"].shape[0] > 1
@@ -334,7 +341,8 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None], r
         log(f"{name}: {chains_text(c)}")
     for name, g in report["guidance"].items():
         log(f"{name}: θ's next move against θa − θ, correlation {g['mean']:+.3f} averaged over pixels "
-            f"(positive in {g['positive_share']:.0%}; about ±{g['null_sd']:.3f} per pixel if θ ignored θa)")
+            f"(positive in {g['positive_share']:.0%}; about ±{g['null_sd']:.3f} per pixel if θ ignored θa); "
+            f"gap ‖θ − θa‖ {g['gap_rms']:.2f} (root mean square; {g['gap_exact']:.2f} under the exact joint)")
 
     idata = to_arviz(main.samples, sample_stats=main.sample_stats or None)
     files["samples"] = "samples.nc"

@@ -42,12 +42,14 @@ class EntropySGLD(SGLD):
     :param eta: coupling variance :math:`\eta > 0`.
     :param sites: latent sites to couple (default: every continuous latent).
     :param suffix: name suffix of the auxiliary sites.
-    :param coupling_metric: with a ``preconditioner``: ``"block"`` (default; block-Jacobi:
-        :math:`\theta` pulled toward :math:`\theta_a` as above, slower mixing of the flattest
-        directions), a float :math:`\kappa \in [0, 1)` (the joint metric with its cross-covariance
-        scaled by :math:`\kappa`: the pull kept, near the exact metric's mixing, smaller stable steps) or
-        ``"joint"`` (the joint's exact inverse Hessian: :math:`\theta` then moves as preconditioned
-        SGLD on :math:`f` and ignores :math:`\theta_a`); see :mod:`~pyro_flat.kernels.preconditioning`.
+    :param coupling_metric: with a ``preconditioner``: ``"pulled"`` (default) or a pull strength
+        :math:`\varepsilon \in [0, 1]`: the joint's exact inverse Hessian with :math:`\varepsilon K` taken
+        off its cross-covariance, so :math:`\theta` moves as preconditioned SGLD on :math:`f` plus a pull
+        toward :math:`\theta_a` (full in the flat directions), at the exact metric's mixing; the gap
+        :math:`\theta - \theta_a` pays a larger discretisation error. ``"joint"`` (:math:`\varepsilon = 0`,
+        the exact inverse Hessian: :math:`\theta` ignores :math:`\theta_a`) or ``"block"``
+        (block-Jacobi: pulled, slow mixing of the flattest directions); see
+        :mod:`~pyro_flat.kernels.preconditioning`.
 
     Other arguments as :class:`~pyro_flat.SGLD`. ``sample_stats`` gain ``coupling_distance``
     :math:`\lVert\theta - \theta_a\rVert` (over all coupled sites); at stationarity its square
@@ -80,7 +82,7 @@ class EntropySGLD(SGLD):
         schedule=None,
         sites: Optional[Iterable[str]] = None,
         suffix: str = "_aux",
-        coupling_metric: Union[str, float] = "block",
+        coupling_metric: Union[str, float] = "pulled",
         **kwargs,
     ):
         self.eta = check_eta(eta)
