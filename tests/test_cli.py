@@ -30,10 +30,13 @@ def test_mnist79_writes_every_file_and_classifies(tmp_path):
     assert idata.posterior["w"].shape == (2, 300, 784) and idata.posterior["w_aux"].shape == (2, 300, 784)
     assert idata.sample_stats["step_size"].shape == (2, 300)
     assert {"b", "b_aux", "coupling_distance", "lp"} <= set(idata.posterior) | set(idata.sample_stats)
-    # θa | θ ~ N(θ, ηI) exactly, so ||θ - θa|| ≈ sqrt(d η) (d = 785); the step-size bias of this
-    # run is about +3%. A wrong noise scale (T = 2, i.e. noise x sqrt(2)) gives +41%.
+    # θa | θ ~ N(θ, ηI) exactly, so ||θ - θa|| ≈ sqrt(d η) (d = 785). Under the default pulled metric
+    # the gap is the fast direction: on this problem's Hessian spectrum the discretisation at step 0.2
+    # inflates its variance by 1.41 (pyro_flat.kernels.preconditioning), its norm by 1.19 (measured
+    # 1.189 here); the exact joint metric would give 1.05. A wrong noise scale (T = 2, i.e. noise x
+    # sqrt(2)) gives 1.19 x 1.41 = 1.68.
     distance = float(idata.sample_stats["coupling_distance"].mean())
-    assert abs(distance / math.sqrt(785 * 0.01) - 1) < 0.1
+    assert abs(distance / (1.19 * math.sqrt(785 * 0.01)) - 1) < 0.06
     report = json.loads((out / "report.json").read_text())
     bma = report["bma"]["entropy-sgld"]
     # The MAP reaches 94.5% on this split. Accuracy alone is blind to the posterior's spread (a
