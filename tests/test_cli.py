@@ -71,6 +71,12 @@ def test_the_configs_minibatch_schemes_are_the_libraries():
     assert MINIBATCH_SCHEMES == LIBRARY
 
 
+def test_the_configs_coupling_metrics_are_the_librarys():
+    from pyro_flat.experiments.configs import COUPLING_METRICS
+    from pyro_flat.kernels.preconditioning import COUPLING_METRICS as LIBRARY
+    assert COUPLING_METRICS == LIBRARY
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--sampler", "nuts"], "--sampler 'nuts' is not a sampler; choose one of entropy-sgld, sgld"),
     (["--eta", "0"], "--eta must be > 0"),

@@ -16,13 +16,13 @@ def metric_text(config: MNIST79Config) -> str:
     if config.preconditioner == "none":
         return "no preconditioner: plain Entropy-MCMC steps, θ pulled toward θa"
     m = config.coupling_metric
-    if m in ("joint", 0.0):
+    strength = pull_strength(m)
+    if strength == 0.0:
         return ("joint metric (the exact inverse Hessian of the joint): θ moves as preconditioned SGLD on f and "
                 "ignores θa, so θ's chain is the SGLD baseline's; only θa's marginal is Entropy-MCMC's")
     if m == "block":
         return ("block-Jacobi metric: θ pulled toward θa as in Entropy-MCMC; θ and θa move together slowly "
                 "along the flattest directions")
-    strength = pull_strength(m)
     return (f"pulled joint metric, strength ε = {strength:g}: θ moves as preconditioned SGLD on f plus a pull toward "
             f"θa that closes a fraction {strength:g} x step of the gap θa − θ per step in the flat directions (less "
             "in the stiff ones), with the exact metric's mixing; the gap's variance carries a larger "

@@ -67,9 +67,9 @@ def hessian_diagonal(energy_fn: EnergyFn, x: torch.Tensor, *, num_probes: int = 
     return (total / num_probes).detach()
 
 
-def _floored_spectrum(H: torch.Tensor, floor: float):
-    """Eigenvectors of ``H`` and its eigenvalues in absolute value, floored at ``floor`` of the
-    largest (and at 1e-8)."""
+def absolute_spectrum(H: torch.Tensor, floor: float = FLOOR):
+    """``(magnitude, vectors)``: eigenvectors of ``H`` and its eigenvalues in absolute value, floored at
+    ``floor`` of the largest (and at 1e-8); :func:`absolute_curvature` is ``vectors diag(magnitude) vectorsᵀ``."""
     eigenvalues, vectors = torch.linalg.eigh(H)
     magnitude = eigenvalues.abs()
     return torch.maximum(magnitude, (magnitude.amax(-1, keepdim=True) * floor).clamp(min=1e-8)), vectors
@@ -82,13 +82,14 @@ def _symmetric(matrix: torch.Tensor) -> torch.Tensor:
 def inverse_curvature(H: torch.Tensor, floor: float = FLOOR) -> torch.Tensor:
     r""":math:`|H|^{-1}` per chain, ``(C, D, D)``: eigenvalues in absolute value, floored at ``floor``
     of the largest (and at 1e-8), so the result is a covariance."""
-    magnitude, vectors = _floored_spectrum(H, floor)
+    magnitude, vectors = absolute_spectrum(H, floor)
     return _symmetric((vectors / magnitude.unsqueeze(-2)) @ vectors.mT)
 
 
-def absolute_curvature(H: torch.Tensor, floor: float = FLOOR) -> torch.Tensor:
-    r""":math:`|H|`, the precision whose inverse is :func:`inverse_curvature`, ``(C, D, D)``."""
-    magnitude, vectors = _floored_spectrum(H, floor)
+def absolute_curvature(H: torch.Tensor, floor: float = FLOOR, *, spectrum=None) -> torch.Tensor:
+    r""":math:`|H|`, the precision whose inverse is :func:`inverse_curvature`, ``(C, D, D)``; from
+    ``spectrum`` (:func:`absolute_spectrum`'s) when it is given."""
+    magnitude, vectors = absolute_spectrum(H, floor) if spectrum is None else spectrum
     return _symmetric((vectors * magnitude.unsqueeze(-2)) @ vectors.mT)
 
 

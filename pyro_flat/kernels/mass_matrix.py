@@ -205,36 +205,33 @@ class PulledFactor:
 
     ``inner`` is the metric of :math:`\Sigma`. Every block is diagonal where :math:`\Sigma` is, so the
     metric is a :class:`PairedDiagonalFactor` of :math:`2 \times 2` blocks, per coordinate for a
-    :class:`DiagonalFactor`, per eigenvector (:class:`RotatedFactor`, one ``eigh`` per estimate) for a
+    :class:`DiagonalFactor`, per eigenvector (:class:`RotatedFactor`; ``spectrum``, the eigenvalues and
+    eigenvectors of :math:`\Sigma^{-1}` that the dense estimate already computed, else one ``eigh``) for a
     dense metric whose every coordinate is coupled. A dense metric with uncoupled coordinates
     (``sites=``) is held as the joint's precision (:class:`PrecisionFactor` of size :math:`D + n`,
     about four times a step's cost)."""
 
-    def __init__(self, inner, eta: float, num_coupled: int, strength: float):
+    def __init__(self, inner, eta: float, num_coupled: int, strength: float, *, spectrum=None):
         self.inner, self.eta, self.num_coupled, self.strength = inner, eta, num_coupled, float(strength)
         if isinstance(inner, DiagonalFactor):
             self.joint = self._paired(inner.variance, num_coupled)
             return
-        tril = inner.tril.double()
-        precision = tril @ tril.mT
-        if num_coupled == precision.shape[-1]:
-            curvature, basis = torch.linalg.eigh((precision + precision.mT) / 2)
-            paired = self._paired(1.0 / curvature, num_coupled)
-            dtype = inner.tril.dtype
-            self.joint = RotatedFactor(PairedDiagonalFactor(*(t.to(dtype) for t in (
-                paired.variance, paired.cross, paired.twin_variance))), basis.to(dtype))
+        dtype = inner.tril.dtype
+        if num_coupled == inner.tril.shape[-1]:
+            if spectrum is None:  # a fixed covariance: the eigenbasis of its precision
+                tril = inner.tril.double()
+                spectrum = torch.linalg.eigh(tril @ tril.mT)
+            curvature, basis = spectrum
+            self.joint = RotatedFactor(self._paired((1.0 / curvature).to(dtype), num_coupled), basis.to(dtype))
             return
         n = num_coupled
-        coupling = torch.zeros(precision.shape[-1], dtype=precision.dtype, device=precision.device)
-        coupling[:n] = 1.0 / eta
-        sigma = torch.cholesky_inverse(tril)
-        conditional = torch.cholesky_inverse(torch.linalg.cholesky(precision + torch.diag(coupling)))
-        cross = (sigma - self.strength * conditional)[..., :n]
+        sigma = torch.cholesky_inverse(inner.tril.double())
+        cross = (sigma - self.strength * conditional_covariance(sigma, eta, n))[..., :n]
         eye = torch.eye(n, dtype=sigma.dtype, device=sigma.device).expand(*sigma.shape[:-2], n, n)
         cov = torch.cat([torch.cat([sigma, cross], -1),
                          torch.cat([cross.mT, sigma[..., :n, :n] + eta * eye], -1)], -2)
         joint_precision = torch.cholesky_inverse(torch.linalg.cholesky(cov))
-        self.joint = PrecisionFactor(((joint_precision + joint_precision.mT) / 2).to(inner.tril.dtype))
+        self.joint = PrecisionFactor(((joint_precision + joint_precision.mT) / 2).to(dtype))
 
     def _paired(self, variance: torch.Tensor, n: int) -> PairedDiagonalFactor:
         r"""Per coordinate :math:`i < n`: :math:`x_i = s_i - \varepsilon k_i`, :math:`k_i = 1/(1/s_i + 1/\eta)`,

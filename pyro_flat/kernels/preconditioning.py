@@ -112,7 +112,8 @@ import torch
 
 from ..distributed.sharding import chain_randn_like
 from ..targets import ChainLayout, Params
-from .curvature import EXACT_DIAGONAL_DIM, absolute_curvature, hessian, hessian_diagonal, inverse_diagonal
+from .curvature import (EXACT_DIAGONAL_DIM, absolute_curvature, absolute_spectrum, hessian, hessian_diagonal,
+                        inverse_diagonal)
 from .mass_matrix import BlockFactor, CoupledFactor, PrecisionFactor, PulledFactor, factor_from_covariance
 
 PRECONDITIONERS = ("diagonal", "dense")
@@ -265,7 +266,9 @@ class Preconditioner:
         dim = x.shape[-1]
         if self.spec == "dense":
             spent = dim
-            self._install(PrecisionFactor(absolute_curvature(hessian(self._energy, x))))
+            H = hessian(self._energy, x)
+            spectrum = absolute_spectrum(H)  # the pulled metric's eigenbasis too
+            self._install(PrecisionFactor(absolute_curvature(H, spectrum=spectrum)), spectrum)
         else:
             spent = dim if dim <= EXACT_DIAGONAL_DIM else self.num_probes
             magnitude = hessian_diagonal(self._energy, x, num_probes=self.num_probes).abs()
@@ -276,8 +279,9 @@ class Preconditioner:
         self.num_hvp += spent
         return spent
 
-    def _install(self, inner) -> None:
-        """Use the metric ``inner`` over θ (with the coupling added for the joint: see the module)."""
+    def _install(self, inner, spectrum=None) -> None:
+        """Use the metric ``inner`` over θ (with the coupling added for the joint: see the module);
+        ``spectrum``: the eigenvalues and eigenvectors of a dense ``inner``'s precision, when known."""
         if not self.coupled:
             self.factor = inner
         elif self.coupling_metric == "block":
@@ -285,7 +289,8 @@ class Preconditioner:
         elif pull_strength(self.coupling_metric) == 0.0:
             self.factor = CoupledFactor(inner, self.eta, self.aux.dim)
         else:
-            self.factor = PulledFactor(inner, self.eta, self.aux.dim, pull_strength(self.coupling_metric))
+            self.factor = PulledFactor(inner, self.eta, self.aux.dim, pull_strength(self.coupling_metric),
+                                       spectrum=spectrum)
 
     def _pack(self, tensors: Params) -> torch.Tensor:
         flat = self.theta.pack(tensors)
