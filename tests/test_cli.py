@@ -115,8 +115,8 @@ def test_synthetic2d_writes_report_and_figures(tmp_path, capsys):
     out = tmp_path / "s2d"
     assert main(["synthetic2d", "--eta", "0.5", "2", "--num-chains", "60", "--num-steps", "200",
                  "--line-points", "3", "--line-chains", "20", "--line-steps", "100", "--no-progress",
-                 "--out", str(out)]) == 0
-    for name in ("paths.png", "shares.png", "line.png", "landscape.png", "report.md"):
+                 "--coupling-metric", "joint", "pulled", "--out", str(out)]) == 0
+    for name in ("paths.png", "shares.png", "line.png", "landscape.png", "metrics.png", "report.md"):
         assert (out / name).stat().st_size > 0
     report = json.loads((out / "report.json").read_text())
     labels = [row["label"] for row in report["ridge"]]
@@ -133,8 +133,37 @@ def test_synthetic2d_writes_report_and_figures(tmp_path, capsys):
     assert by["SGD θ"]["share"] == 0.0  # a chain at the saddle is in neither basin
     assert report["exact"]["smoothed"]["0.5"]["own_flat_basin"] == pytest.approx(0.698, abs=2e-3)
     assert report["line"]["share"]["SGD θ"][0] == 0 and report["line"]["share"]["SGD θ"][-1] == 1  # sharp -> flat
+    pulled = by["EntropySGLD θ (η = 2, pulled metric)"]
+    assert pulled["exact"] == pytest.approx(0.700, abs=2e-3) and pulled["settings"]["coupling_metric"] == "pulled"
+    assert by["EntropySGLD θa (η = 0.5, joint metric)"]["exact"] == pytest.approx(0.79, abs=0.01)
+    assert "EntropySGLD θ (η = 2, block metric)" not in by and "EntropySGLD θ (η = 2, pulled metric)" \
+        not in report["line"]["share"]  # the preconditioned runs start on the ridge only
     printed = capsys.readouterr().out
     assert "EntropySGLD θa (η = 0.5)" in printed and "Smoothing keeps each component's mass" in printed
+    assert "The pulled metric against the joint one (no pull)" in printed and "The pull " in printed
+
+
+def test_the_pull_verdict_follows_the_shares():
+    from pyro_flat.experiments.configs import Synthetic2DConfig
+    from pyro_flat.experiments.synthetic2d import _metric_findings, _pull_verdict
+
+    config = Synthetic2DConfig(etas=(1.0, 2.0), coupling_metrics=("joint", "pulled"))
+
+    def row(sampler, share, **settings):
+        return {"sampler": sampler, "variable": "theta", "settings": settings, "share": share, "se": 0.015}
+
+    ridge = [row("sgld", 0.31), row("entropy-sgld", 0.30, eta=1.0), row("entropy-sgld", 0.30, eta=2.0),
+             row("entropy-sgld", 0.31, eta=1.0, coupling_metric="joint"),
+             row("entropy-sgld", 0.40, eta=1.0, coupling_metric="pulled"),
+             row("entropy-sgld", 0.31, eta=2.0, coupling_metric="joint"),
+             row("entropy-sgld", 0.32, eta=2.0, coupling_metric="pulled")]
+    assert _pull_verdict(ridge, config) == [
+        "The pull changes the share of θ in the flat basin beyond Monte Carlo error at η = 1 (of 2 values)."]
+    text = _metric_findings(ridge, ridge[0], ridge[1], 1.0, config)[0]
+    assert "joint 0.310 ± 0.015, pulled 0.400 ± 0.015" in text and "the joint one (no pull): higher by 0.090" in text
+    ridge[4]["share"] = 0.33
+    assert _pull_verdict(ridge, config)[0].startswith("The pull does not change which basin θ ends in")
+    assert _pull_verdict(ridge, Synthetic2DConfig(etas=(1.0, 2.0), coupling_metrics=("block",))) == []
 
 
 def test_synthetic2d_refuses_bad_options(capsys):
@@ -142,6 +171,8 @@ def test_synthetic2d_refuses_bad_options(capsys):
     assert "--eta must be > 0, got -0.5" in capsys.readouterr().err
     assert main(["synthetic2d", "--line-points", "1"]) == 2
     assert "--line-points must be an integer >= 2, got 1" in capsys.readouterr().err
+    assert main(["synthetic2d", "--coupling-metric", "kappa"]) == 2
+    assert "--coupling-metric takes distinct names from pulled, joint, block; got kappa" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args, needle", [

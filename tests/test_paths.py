@@ -4,6 +4,7 @@ import math
 import warnings
 
 import numpy as np
+import pyro
 import pytest
 import torch
 
@@ -201,29 +202,40 @@ def test_a_path_projects_points_onto_its_nearest_segment():
         path.at(1.5)
 
 
-def _study_report(toward_noisy, distance_noisy):
-    """A path study's report with made-up numbers, to check the sentences computed from them."""
-    profile = {"position": [0, 0.25, 0.5, 0.75, 1], "loss": [1e-4, 5e-4, 8e-4, 5e-4, 1e-4],
-               "top_eigenvalue": [0.01, 0.05, 0.1, 0.05, 0.01], "trace": [0.2, 0.5, 1.0, 0.5, 0.2],
-               "trace_stderr": [0.01] * 5}
+def _dynamics_run(kind, shift, se=0.0, chains=16, batch_size=10, temperature=0.0):
+    return {"kind": kind, "alpha_lambda": 0.4, "step_size": 0.5, "batch_size": batch_size, "chains": chains,
+            "temperature": temperature, "steps": [0, 10000], "diverged": False, "shift": shift, "shift_se": se,
+            "final_distance": 1.0, "settled": [0.5 + shift - se * math.sqrt(chains), 0.5 + shift + se * math.sqrt(chains)]}
+
+
+def _study_report(free_shift=-0.08, fixed_shift=-0.01, se=0.005, control=-0.01):
+    """A path study's report with made-up numbers, to check the sentences computed from them: end 0
+    is the flatter (lower trace), so a negative shift is toward it."""
+    profile = {"position": [0, 0.25, 0.5, 0.75, 1], "loss": [0.0290, 0.0295, 0.0300, 0.0295, 0.0292],
+               "top_eigenvalue": [0.8, 0.9, 1.0, 0.9, 0.85], "trace": [85.0, 88.0, 90.0, 88.0, 87.0],
+               "trace_stderr": [0.2] * 5}
     draw = {"loss": 0.2, "top_eigenvalue": 3.0, "trace": 50.0, "trace_stderr": 1.0, "position": 0.5, "distance": 30.0}
-    run = {"step_size": 1.0, "steps": [0, 100], "diverged": False}
-    return {"n_train": 100, "path_length": 40.0, "endpoints_loss": [1e-4, 1e-4],
-            "config": {"dynamics_start": 0.25}, "profiles": {"minimum-energy path": profile, "straight line": profile},
+    dynamics = [_dynamics_run("free full-batch descent", control, chains=1, batch_size=None),
+                _dynamics_run("constrained full-batch descent", control, chains=1, batch_size=None),
+                _dynamics_run("free SGD", free_shift, se), _dynamics_run("constrained SGD", fixed_shift, se),
+                _dynamics_run("free SGLD", control, se, chains=4, temperature=1e-6)]
+    return {"n_train": 1000, "path_length": 40.0, "endpoints_loss": [0.029, 0.0292], "endpoints_gradient": [3e-4, 3e-4],
+            "decay_trace": 79.0, "config": {"dynamics_start": 0.5, "insertion_rounds": 2, "tol": 1e-3},
+            "path": {"converged": True, "max_force": 9e-4, "images": 18},
+            "profiles": {"minimum-energy path": profile, "straight line": profile},
             "draws": {"SGLD": [dict(draw, distance=10.0), draw], "FlatSGLD": [dict(draw, top_eigenvalue=1.0)] * 2},
-            "dynamics": [dict(run, batch_size=100, toward_end=0.001, final_distance=1.0),
-                         dict(run, batch_size=10, toward_end=toward_noisy, final_distance=distance_noisy)]}
+            "dynamics": dynamics}
 
 
 def test_draws_within_their_error_are_a_tie_not_a_winner():
     """The issue's case: 3.8116 against 3.8111 from 2 draws each is no ranking."""
     from pyro_flat.experiments.paths import findings
 
-    report = _study_report(toward_noisy=0.2, distance_noisy=1.5)
+    report = _study_report()
     pair = report["draws"]["SGLD"]
     report["draws"] = {"EntropySGLD θa": [dict(pair[0], top_eigenvalue=3.70), dict(pair[1], top_eigenvalue=3.9232)],
                        "FlatSGLD": [dict(pair[0], top_eigenvalue=3.75), dict(pair[1], top_eigenvalue=3.8722)]}
-    seen = " ".join(findings(report))
+    seen = next(t for t in findings(report) if t.startswith("Of the samplers' draws"))
     assert "EntropySGLD θa's and FlatSGLD's have the highest mean top eigenvalue" in seen
     assert "tied within 2 standard errors" in seen and "beyond 2 standard errors" not in seen
 
@@ -231,15 +243,79 @@ def test_draws_within_their_error_are_a_tie_not_a_winner():
 def test_path_study_findings_follow_the_numbers():
     from pyro_flat.experiments.paths import findings
 
-    seen = " ".join(findings(_study_report(toward_noisy=0.2, distance_noisy=1.5)))
-    assert "Minibatch noise drives SGD back toward the ends" in seen and "moved 0.199 of the path" in seen
-    assert "curvature rises away from both endpoints" in seen
+    seen = " ".join(findings(_study_report()))
+    assert "end 0 is the flatter by the Hessian trace (end 0: 85 ± 0.2, end 1: 87 ± 0.2)" in seen
+    assert "free SGD: 0.0700 ± 0.0050 toward the flatter end" in seen
+    assert "Free SGD beyond constrained SGD: -0.0700 ± 0.0071, toward the flatter end: the entropic drift" in seen
+    assert "drift toward the flatter end appears in every free SGD run" in seen
+    assert "no run's chains moved more than 0.080 of the path" in seen and "travel along the path" in seen
+    assert "constrained SGD: +0.0000 ± 0.0050, no shift" in seen
+    assert "trace of the NLL's Hessian (the weight decay's constant 79 taken off) 7 at the ends and 11 at its highest" \
+        in seen
+    assert "every image of its middle half has a higher top eigenvalue and trace" in seen
     assert "FlatSGLD's have the lowest mean top eigenvalue (± its standard error over 2 draws) (1 ± 0), beyond 2 " \
         "standard errors of every other; SGLD's have the highest" in seen
     assert " FlatSGLD: farther from the path than half its length" in seen  # SGLD has a draw 10 from it
     assert "SGLD, FlatSGLD: farther" not in seen and "FlatSGLD, SGLD: farther" not in seen
-    assert "2000x the path's highest" not in seen and "250x the path's highest" in seen
-    not_seen = " ".join(findings(_study_report(toward_noisy=0.001, distance_noisy=1.2)))
-    assert "drift back toward the ends is not seen here" in not_seen and "within 20% of its distance" in not_seen
-    thrown = " ".join(findings(_study_report(toward_noisy=0.3, distance_noisy=30.0)))
-    assert "no minibatch run stays near the path; 1 run(s) with small batches were thrown" in thrown
+    # the free runs move no more than the constrained ones: no entropic drift
+    same = " ".join(findings(_study_report(free_shift=-0.08, fixed_shift=-0.08)))
+    assert "adds no drift measurable here" in same and "does not appear" in same
+    # toward the sharper end
+    away = " ".join(findings(_study_report(free_shift=0.06)))
+    assert "free SGD: 0.0700 ± 0.0050 away from the flatter end" in away and "does not appear" in away
+    # a shift beyond 2 standard errors but below a hundredth of the path is no drift
+    tiny = " ".join(findings(_study_report(free_shift=-0.0105, fixed_shift=-0.01, se=1e-5)))
+    assert "free SGD: -0.0005 ± 0.0000, no shift" in tiny and "does not appear" in tiny
+    assert "no run's chains moved more than 0.011 of the path" in tiny and "barely move along this path" in tiny
+    # tied traces: the flatter end by the top eigenvalue
+    report = _study_report(free_shift=0.06)
+    report["profiles"]["minimum-energy path"]["trace"] = [86.0, 88.0, 90.0, 88.0, 86.1]
+    tied = " ".join(findings(report))
+    assert "the ends' traces are the same within 2 standard errors" in tied and "end 0 has the lower top" in tied
+    assert "not rise above both endpoints" not in seen and "middle half" in tied
+
+
+def test_matched_temperature_gives_the_noise_variance_per_step():
+    """Minibatch gradients g + σ ξ in d dimensions: SGD's noise has variance α² σ² d per step, so
+    isotropic noise of the same variance has T = α σ² / 2."""
+    from pyro_flat.experiments.path_dynamics import matched_temperature
+
+    torch.manual_seed(0)
+    d, sigma, alpha, m = 10, 0.3, 0.5, 4000
+    exact = lambda x: 2 * x  # noqa: E731
+    noisy = lambda x: 2 * x + sigma * torch.randn(x.shape, dtype=x.dtype)  # noqa: E731
+    T = matched_temperature(noisy, exact, torch.ones(d, dtype=torch.float64), alpha, m)
+    # the estimate is a mean of m chi-square(d) draws times σ²/d: relative sd sqrt(2 / (m d))
+    assert T == pytest.approx(alpha * sigma ** 2 / 2, rel=4 * math.sqrt(2 / (m * d)))
+
+
+def test_mlp_gradient_matches_autograd_of_the_path_loss_per_chain():
+    """The study's vectorized gradient against torch's gradient of the flat loss, chain by chain; a
+    minibatch of the whole data set (one epoch) is the full gradient."""
+    from pyro_flat.experiments.path_dynamics import mlp_gradient
+    from pyro_flat.flatness import FlatLoss
+    from pyro_flat.models import BayesianMLP
+    from pyro_flat.targets.batching import EpochBatcher
+
+    torch.manual_seed(0)
+    n, decay_scale = 30, 0.7
+    X, y = torch.randn(n, 6), torch.randint(0, 3, (n,))
+    model = BayesianMLP(6, [5], 3, prior_scale=1.0)
+    trace = pyro.poutine.trace(model).get_trace(X, y)  # a draw of the prior
+    draw = {k: v["value"] for k, v in trace.nodes.items() if v["type"] == "sample" and not v["is_observed"]}
+    nll = FlatLoss.from_model(model, draw, X, y, likelihood_only=True)
+    loss = lambda x: nll.fn(x) / n + x.square().sum() / (2 * n * decay_scale ** 2)  # noqa: E731
+    x = torch.stack([nll.params, 0.5 * nll.params + 0.1])
+    expected = torch.stack([torch.func.grad(loss)(row) for row in x])
+    full = mlp_gradient(model, nll.blocks, X, y, decay_scale, None)
+    assert torch.allclose(full(x), expected, atol=1e-6)
+    epoch = mlp_gradient(model, nll.blocks, X, y, decay_scale, EpochBatcher(n, n, X.device, num_chains=2))
+    assert torch.allclose(epoch(x), expected, atol=1e-6)
+    batcher, drawn = EpochBatcher(n, n // 2, X.device, num_chains=2), []
+    half = mlp_gradient(model, nll.blocks, X, y, decay_scale, lambda: drawn.append(batcher()) or drawn[-1])
+    g = half(x)
+    assert not torch.allclose(g, expected, atol=1e-2)  # a real minibatch is noisy
+    for chain, idx in enumerate(drawn[0]):  # each chain on its own minibatch
+        own = FlatLoss.from_model(model, draw, X[idx], y[idx], likelihood_only=True)
+        mine = torch.func.grad(lambda z: own.fn(z) / len(idx) + z.square().sum() / (2 * n * decay_scale ** 2))
+        assert torch.allclose(g[chain], mine(x[chain]), atol=1e-6)

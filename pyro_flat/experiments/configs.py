@@ -215,6 +215,10 @@ class Synthetic2DConfig(StudyConfig):
     step_size: float = option(2e-3, "every sampler's step")
     rho: float = option(0.1, "SASGLD radius")
     sigma: float = option(0.3, "FlatSGLD perturbation sd")
+    coupling_metrics: Tuple[str, ...] = option(COUPLING_METRICS, "EntropySGLD also runs preconditioned under each "
+                                               "of these metrics (a fixed identity metric for θ), at every --eta, "
+                                               "from the ridge (none: no such runs)", flag="--coupling-metric",
+                                               nargs="*")
     num_chains: int = option(1000, "chains per sampler started at the saddle")
     num_steps: int = option(5000, "steps of each chain")
     line_points: int = option(26, "start points on the segment between the modes")
@@ -236,6 +240,10 @@ class Synthetic2DConfig(StudyConfig):
             require_positive("--eta", eta)
         self.require_positive("step_size", "rho", "sigma")
         self.require_int(1, "num_chains", "num_steps", "line_chains", "line_steps")
+        unknown = [m for m in self.coupling_metrics if m not in COUPLING_METRICS]
+        if unknown or len(set(self.coupling_metrics)) < len(self.coupling_metrics):
+            raise StudyError(f"--coupling-metric takes distinct names from {', '.join(COUPLING_METRICS)}; got "
+                             f"{', '.join(map(str, self.coupling_metrics))}.")
         self.require_int(2, "line_points")
 
 @dataclass
@@ -332,43 +340,60 @@ class PathConfig(StudyConfig):
 
     data_dir: Optional[str] = option(None, DATA_DIR_HELP, default_text=DATA_DIR_DEFAULT)
     in_digits: Tuple[int, ...] = (0, 1, 2, 3, 4)
+    train_size: int = option(1000, "training images, the same number of each digit (0: all)")
     hidden: Tuple[int, ...] = (100,)
-    prior_scale: float = 0.1
+    prior_scale: float = option(0.1, "prior sd of the samplers' posterior (the BNN study's)")
+    decay_scale: float = option(1.0, "the path's loss per image is the training NLL plus the weight decay "
+                                     "||w||^2 / (2 n s^2) of a prior sd s: this s")
     batch_size: int = 100
     step_size: float = 5e-5
-    grad_evals: int = option(6000, "SGLD iterations per chain")
-    descent_steps: int = option(1000, "Adam steps from each draw to its minimum")
+    grad_evals: int = option(3000, "gradient evaluations per chain of each sampler (the BNN study runs 6,000)")
+    descent_steps: int = option(3000, "Adam steps from each draw to its minimum")
     descent_lr: float = 1e-3
-    num_points: int = option(16, "images of the path")
+    num_points: int = option(16, "images of the first band")
+    insertion_rounds: int = option(2, "AutoNEB rounds, each inserting pivots where the loss between neighbours "
+                                      "rises, then relaxing again")
     neb_step_size: float = 1e-2
     spring: float = 1.0
     tol: float = 1e-3
-    max_steps: int = option(1000, "FIRE steps at most")
+    max_steps: int = option(1000, "FIRE steps at most per round")
     trace_probes: int = option(10, "Hutchinson probes per image")
     samplers: Tuple[str, ...] = option(("sgld", "entropy-sgld", "sasgld", "flat-sgld"),
                                        f"samplers whose draws are placed against the path, from "
                                        f"{', '.join(BNN_SAMPLERS)}; sgld gives the endpoints")
-    dynamics_start: float = 0.25
-    dynamics_step_sizes: Tuple[float, ...] = option((0.5, 2.0), "SGD step sizes started on the path")
-    dynamics_batch_sizes: Tuple[int, ...] = option((10, 100), "their minibatch sizes; the full batch always runs "
-                                                              "as the noise-free control")
-    dynamics_steps: int = option(1000, "SGD steps from the path")
-    dynamics_chains: int = 4
+    dynamics_start: float = option(0.5, "position on the path where the dynamics start, in (0, 1)")
+    dynamics_alpha_lambda: Tuple[float, ...] = option(
+        (0.4,), "step sizes of the dynamics as alpha * lambda_max, lambda_max the largest top Hessian eigenvalue "
+                "along the path (the paper's regime: 0.1 to 0.5)")
+    dynamics_batch_sizes: Tuple[int, ...] = option((10,), "minibatch sizes of SGD; full-batch descent always runs "
+                                                          "as the noise-free control")
+    dynamics_steps: int = option(10000, "steps of every dynamics run")
+    dynamics_chains: int = option(8, "chains of each SGD run (the error bars)")
+    sgld_chains: int = option(4, "chains of the isotropic-noise SGLD run (full-batch gradients: the costly one)")
+    noise_batches: int = option(64, "minibatch gradients that estimate SGD's noise variance (SGLD's temperature)")
     out: str = out_option("pyro-flat-out/paths")
 
     COMMAND: ClassVar[str] = "paths"
     REDUCED: ClassVar[Dict[str, object]] = dict(
-        grad_evals=200, descent_steps=50, num_points=5, max_steps=40, trace_probes=3, samplers=("sgld", "entropy-sgld"),
-        dynamics_step_sizes=(2.0,), dynamics_batch_sizes=(10,), dynamics_steps=5, dynamics_chains=2)
+        train_size=200, grad_evals=200, descent_steps=50, num_points=5, insertion_rounds=1, max_steps=40,
+        trace_probes=3, samplers=("sgld", "entropy-sgld"), dynamics_steps=20, dynamics_chains=3, sgld_chains=2,
+        noise_batches=4)
 
     def validate(self) -> None:
         super().validate()
-        self.require_positive("prior_scale", "step_size", "descent_lr", "neb_step_size", "spring", "tol")
-        self.require_int(1, "descent_steps", "max_steps", "batch_size", "dynamics_steps", "dynamics_chains")
-        self.require_int(2, "grad_evals", "trace_probes")
+        self.require_positive("prior_scale", "decay_scale", "step_size", "descent_lr", "neb_step_size", "spring", "tol")
+        self.require_int(1, "descent_steps", "max_steps", "batch_size", "dynamics_steps")
+        self.require_int(0, "train_size", "insertion_rounds")
+        self.require_int(2, "grad_evals", "trace_probes", "dynamics_chains", "sgld_chains", "noise_batches")
         self.require_int(3, "num_points")
-        for value in self.dynamics_step_sizes:
-            require_positive("--dynamics-step-sizes", value)
+        if 0 < self.train_size < len(self.in_digits):
+            raise StudyError(f"--train-size takes the same number of images of each digit: at least "
+                             f"{len(self.in_digits)} for {len(self.in_digits)} digits (0: all), got {self.train_size}.")
+        for value in self.dynamics_alpha_lambda:
+            require_positive("--dynamics-alpha-lambda", value)
+            if value >= 2:
+                raise StudyError(f"--dynamics-alpha-lambda {value:g} is at or past gradient descent's stability "
+                                 "limit alpha * lambda_max = 2; the paper's regime is 0.1 to 0.5.")
         for value in self.dynamics_batch_sizes:
             require_int("--dynamics-batch-sizes", value, 1)
         if not 0.0 < self.dynamics_start < 1.0:

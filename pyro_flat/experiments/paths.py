@@ -4,15 +4,17 @@ Di Carlo, Goddard & Schwab report that minima of a network's training loss are j
 low loss, along which the curvature rises away from the minima. This study tests that on the MLP
 of ``pyro-flat bnn``:
 
-1. two SGLD chains (the BNN study's settings) give one draw each;
-2. each draw descends (full-batch Adam on the training NLL per image, prior excluded, as the
-   flatness measures of the BNN study) to a minimum: the endpoints;
-3. the straight line and the minimum-energy path (:func:`~pyro_flat.flatness.minimum_energy_path`)
-   join them; :func:`~pyro_flat.flatness.curvature_along_path` measures the top Hessian eigenvalue
-   and the trace along both;
-4. SGD started on the path between two images, with minibatch gradients at several step sizes and
-   batch sizes (:func:`~pyro_flat.flatness.projected_dynamics`; the full batch is the noise-free
-   control), is read off as a position along the path against time (Di Carlo et al.'s Fig. 3);
+1. two SGLD chains (the BNN study's settings, prior sd 0.1) give one draw each;
+2. each draw descends (full-batch Adam) to a minimum of the loss per image, the training NLL plus
+   the weight decay of a prior sd of about 1 (so the minima are proper and the per-image gradients
+   at them are not zero): the endpoints;
+3. the straight line and the minimum-energy path (:func:`~pyro_flat.flatness.minimum_energy_path`,
+   AutoNEB with insertion rounds) join them; :func:`~pyro_flat.flatness.curvature_along_path`
+   measures the top Hessian eigenvalue and the trace along both;
+4. dynamics started on the path (:mod:`~pyro_flat.experiments.path_dynamics`: free and constrained
+   SGD with minibatches of 10, each against full-batch descent, and isotropic SGLD of the same noise
+   variance, at step sizes set by α λmax, 10,000 steps) are read off as a position along the path
+   (Di Carlo et al.'s projected dynamics): does noise push them toward the flatter end?
 5. each sampler of the BNN study (two chains each) is placed relative to the path: the loss and
    curvature at its last draws, their distance from the path and the position of the nearest path
    point.
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -40,6 +42,7 @@ from ..predictive import iter_draws
 from .compare import best_text, mean_and_se
 from .configs import PathConfig
 from .output import hold_signals, study_output
+from .path_dynamics import dynamics_findings, plot_dynamics, run_path_dynamics
 
 
 def _last_draws(key: str, config: PathConfig, model, data, log) -> dict:
@@ -60,49 +63,6 @@ def _last_draws(key: str, config: PathConfig, model, data, log) -> dict:
         return {name: list(iter_draws(last, "theta", "_aux", latents, supports))}
     return {f"{name} θ": list(iter_draws(last, "theta", "_aux", latents, supports)),
             f"{name} θa": list(iter_draws(last, "aux", "_aux", latents, supports))}
-
-
-def _minibatch_gradient(model: BayesianMLP, loss: flatness.FlatLoss, X, y, batch_size: int, seed: int):
-    """``x -> ∇`` of the training NLL per image on a fresh minibatch of ``batch_size`` images (all of
-    them for ``batch_size >= N``), in the flat layout of ``loss``."""
-    shapes = {n: loss.model_target.sites[n].shape for n in loss.blocks}
-    generator = torch.Generator().manual_seed(seed)
-    n = len(X)
-
-    def gradient(x: torch.Tensor) -> torch.Tensor:
-        idx = torch.randperm(n, generator=generator)[:batch_size] if batch_size < n else torch.arange(n)
-        x = x.detach().requires_grad_(True)
-        parts = {k: x[block].reshape(shapes[k]) for k, block in loss.blocks.items()}
-        weights = [(parts[f"layers.{i}.weight"], parts[f"layers.{i}.bias"]) for i in range(len(model.layers))]
-        nll = torch.nn.functional.cross_entropy(model.logits(X[idx], weights), y[idx])
-        return torch.autograd.grad(nll, x)[0]
-
-    return gradient
-
-
-def _dynamics(config: PathConfig, model, loss, path, data, log) -> list:
-    """SGD from ``dynamics_start`` on the path for each step size and batch size (the full batch, a
-    single chain, as the noise-free control)."""
-    n = len(data.X_train)
-    runs = []
-    for step_size in config.dynamics_step_sizes:
-        for batch_size in sorted({min(b, n) for b in config.dynamics_batch_sizes} | {n}):
-            gradient = _minibatch_gradient(model, loss, data.X_train, data.y_train, batch_size, config.seed)
-            start = time.perf_counter()
-            run = flatness.projected_dynamics(path, gradient, start=config.dynamics_start, step_size=step_size,
-                                              num_steps=config.dynamics_steps,
-                                              num_chains=1 if batch_size == n else config.dynamics_chains,
-                                              seed=config.seed, record_every=max(1, config.dynamics_steps // 50))
-            seconds = time.perf_counter() - start
-            toward = run.to_nearer_end[0] - run.to_nearer_end[-1]
-            runs.append({"step_size": step_size, "batch_size": batch_size, "seconds": seconds,
-                         "diverged": run.diverged, "steps": run.steps.tolist(), "position": run.position.tolist(),
-                         "distance": run.distance.tolist(),
-                         "toward_end": float(toward.mean()), "final_distance": float(run.distance[-1].mean())})
-            log(f"SGD on the path, step {step_size:g}, batch {batch_size}: moved {runs[-1]['toward_end']:+.4f} of the "
-                f"path toward the nearer end and {runs[-1]['final_distance']:.3g} away from the path in "
-                f"{run.steps[-1]} steps ({seconds:.1f} s)")
-    return runs
 
 
 def _descend(loss_fn, x: torch.Tensor, steps: int, lr: float) -> torch.Tensor:
@@ -138,34 +98,49 @@ def run_path_study(config: PathConfig, *, write: bool = True, log: Callable[[str
     return report
 
 
+def _subset(data, train_size: int):
+    """The first ``train_size / k`` training images of each of the ``k`` digits (all for 0)."""
+    if not train_size:
+        return data
+    per_digit = train_size // len(data.in_digits)
+    keep = torch.cat([torch.nonzero(data.y_train == c)[:per_digit, 0] for c in range(len(data.in_digits))])
+    return replace(data, X_train=data.X_train[keep], y_train=data.y_train[keep])
+
+
 def _run_path_study(config: PathConfig, staging: Optional[Path], log: Callable[[str], None]) -> dict:
-    data = load_mnist_ood(config.data_dir, in_digits=config.in_digits)
+    data = _subset(load_mnist_ood(config.data_dir, in_digits=config.in_digits), config.train_size)
     n = len(data.X_train)
     model = BayesianMLP(data.X_train.shape[1], config.hidden, len(data.in_digits), prior_scale=config.prior_scale)
     by_sampler = {}
     for key in ("sgld",) + tuple(k for k in config.samplers if k != "sgld"):
         by_sampler.update(_last_draws(key, config, model, data, log))
     draws = by_sampler["SGLD"]
-    full = flatness.FlatLoss.from_model(model, draws[0], data.X_train, data.y_train, likelihood_only=True)
-    loss = flatness.FlatLoss(lambda x: full.fn(x) / n, full.params, full.blocks, full.model_target)  # NLL per image
+    nll = flatness.FlatLoss.from_model(model, draws[0], data.X_train, data.y_train, likelihood_only=True)
+    decay = 1.0 / (2 * n * config.decay_scale ** 2)
+    # the posterior's potential per image, up to a constant: the training NLL plus weight decay
+    loss = flatness.FlatLoss(lambda x: nll.fn(x) / n + decay * x.square().sum(), nll.params, nll.blocks,
+                             nll.model_target)
     log(f"endpoints: {len(draws)} draws descend {config.descent_steps} Adam steps each ...")
     start = time.perf_counter()
     ends = [_descend(loss.fn, loss.flatten(d), config.descent_steps, config.descent_lr) for d in draws]
     descent_seconds = time.perf_counter() - start
-    log(f"endpoints: each draw descended {config.descent_steps} Adam steps ({descent_seconds:.1f} s) to training "
-        f"NLL per image {float(loss.fn(ends[0])):.2e} and {float(loss.fn(ends[1])):.2e}")
+    end_gradients = [float(torch.func.grad(loss.fn)(e).norm()) for e in ends]
+    log(f"endpoints: each draw descended {config.descent_steps} Adam steps ({descent_seconds:.1f} s) to loss per "
+        f"image {float(loss.fn(ends[0])):.4g} and {float(loss.fn(ends[1])):.4g} (gradient norms "
+        f"{end_gradients[0]:.1e}, {end_gradients[1]:.1e})")
     start = time.perf_counter()
     line = flatness.straight_path(loss, ends[0], ends[1], num_points=config.num_points)
     line_seconds = time.perf_counter() - start
-    log(f"minimum-energy path: relaxing {config.num_points} images (at most {config.max_steps} FIRE steps) ...")
+    log(f"minimum-energy path: relaxing {config.num_points} images, {config.insertion_rounds} AutoNEB insertion "
+        f"rounds (at most {config.max_steps} FIRE steps each) ...")
     start = time.perf_counter()
     path = flatness.minimum_energy_path(loss, ends[0], ends[1], num_points=config.num_points,
                                         step_size=config.neb_step_size, spring=config.spring, tol=config.tol,
-                                        max_steps=config.max_steps, insertion_rounds=0)
+                                        max_steps=config.max_steps, insertion_rounds=config.insertion_rounds)
     path_seconds = time.perf_counter() - start
     log(f"minimum-energy path: {len(path.points)} images, {path.iterations} FIRE steps in {path_seconds:.1f} s, "
         f"{'converged' if path.converged else 'NOT converged'} (largest force {path.max_force:.2e}, tol {config.tol:g}); "
-        f"highest loss {path.loss.max():.2e} against the straight line's {line.loss.max():.2e}")
+        f"highest loss {path.loss.max():.4g} against the straight line's {line.loss.max():.4g}")
     profiles = {}
     for label, p in (("straight line", line), ("minimum-energy path", path)):
         start = time.perf_counter()
@@ -178,17 +153,22 @@ def _run_path_study(config: PathConfig, staging: Optional[Path], log: Callable[[
                 for label, pair in by_sampler.items()}
     log(f"curvature at the samplers' last draws: {sum(map(len, by_sampler.values()))} draws in "
         f"{time.perf_counter() - start:.1f} s")
+    top = float(np.max(profiles["minimum-energy path"]["top_eigenvalue"]))
     start = time.perf_counter()
-    log(f"SGD started on the path: step sizes {config.dynamics_step_sizes}, batch sizes "
-        f"{config.dynamics_batch_sizes} and the full batch, {config.dynamics_steps} steps ...")
-    dynamics = _dynamics(config, model, loss, path, data, log)
-    log(f"SGD started on the path: done in {time.perf_counter() - start:.1f} s")
-    report = {"config": asdict(config), "n_train": n,
-              "endpoints_loss": [float(loss.fn(e)) for e in ends],
+    log(f"dynamics from position {config.dynamics_start:g} of the path: α λmax {config.dynamics_alpha_lambda} "
+        f"(λmax = {top:.3g}, the path's highest top eigenvalue), batches {config.dynamics_batch_sizes}, "
+        f"{config.dynamics_steps} steps ...")
+    dynamics = run_path_dynamics(config, model, loss.blocks, path, top, data.X_train, data.y_train, log)
+    dynamics_seconds = time.perf_counter() - start
+    log(f"dynamics: done in {dynamics_seconds:.1f} s")
+    report = {"config": asdict(config), "n_train": n, "dim": loss.dim, "decay_trace": 2 * decay * loss.dim,
+              "endpoints_loss": [float(loss.fn(e)) for e in ends], "endpoints_gradient": end_gradients,
               "path": {"converged": path.converged, "max_force": path.max_force, "iterations": path.iterations,
-                       "seconds": path_seconds},
+                       "images": len(path.points), "seconds": path_seconds},
+              "top_eigenvalue": top,
               "seconds": {"descent": descent_seconds, "straight_line": line_seconds, "path": path_seconds,
-                          **{f"curvature, {k}": v["seconds"] for k, v in profiles.items()}},
+                          **{f"curvature, {k}": v["seconds"] for k, v in profiles.items()},
+                          "dynamics": dynamics_seconds},
               "profiles": {k: {q: np.asarray(v).tolist() for q, v in p.items() if q != "seconds"}
                            for k, p in profiles.items()},
               "path_length": float(path.arc_length[-1]), "draws": at_draws, "dynamics": dynamics}
@@ -203,24 +183,36 @@ def _run_path_study(config: PathConfig, staging: Optional[Path], log: Callable[[
 
 def findings(report: dict) -> list:
     """What the numbers show, computed from them."""
-    out = []
+    decay = report["decay_trace"]
+    out = [f"The endpoints are minima of the loss per image (training NLL plus weight decay): loss "
+           f"{report['endpoints_loss'][0]:.4g} and {report['endpoints_loss'][1]:.4g}, gradient norm "
+           f"{max(report['endpoints_gradient']):.1e} at most. The band has {report['path']['images']} images after "
+           f"{report['config']['insertion_rounds']} AutoNEB insertion rounds and "
+           + ("converged" if report["path"]["converged"] else "did NOT converge")
+           + f" (largest force {report['path']['max_force']:.2e}, tol {report['config']['tol']:g})."]
     for label, p in report["profiles"].items():
         top, trace = np.asarray(p["top_eigenvalue"]), np.asarray(p["trace"])
         ends = 0.5 * (top[0] + top[-1])
-        out.append(f"{label}: loss per image from {min(p['loss']):.2e} to {max(p['loss']):.2e}; top Hessian "
+        out.append(f"{label}: loss per image from {min(p['loss']):.4g} to {max(p['loss']):.4g}; top Hessian "
                    f"eigenvalue {ends:.3g} at the ends (mean) and {top.max():.3g} at its highest "
-                   f"({top.max() / ends:.1f}x), trace {0.5 * (trace[0] + trace[-1]):.3g} to {trace.max():.3g}.")
+                   f"({top.max() / ends:.2f}x); trace of the NLL's Hessian (the weight decay's constant {decay:.4g} "
+                   f"taken off) {0.5 * (trace[0] + trace[-1]) - decay:.3g} at the ends and {trace.max() - decay:.3g} "
+                   f"at its highest.")
     path = report["profiles"]["minimum-energy path"]
-    top = np.asarray(path["top_eigenvalue"])
-    middle = top[len(top) // 4: len(top) - len(top) // 4]
-    if middle.min() > max(top[0], top[-1]):
-        out.append("Along the minimum-energy path the curvature rises away from both endpoints: every image of "
-                   "its middle half is sharper than either end (the entropic confinement Di Carlo et al. report).")
+    top, trace, se = (np.asarray(path[k]) for k in ("top_eigenvalue", "trace", "trace_stderr"))
+    middle = slice(len(top) // 4, len(top) - len(top) // 4)
+    sharper = top[middle] > max(top[0], top[-1])
+    wider = trace[middle] - 2 * se[middle] > max(trace[0] + 2 * se[0], trace[-1] + 2 * se[-1])
+    if sharper.all() and wider.all():
+        out.append("Along the minimum-energy path the curvature rises away from both endpoints: every image of its "
+                   "middle half has a higher top eigenvalue and trace (beyond 2 standard errors) than either end "
+                   "(the entropic confinement Di Carlo et al. report).")
     else:
-        out.append("Along the minimum-energy path the curvature does not rise above both endpoints everywhere "
-                   "in its middle half.")
+        out.append(f"Along the minimum-energy path the curvature does not rise above both endpoints throughout its "
+                   f"middle half: {sharper.sum()} of its {sharper.size} images there have a higher top eigenvalue "
+                   f"than either end and {wider.sum()} a trace higher beyond 2 standard errors.")
     out += _draw_findings(report)
-    out += _dynamics_findings(report)
+    out += dynamics_findings(report)
     return out
 
 
@@ -228,7 +220,7 @@ def _draw_findings(report: dict) -> list:
     floor = max(report["profiles"]["minimum-energy path"]["loss"])
     out = []
     for label, pair in report["draws"].items():
-        out.append(f"{label}: training NLL per image {pair[0]['loss']:.3f} and {pair[1]['loss']:.3f}, top eigenvalue "
+        out.append(f"{label}: loss per image {pair[0]['loss']:.3f} and {pair[1]['loss']:.3f}, top eigenvalue "
                    f"{pair[0]['top_eigenvalue']:.3g} and {pair[1]['top_eigenvalue']:.3g}; {pair[0]['distance']:.3g} "
                    f"and {pair[1]['distance']:.3g} from the path, nearest at positions {pair[0]['position']:.2f} "
                    f"and {pair[1]['position']:.2f}.")
@@ -244,51 +236,13 @@ def _draw_findings(report: dict) -> list:
     draws = [d for pair in report["draws"].values() for d in pair]
     lowest = min(d["loss"] for d in draws)
     nearest = min(d["distance"] for d in draws)
-    out.append(f"The lowest training NLL of any draw, {lowest:.3g}, is {lowest / floor:.0f}x the path's highest "
-               f"({floor:.2g}), and the nearest draw is {nearest:.3g} from the path ({nearest / report['path_length']:.2f} "
-               f"of its length, {report['path_length']:.3g}): "
+    barrier = floor - min(report["endpoints_loss"])
+    out.append(f"The lowest loss per image of any draw, {lowest:.3g}, is {lowest - floor:.3g} above the path's "
+               f"highest ({floor:.4g}; the path rises {barrier:.2g} above its ends), and the nearest draw is "
+               f"{nearest:.3g} from the path ({nearest / report['path_length']:.2f} of its length, "
+               f"{report['path_length']:.3g}): "
                + ("the samplers' draws sit well above the valley floor the path runs along, not on it."
-                  if lowest > 10 * floor else "some draws reach the valley floor."))
-    return out
-
-
-def _dynamics_findings(report: dict) -> list:
-    runs = report["dynamics"]
-    if not runs:
-        return []
-    n, length = report["n_train"], report["path_length"]
-    out = []
-    for step_size in sorted({r["step_size"] for r in runs}):
-        here = [r for r in runs if r["step_size"] == step_size]
-        control = next(r for r in here if r["batch_size"] == n)
-        text = ", ".join(f"batch {r['batch_size']}: {r['toward_end']:+.4f} ({r['final_distance']:.3g} away)"
-                         + (" DIVERGED" if r["diverged"] else "") for r in here)
-        out.append(f"SGD from position {report['config']['dynamics_start']:g}, step {step_size:g}, after "
-                   f"{control['steps'][-1]} steps: moved toward the nearer end by (fraction of the path; distance "
-                   f"from the path in brackets) {text}.")
-    noisy = [r for r in runs if r["batch_size"] < n]
-    controls = {r["step_size"]: r for r in runs if r["batch_size"] == n}
-    near = [r for r in noisy if r["final_distance"] < 0.1 * length and not r["diverged"]]
-    excess = [r["toward_end"] - controls[r["step_size"]]["toward_end"] for r in near]
-    if near and max(excess) > 0.05:
-        best = near[int(np.argmax(excess))]
-        out.append(f"Minibatch noise drives SGD back toward the ends: at step {best['step_size']:g} and batch "
-                   f"{best['batch_size']} the chains moved {max(excess):.3f} of the path further toward the nearer "
-                   "end than full-batch gradient descent, while staying near the path.")
-    else:
-        far = [r for r in noisy if r["final_distance"] >= 0.1 * length or r["diverged"]]
-        text = "Di Carlo et al.'s drift back toward the ends is not seen here: "
-        if near:
-            spread = max(abs(r["final_distance"] / controls[r["step_size"]]["final_distance"] - 1) for r in near)
-            text += (f"runs that stay near the path move at most {max(excess):.1e} of it beyond full-batch descent, "
-                     f"and end within {spread:.0%} of its distance from the path: at these minima (training NLL "
-                     f"{min(report['endpoints_loss']):.1e} per image) their minibatch gradients add almost no noise")
-        else:
-            text += "no minibatch run stays near the path"
-        if far:
-            text += (f"; {len(far)} run(s) with small batches were thrown more than a tenth of the path's length "
-                     f"({0.1 * length:.3g}) off it, out of the valley rather than along it")
-        out.append(text + ".")
+                  if lowest - floor > 10 * barrier else "some draws reach the valley floor."))
     return out
 
 
@@ -298,12 +252,14 @@ def _write(report, profiles, staging: Path) -> None:
     matplotlib.use("Agg")
     from .plots import save_figures
 
-    fig = flatness.plot_path_profiles(profiles)
+    decay = report["decay_trace"]  # the weight decay adds a constant to the trace: shown without it
+    fig = flatness.plot_path_profiles({k: dict(p, trace=np.asarray(p["trace"]) - decay) for k, p in profiles.items()})
     for ax in fig.axes:
         ax.set_yscale("log")
-    fig.axes[0].set(ylabel="training NLL per image", title="training NLL per image")
-    fig.suptitle(f"between two minima of the MLP's training NLL per image ({report['n_train']} images); log scale",
-                 fontsize=10)
+    fig.axes[0].set(ylabel="loss per image", title="loss per image (training NLL + weight decay)")
+    fig.axes[2].set(ylabel="trace of the NLL's Hessian", title="trace of the NLL's Hessian (band: ±2 s.e.)")
+    fig.suptitle(f"between two minima of the MLP's loss per image ({report['n_train']} images; the weight decay "
+                 f"adds {decay:.4g} to every trace, taken off here); log scale", fontsize=10)
     fig.tight_layout()
     save_figures({"paths.png": fig, "draws.png": plot_draws(report), "dynamics.png": plot_dynamics(report)}, staging)
     (staging / "report.json").write_text(json.dumps(report, indent=2))
@@ -329,9 +285,9 @@ def plot_draws(report: dict):
         (mx, sx), (my, sy) = mean_and_se(loss), mean_and_se(top)
         near.errorbar(mx, my, xerr=2 * sx, yerr=2 * sy, color=style["color"], capsize=3, lw=1.5)
         near.scatter([mx], [my], s=140, label=f"{label}: mean of {len(pair)} draws ± 2 SE", **style)
-    wide.set(xscale="log", yscale="log", xlabel="training NLL per image", ylabel="top Hessian eigenvalue",
+    wide.set(xscale="log", yscale="log", xlabel="loss per image", ylabel="top Hessian eigenvalue",
              title="the samplers' last draws against the paths between two minima")
-    near.set(xlabel="training NLL per image", ylabel="top Hessian eigenvalue",
+    near.set(xlabel="loss per image", ylabel="top Hessian eigenvalue",
              title="the draws alone (small markers: each draw)")
     for ax in (wide, near):
         ax.grid(alpha=0.3, which="both")
@@ -340,69 +296,49 @@ def plot_draws(report: dict):
     return fig
 
 
-def plot_dynamics(report: dict):
-    """Position along the path and distance from it against the iteration, one column per step size."""
-    import matplotlib.pyplot as plt
-
-    sizes = sorted({r["step_size"] for r in report["dynamics"]})
-    fig, axes = plt.subplots(2, len(sizes), figsize=(5.5 * len(sizes), 6.4), squeeze=False)
-    n = report["n_train"]
-    batches = sorted({r["batch_size"] for r in report["dynamics"]})
-    for col, step_size in enumerate(sizes):
-        top, bottom = axes[0, col], axes[1, col]
-        for r in (r for r in report["dynamics"] if r["step_size"] == step_size):
-            color = f"C{batches.index(r['batch_size'])}"
-            label = "full batch (no noise)" if r["batch_size"] == n else f"batch {r['batch_size']}"
-            steps, position, distance = (np.asarray(r[k]) for k in ("steps", "position", "distance"))
-            top.plot(steps, position, color=color, lw=0.8, alpha=0.5)
-            top.plot(steps, position.mean(1), color=color, lw=2, label=label)
-            bottom.plot(steps[1:], distance[1:].mean(1), color=color, lw=2, label=label)
-        top.set(title=f"SGD started on the path, step {step_size:g}", xlabel="iteration",
-                ylabel="position of the nearest path point\n(0, 1: the minima)", ylim=(-0.02, 1.02))
-        top.axhline(report["config"]["dynamics_start"], color="grey", ls=":", lw=1)
-        bottom.set(xlabel="iteration", ylabel="distance from the path", yscale="log")
-        bottom.axhline(report["path_length"], color="grey", ls="--", lw=1, label="the path's length")
-        for ax in (top, bottom):
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
 def _markdown(report: dict) -> str:
     c = report["config"]
     lines = ["# The minimum-energy path between two minima of a Bayesian MLP", "",
              f"MLP 784-{'-'.join(map(str, c['hidden']))}-{len(c['in_digits'])} on {report['n_train']} MNIST images "
-             f"(digits {tuple(c['in_digits'])}). Two SGLD chains ({c['grad_evals']} iterations, step {c['step_size']:g}) "
-             f"give one draw each; each descends {c['descent_steps']} full-batch Adam steps (lr {c['descent_lr']:g}) "
-             "on the training NLL per image (prior excluded) to a minimum. Path: nudged elastic band, "
-             f"{c['num_points']} images, climbing image; {'converged' if report['path']['converged'] else 'NOT converged'} "
-             f"after {report['path']['iterations']} FIRE steps (largest force {report['path']['max_force']:.2e}). "
-             f"Curvature: Lanczos top eigenvalue and a {c['trace_probes']}-probe Hutchinson trace per image.", "",
+             f"(digits {tuple(c['in_digits'])}); loss per image: the training NLL plus the weight decay "
+             f"‖w‖²/(2nσ²) of a prior sd σ = {c['decay_scale']:g}. Two SGLD chains ({c['grad_evals']} gradient evaluations, "
+             f"step {c['step_size']:g}) give one draw each; each descends {c['descent_steps']} full-batch Adam steps "
+             f"(lr {c['descent_lr']:g}) to a minimum. Path: nudged elastic band from {c['num_points']} images, "
+             f"climbing image, {c['insertion_rounds']} AutoNEB insertion rounds ({report['path']['images']} images); "
+             f"{'converged' if report['path']['converged'] else 'NOT converged'} after {report['path']['iterations']} "
+             f"FIRE steps (largest force {report['path']['max_force']:.2e}). Curvature: Lanczos top eigenvalue and a "
+             f"{c['trace_probes']}-probe Hutchinson trace per image (the trace includes the weight decay's constant "
+             f"{report['decay_trace']:.4g}).", "",
              "| | position | loss per image | top eigenvalue | trace |", "|---|---|---|---|---|"]
     for label, p in report["profiles"].items():
         for i in range(len(p["position"])):
-            lines.append(f"| {label if i == 0 else ''} | {p['position'][i]:.2f} | {p['loss'][i]:.2e} | "
-                         f"{p['top_eigenvalue'][i]:.3g} | {p['trace'][i]:.3g} ± {p['trace_stderr'][i]:.2g} |")
+            lines.append(f"| {label if i == 0 else ''} | {p['position'][i]:.2f} | {p['loss'][i]:.5g} | "
+                         f"{p['top_eigenvalue'][i]:.3g} | {p['trace'][i]:.4g} ± {p['trace_stderr'][i]:.2g} |")
     lines += ["", "## Where the samplers' draws sit", "",
               f"Last draws of two chains per sampler; distance from the path (length {report['path_length']:.3g}) "
               "and the position of the nearest path point.", "",
-              "| sampler | chain | training NLL | top eigenvalue | trace | distance | position |",
+              "| sampler | chain | loss per image | top eigenvalue | trace | distance | position |",
               "|---|---|---|---|---|---|---|"]
     for label, pair in report["draws"].items():
         for chain, d in enumerate(pair):
             lines.append(f"| {label if chain == 0 else ''} | {chain} | {d['loss']:.3f} | {d['top_eigenvalue']:.3g} | "
-                         f"{d['trace']:.3g} ± {d['trace_stderr']:.2g} | {d['distance']:.3g} | {d['position']:.2f} |")
-    lines += ["", "## SGD started on the path", "",
-              f"From position {c['dynamics_start']:g}, {c['dynamics_steps']} steps, {c['dynamics_chains']} chains "
-              "per minibatch size (one for the full batch), gradients of the training NLL per image.", "",
-              "| step | batch | toward the nearer end | distance from the path | diverged |", "|---|---|---|---|---|"]
+                         f"{d['trace']:.4g} ± {d['trace_stderr']:.2g} | {d['distance']:.3g} | {d['position']:.2f} |")
+    lines += ["", "## Dynamics started on the path", "",
+              f"From position {c['dynamics_start']:g}, {c['dynamics_steps']:,} steps; step sizes α from α λmax with "
+              f"λmax = {report['top_eigenvalue']:.3g}, the path's highest top eigenvalue. Settled position: each "
+              "chain's mean position over the second half of the run; the shift is its mean over chains minus the "
+              "start, ± the standard error over chains. SGLD: full-batch gradients plus isotropic noise of SGD's "
+              "noise variance per step at the start.", "",
+              "| α λmax | α | run | batch | T | chains | shift along the path | distance from the path | diverged |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in report["dynamics"]:
-        lines.append(f"| {r['step_size']:g} | {r['batch_size']} | {r['toward_end']:+.4f} | {r['final_distance']:.3g} | "
+        spread = f" ± {r['shift_se']:.4f}" if r["chains"] > 1 else ""
+        lines.append(f"| {r['alpha_lambda']:g} | {r['step_size']:.3g} | {r['kind']} | {r['batch_size'] or 'all'} | "
+                     f"{r['temperature']:.2g} | {r['chains']} | {r['shift']:+.4f}{spread} | {r['final_distance']:.3g} | "
                      f"{'yes' if r['diverged'] else 'no'} |")
     lines += ["", "## What the numbers show", ""] + [f"- {t}" for t in report["findings"]]
     lines += ["", "Seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in report["seconds"].items()) + "."]
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["PathConfig", "run_path_study", "findings", "plot_draws", "plot_dynamics"]
+__all__ = ["PathConfig", "run_path_study", "findings", "plot_draws"]

@@ -250,6 +250,33 @@ def plot_basin_shares(steps: Sequence[int], rows: Sequence[dict]):
     return fig
 
 
+def plot_metric_shares(steps: Sequence[int], rows: Sequence[dict]):
+    """One panel per η: the share of θ's chains in the flat basin of U against the step for SGLD, the
+    plain EntropySGLD and EntropySGLD under each coupling metric (±2 standard-error bands)."""
+    plt = _plt()
+    etas = sorted({r["settings"]["eta"] for r in rows if "coupling_metric" in r["settings"]})
+    fig, axes = plt.subplots(1, len(etas), figsize=(5.2 * len(etas), 4.2), sharey=True, squeeze=False)
+    steps = np.asarray(steps)
+    keep = steps > 0
+    for ax, eta in zip(axes[0], etas):
+        chosen = [r for r in rows if r["variable"] == "theta" and (r["sampler"] == "sgld" or (
+            r["sampler"] == "entropy-sgld" and r["settings"]["eta"] == eta))]
+        for i, r in enumerate(chosen):
+            share = np.asarray(r["share_by_step"])[keep]
+            se = np.sqrt(share * (1 - share) / r["chains"])
+            style = "--" if r["sampler"] == "sgld" else "-"
+            ax.plot(steps[keep], share, style, color=f"C{i}", lw=1.4, label=r["label"])
+            ax.fill_between(steps[keep], share - 2 * se, share + 2 * se, color=f"C{i}", alpha=0.15, lw=0)
+        ax.set(xscale="log", xlabel="step (log scale)", title=f"θ from the saddle, η = {eta:g}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    axes[0, 0].set_ylabel("share of θ's chains in the flat basin of U")
+    fig.suptitle("EntropySGLD under each coupling metric (a fixed identity metric for θ), against the plain kernel "
+                 "and SGLD (bands: ±2 standard errors)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def plot_line_shares(line: Mapping, steps: int):
     """Share of chains that end in the flat basin of U against their start on the segment from
     the sharp mode (0) to the flat mode (1); solid θ, dashed θa."""

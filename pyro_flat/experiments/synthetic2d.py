@@ -1,4 +1,4 @@
-"""The study behind ``pyro-flat synthetic2d``: started on the ridge, which basin does each sampler end in?
+r"""The study behind ``pyro-flat synthetic2d``: started on the ridge, which basin does each sampler end in?
 
 The energy is :func:`~pyro_flat.mixtures.sharp_flat_2d`: a sharp mode (30% of the mass) and a flat
 one (70%). As in the paper's 2-D figures the chains start **at the saddle** between them. Every
@@ -12,7 +12,10 @@ SGD is an optimiser). Monte Carlo errors are binomial over independent chains.
 
 Three runs:
 
-- **ridge**: ``num_chains`` chains of each sampler from the saddle, ``num_steps`` steps;
+- **ridge**: ``num_chains`` chains of each sampler from the saddle, ``num_steps`` steps; EntropySGLD
+  also preconditioned under each of ``coupling_metrics`` (with a fixed identity metric for θ, so
+  that θ's own steps are SGLD's and the metrics differ only in how θ feels θa: not at all under
+  ``"joint"``, through the pull :math:`\varepsilon K(\theta-\theta_a)/\eta` under ``"pulled"``);
 - **line**: ``line_chains`` chains from each of ``line_points`` points on the segment from the sharp
   to the flat mode, ``line_steps`` steps: the share that ends in the flat basin against the start;
 - **exact**: the landscape of ``p_η`` for each η (saddle, barriers, highest peak, basin masses).
@@ -41,7 +44,7 @@ import pyro
 
 from ..kernels import make_kernel
 from ..mixtures import SharpFlatMixture, sharp_flat_2d
-from .compare import compare_text
+from .compare import compare_text, differ
 from .configs import Synthetic2DConfig
 from .output import hold_signals, study_output
 
@@ -59,14 +62,21 @@ class _Sampler:
     name: str
     settings: Dict[str, float] = field(default_factory=dict)
 
+    @property
+    def metric(self) -> Optional[str]:
+        """EntropySGLD's coupling metric, for the preconditioned runs (None: the plain kernel)."""
+        return self.settings.get("coupling_metric")
+
     def kernel(self, mixture: SharpFlatMixture, step_size: float):
         potential = lambda p: -mixture.log_prob(p["theta"])  # noqa: E731
-        return make_kernel(self.name, potential_fn=potential, step_size=step_size, **self.settings)
+        # a fixed identity metric for θ: the metrics differ only in how they couple θ and θa
+        preconditioner = {} if self.metric is None else {"preconditioner": torch.ones(2)}
+        return make_kernel(self.name, potential_fn=potential, step_size=step_size, **self.settings, **preconditioner)
 
     def variables(self) -> List[Tuple[str, str]]:
         """``(site, label)`` of each variable reported."""
         if self.name == "entropy-sgld":
-            eta = f"(η = {self.settings['eta']:g})"
+            eta = f"(η = {self.settings['eta']:g}" + ("" if self.metric is None else f", {self.metric} metric") + ")"
             return [("theta", f"EntropySGLD θ {eta}"), ("theta_aux", f"EntropySGLD θa {eta}")]
         return [("theta", f"{self.label} θ")]
 
@@ -75,7 +85,9 @@ def _samplers(config: Synthetic2DConfig) -> List[_Sampler]:
     return ([_Sampler("SGD", "sgd"), _Sampler("SGLD", "sgld")]
             + [_Sampler("EntropySGLD", "entropy-sgld", {"eta": eta}) for eta in config.etas]
             + [_Sampler(f"SASGLD (ρ = {config.rho:g})", "sasgld", {"rho": config.rho}),
-               _Sampler(f"FlatSGLD (σ = {config.sigma:g})", "flat-sgld", {"sigma": config.sigma})])
+               _Sampler(f"FlatSGLD (σ = {config.sigma:g})", "flat-sgld", {"sigma": config.sigma})]
+            + [_Sampler("EntropySGLD", "entropy-sgld", {"eta": eta, "coupling_metric": metric})
+               for eta in config.etas for metric in config.coupling_metrics])
 
 
 def _stationary_law(mixture: SharpFlatMixture, sampler: _Sampler, site: str, exact: dict
@@ -151,9 +163,10 @@ def run_synthetic2d(config: Synthetic2DConfig, *, log: Callable[[str], None] = p
         pyro.set_rng_seed(config.seed)
         run = run_ensemble(sampler.kernel(mixture, config.step_size), saddle, config.num_chains, marks,
                            progress_bar=config.progress)
-        pyro.set_rng_seed(config.seed)
-        ends = run_ensemble(sampler.kernel(mixture, config.step_size), starts, len(starts), [config.line_steps],
-                            progress_bar=False)[config.line_steps]
+        if sampler.metric is None:  # the preconditioned runs answer one question, from the ridge only
+            pyro.set_rng_seed(config.seed)
+            ends = run_ensemble(sampler.kernel(mixture, config.step_size), starts, len(starts), [config.line_steps],
+                                progress_bar=False)[config.line_steps]
         for site, label in sampler.variables():
             path = torch.stack([run[k][site] for k in marks])  # (marks, chains, 2)
             stuck = at_saddle(mixture, path)  # in neither basin
@@ -167,8 +180,9 @@ def run_synthetic2d(config: Synthetic2DConfig, *, log: Callable[[str], None] = p
                           "chains": config.num_chains, "early_step": marks[early], "early_share": by_step[early],
                           "at_saddle": saddle_share, "at_saddle_by_step": stuck.double().mean(1).tolist(),
                           "law": law, "exact": exact_share, "share_by_step": by_step})
-            states[label] = path.numpy()
-            line[label] = mixture.in_flat_basin(ends[site]).reshape(config.line_points, -1).double().mean(1).tolist()
+            if sampler.metric is None:
+                states[label] = path.numpy()
+                line[label] = mixture.in_flat_basin(ends[site]).reshape(config.line_points, -1).double().mean(1).tolist()
             exact_text = "no exact value" if exact_share is None else f"exact stationary {exact_share:.3f}"
             saddle_text = f", {saddle_share:.3f} still at the saddle (neither basin)" if saddle_share else ""
             log(f"{label}: {share:.3f} ± {se:.3f} of chains in the flat basin after {config.num_steps} steps"
@@ -215,7 +229,8 @@ def findings(ridge: List[dict], exact: dict, config: Synthetic2DConfig) -> List[
                      f"{sgd['share']:.3f} in the flat basin). From the segment between the modes (line.png) it "
                      "ends in the basin it starts in.")
     for eta in config.etas:
-        theta, aux = (find_row(ridge, "entropy-sgld", site, eta=eta) for site in ("theta", "theta_aux"))
+        theta, aux = (find_row(ridge, "entropy-sgld", site, eta=eta, coupling_metric=None)
+                      for site in ("theta", "theta_aux"))
         smoothed = exact["smoothed"][str(float(eta))]
         lines.append(
             f"η = {eta:g}: EntropySGLD θ is in the flat basin in {_share_text(theta)} of chains against SGLD's "
@@ -223,6 +238,8 @@ def findings(ridge: List[dict], exact: dict, config: Synthetic2DConfig) -> List[
             f"{smoothed['flat_basin_of_U']:.3f} for its stationary law p * N(0, {eta:g} I), which spreads out of "
             f"the narrow sharp basin; in the basins of its own smoothed energy that law puts "
             f"{smoothed['own_flat_basin']:.3f} in the flat one.")
+        lines += _metric_findings(ridge, sgld, theta, eta, config)
+    lines += _pull_verdict(ridge, config)
     for row in ridge:
         if row["sampler"] in ("sasgld", "flat-sgld"):
             exact_text = ("" if row["exact"] is None
@@ -234,6 +251,40 @@ def findings(ridge: List[dict], exact: dict, config: Synthetic2DConfig) -> List[
                  f"moves the highest peak to the flat mode for η > {exact['peak_crossover']:.2f} and leaves a "
                  f"single mode for η > {exact['unimodal_beyond']:.2f}. " + own_basin_text(exact))
     return lines
+
+
+def _metric_findings(ridge: List[dict], sgld: dict, plain: dict, eta: float, config: Synthetic2DConfig) -> List[str]:
+    """Does EntropySGLD's coupling metric change which basin θ ends in? Each metric's share against
+    the joint metric's (under which θ never feels θa), the plain kernel's and SGLD's."""
+    rows = {m: find_row(ridge, "entropy-sgld", "theta", eta=eta, coupling_metric=m) for m in config.coupling_metrics}
+    if not rows:
+        return []
+    shares = ", ".join(f"{m} {_share_text(r)}" for m, r in rows.items())
+    text = (f"η = {eta:g}, preconditioned (a fixed identity metric for θ, so θ's own steps are SGLD's): θ is in the "
+            f"flat basin in {shares} of chains, against {_share_text(plain)} for the plain kernel and "
+            f"{_share_text(sgld)} for SGLD.")
+    if "joint" in rows:
+        for m, r in rows.items():
+            if m != "joint":
+                text += f" The {m} metric against the joint one (no pull): {_compare(r, rows['joint'])}."
+        text += f" The joint metric against SGLD: {_compare(rows['joint'], sgld)}."
+    return [text]
+
+
+def _pull_verdict(ridge: List[dict], config: Synthetic2DConfig) -> List[str]:
+    """Across η: does the pulled metric's θ end in the flat basin more or less often than the joint
+    metric's, under which θ never feels θa?"""
+    if not {"pulled", "joint"} <= set(config.coupling_metrics):
+        return []
+    pairs = [(eta, *(find_row(ridge, "entropy-sgld", "theta", eta=eta, coupling_metric=m) for m in ("pulled", "joint")))
+             for eta in config.etas]
+    differs = [eta for eta, pulled, joint in pairs if differ(pulled["share"], pulled["se"], joint["share"], joint["se"])]
+    if not differs:
+        return ["The pull does not change which basin θ ends in: under the pulled metric θ is in the flat basin as "
+                "often as under the joint metric, within Monte Carlo error, at every η (a chain picks its basin in "
+                "its first ~100 steps, while θa is still near θ)."]
+    return [f"The pull changes the share of θ in the flat basin beyond Monte Carlo error at η = "
+            f"{', '.join(f'{eta:g}' for eta in differs)} (of {len(pairs)} values)."]
 
 
 def own_basin_text(exact: dict, tolerance: float = 0.01) -> str:
@@ -271,12 +322,15 @@ def run_synthetic2d_study(config: Synthetic2DConfig, *, log: Callable[[str], Non
         hold_signals()  # the chains have run: a Ctrl-C from here waits until the files are written
         states = report.pop("states")
         mixture = sharp_flat_2d()
+        plain = [r for r in report["ridge"] if "coupling_metric" not in r["settings"]]
         figures = {
-            "paths.png": plots.plot_basin_endpoints(mixture, states, report["ridge"], paths_shown=PATHS_SHOWN),
-            "shares.png": plots.plot_basin_shares(report["marks"], report["ridge"]),
+            "paths.png": plots.plot_basin_endpoints(mixture, states, plain, paths_shown=PATHS_SHOWN),
+            "shares.png": plots.plot_basin_shares(report["marks"], plain),
             "line.png": plots.plot_line_shares(report["line"], config.line_steps),
             "landscape.png": plots.plot_smoothed_landscape(mixture, config.etas, LANDSCAPE_ETAS, report["exact"]),
         }
+        if len(plain) < len(report["ridge"]):
+            figures["metrics.png"] = plots.plot_metric_shares(report["marks"], report["ridge"])
         plots.save_figures(figures, staging)
         (staging / "report.md").write_text(report_markdown(report))
         (staging / "report.json").write_text(json.dumps(report, indent=2))
@@ -315,7 +369,8 @@ def report_markdown(report: dict) -> str:
               f"## From the line between the modes ({c['line_chains']} chains per start, {c['line_steps']} steps)",
               "", "`line.png`: the share ending in the flat basin against the start point.", "",
               "Figures: `paths.png` (final states and sample paths), `shares.png` (share against step), "
-              "`line.png`, `landscape.png` (the exact smoothed landscape)."]
+              "`line.png`, `landscape.png` (the exact smoothed landscape), `metrics.png` (EntropySGLD under each "
+              "coupling metric, when run)."]
     return "\n".join(lines) + "\n"
 
 
