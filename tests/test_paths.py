@@ -245,11 +245,12 @@ def test_path_study_findings_follow_the_numbers():
 
     seen = " ".join(findings(_study_report()))
     assert "end 0 is the flatter by the Hessian trace (end 0: 85 ± 0.2, end 1: 87 ± 0.2)" in seen
-    assert "free SGD: 0.0700 ± 0.0050 toward the flatter end" in seen
-    assert "Free SGD beyond constrained SGD: -0.0700 ± 0.0071, toward the flatter end: the entropic drift" in seen
-    assert "drift toward the flatter end appears in every free SGD run" in seen
-    assert "no run's chains moved more than 0.080 of the path" in seen and "travel along the path" in seen
+    assert "free SGD: -0.0700 ± 0.0050, toward end 0 (the flatter)" in seen
+    assert "Free SGD's excess beyond constrained SGD's (the part the curvature across the path can cause): " \
+        "-0.0700 ± 0.0071, toward end 0 (the flatter)" in seen
+    assert "drift toward the flatter end appears in every setting" in seen
     assert "constrained SGD: +0.0000 ± 0.0050, no shift" in seen
+    assert "no run's chains moved more than 0.080 of the path" in seen and "travel along the path" in seen
     assert "trace of the NLL's Hessian (the weight decay's constant 79 taken off) 7 at the ends and 11 at its highest" \
         in seen
     assert "every image of its middle half has a higher top eigenvalue and trace" in seen
@@ -257,22 +258,24 @@ def test_path_study_findings_follow_the_numbers():
         "standard errors of every other; SGLD's have the highest" in seen
     assert " FlatSGLD: farther from the path than half its length" in seen  # SGLD has a draw 10 from it
     assert "SGLD, FlatSGLD: farther" not in seen and "FlatSGLD, SGLD: farther" not in seen
-    # the free runs move no more than the constrained ones: no entropic drift
+    # noise moves the free and the constrained runs alike: no entropic drift
     same = " ".join(findings(_study_report(free_shift=-0.08, fixed_shift=-0.08)))
-    assert "adds no drift measurable here" in same and "does not appear" in same
+    assert "+0.0000 ± 0.0071, no drift measurable here" in same and "does not appear" in same
     # toward the sharper end
     away = " ".join(findings(_study_report(free_shift=0.06)))
-    assert "free SGD: 0.0700 ± 0.0050 away from the flatter end" in away and "does not appear" in away
+    assert "free SGD: +0.0700 ± 0.0050, toward end 1 (the sharper)" in away
+    assert "toward the flatter end beyond its controls in 0 of 1 settings and toward the sharper end in 1" in away
     # a shift beyond 2 standard errors but below a hundredth of the path is no drift
     tiny = " ".join(findings(_study_report(free_shift=-0.0105, fixed_shift=-0.01, se=1e-5)))
     assert "free SGD: -0.0005 ± 0.0000, no shift" in tiny and "does not appear" in tiny
     assert "no run's chains moved more than 0.011 of the path" in tiny and "barely move along this path" in tiny
-    # tied traces: the flatter end by the top eigenvalue
+    # tied traces: no end is measurably flatter, so a drift says nothing about the flatter end
     report = _study_report(free_shift=0.06)
     report["profiles"]["minimum-energy path"]["trace"] = [86.0, 88.0, 90.0, 88.0, 86.1]
     tied = " ".join(findings(report))
     assert "the ends' traces are the same within 2 standard errors" in tied and "end 0 has the lower top" in tied
-    assert "not rise above both endpoints" not in seen and "middle half" in tied
+    assert "free SGD: +0.0700 ± 0.0050, toward end 1 (1 from the path)" in tied
+    assert "(toward end 1), but neither end is measurably flatter by the Hessian trace" in tied
 
 
 def test_matched_temperature_gives_the_noise_variance_per_step():

@@ -173,14 +173,20 @@ def _excess(noisy: dict, control: dict) -> tuple:
 
 def dynamics_findings(report: dict) -> List[str]:
     """What the runs show, computed from them: per step size and batch, each noisy run's shift beyond
-    its control, toward which end, and whether the free runs drift beyond the constrained ones."""
+    its noise-free control, toward which end, and the entropic part: free SGD's excess beyond
+    constrained SGD's (the curvature across the path acts on the free runs only)."""
     runs = report["dynamics"]
     if not runs:
         return []
     flat = flatter_end(report["profiles"]["minimum-energy path"])
+    clear = flat["by"] == "trace"  # an end measurably flatter by the trace
     out = [f"Which end is flatter: {flat['text']}."]
-    sign = 1.0 if flat["end"] == 1 else -1.0  # a shift toward the flatter end is positive after `sign *`
-    verdicts = []
+
+    def direction(shift: float) -> str:
+        end = 1 if shift > 0 else 0
+        return f"toward end {end}" + ("" if not clear else " (the flatter)" if end == flat["end"] else " (the sharper)")
+
+    drifts = []  # (entropic shift, its standard error) per setting
     for alpha_lambda in sorted({r["alpha_lambda"] for r in runs}):
         here = [r for r in runs if r["alpha_lambda"] == alpha_lambda]
         free_control = next(r for r in here if r["kind"] == "free full-batch descent")
@@ -195,8 +201,7 @@ def dynamics_findings(report: dict) -> List[str]:
             parts = []
             for run, control in ((free, free_control), (fixed, fixed_control), (sgld, free_control)):
                 excess, se = _excess(run, control)
-                toward = "toward" if sign * excess > 0 else "away from"
-                verdict = (f"{abs(excess):.4f} ± {se:.4f} {toward} the flatter end" if moved(excess, se)
+                verdict = (f"{excess:+.4f} ± {se:.4f}, {direction(excess)}" if moved(excess, se)
                            else f"{excess:+.4f} ± {se:.4f}, no shift (beyond 2 standard errors and {MIN_SHIFT:g} of "
                                 "the path)")
                 extra = f" at T = {run['temperature']:.2g} ({run['temperature'] * report['n_train']:.2g}/n)" \
@@ -204,34 +209,39 @@ def dynamics_findings(report: dict) -> List[str]:
                 parts.append(f"{run['kind']}{extra}: {verdict}"
                              + (f" ({run['final_distance']:.3g} from the path)" if not run["kind"].startswith("constr")
                                 else "") + (" DIVERGED" if run["diverged"] else ""))
-            entropic, entropic_se = free["shift"] - fixed["shift"], math.hypot(free["shift_se"], fixed["shift_se"])
-            seen = moved(entropic, entropic_se) and sign * entropic > 0 and \
-                moved(*_excess(free, free_control)) and sign * _excess(free, free_control)[0] > 0
-            verdicts.append(seen)
-            out.append(f"Batch {batch_size}, shift beyond the control ({free['chains']} chains; SGLD "
-                       f"{sgld['chains']}, ± standard error over chains): " + "; ".join(parts) + ". Free SGD beyond "
-                       f"constrained SGD: {entropic:+.4f} ± {entropic_se:.4f}"
-                       + (", toward the flatter end: the entropic drift." if seen else
-                          ", so the curvature across the path adds no drift measurable here." if
-                          not moved(entropic, entropic_se) else
-                          ", but not with free SGD shifted toward the flatter end beyond its control."))
+            entropic = _excess(free, free_control)[0] - _excess(fixed, fixed_control)[0]
+            entropic_se = math.hypot(free["shift_se"], fixed["shift_se"])
+            drifts.append((entropic, entropic_se))
+            out.append(f"Batch {batch_size}, shift beyond the noise-free control ({free['chains']} chains; SGLD "
+                       f"{sgld['chains']}; ± standard error over chains): " + "; ".join(parts) + ". Free SGD's excess "
+                       f"beyond constrained SGD's (the part the curvature across the path can cause): {entropic:+.4f} "
+                       f"± {entropic_se:.4f}" + (f", {direction(entropic)}." if moved(entropic, entropic_se) else
+                                                 ", no drift measurable here."))
+    seen = [(d, se) for d, se in drifts if moved(d, se)]
+    toward = [d for d, _ in seen if clear and (d > 0) == (flat["end"] == 1)]
+    if not seen:
+        out.append("Di Carlo et al.'s drift toward the flatter end does not appear: in no setting does free SGD move "
+                   f"beyond both its full-batch control and constrained SGD (by 2 standard errors and {MIN_SHIFT:g} of "
+                   "the path).")
+    elif not clear:
+        ends = sorted({1 if d > 0 else 0 for d, _ in seen})
+        out.append(f"Free SGD drifts beyond its controls in {len(seen)} of {len(drifts)} settings (toward end "
+                   f"{' and end '.join(map(str, ends))}), but neither end is measurably flatter by the Hessian "
+                   "trace, so this run cannot test Di Carlo et al.'s drift toward the flatter end.")
+    elif len(toward) == len(drifts):
+        out.append("Di Carlo et al.'s drift toward the flatter end appears in every setting: free SGD moves toward it "
+                   "beyond both full-batch descent and constrained SGD.")
+    else:
+        out.append(f"Free SGD drifts toward the flatter end beyond its controls in {len(toward)} of {len(drifts)} "
+                   f"settings and toward the sharper end in {len(seen) - len(toward)}: Di Carlo et al.'s drift does "
+                   "not hold throughout.")
     spread = max((float(np.std(r["settled"], ddof=1)) for r in runs if r["chains"] > 1), default=0.0)
     farthest = max(abs(r["shift"]) for r in runs)
     out.append(f"In {runs[0]['steps'][-1]:,} steps no run's chains moved more than {farthest:.3f} of the path on "
                f"average, and the chains of one run settled within a standard deviation of {spread:.3f} of each "
-               "other: " + ("the dynamics barely move along this path in that time, so a drift would have to be "
-                            "faster than the runs are long to show." if max(farthest, spread) < 0.05 else
+               "other: " + ("the dynamics barely move along this path in that time, so only a drift faster than "
+                            "that can show." if max(farthest, spread) < 0.05 else
                             "the runs travel along the path within that time."))
-    if all(verdicts):
-        out.append("Di Carlo et al.'s drift toward the flatter end appears in every free SGD run, beyond both "
-                   "full-batch descent and the constrained runs.")
-    elif any(verdicts):
-        out.append(f"Di Carlo et al.'s drift toward the flatter end appears in {sum(verdicts)} of {len(verdicts)} "
-                   "settings of step and batch, not in the others.")
-    else:
-        out.append("Di Carlo et al.'s drift toward the flatter end does not appear: no free SGD run shifts toward it "
-                   f"beyond both full-batch descent and constrained SGD (by 2 standard errors and {MIN_SHIFT:g} of "
-                   "the path).")
     return out
 
 
