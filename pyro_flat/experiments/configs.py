@@ -77,7 +77,7 @@ class StudyConfig:
     ``mnist79`` and ``synthetic2d`` run on one thread (as fast as two). ``bnn`` and ``paths`` default
     to ``None``: torch's own count (one per core), or one thread when the machine is busy
     (:func:`~pyro_flat.experiments.output.auto_threads`, said in a line). Measured on 2 cores: all
-    cores are faster idle (``paths`` took 2 min 20 s on 2 threads, 4 min 50 s on one), but with 3
+    cores are faster idle (the earlier ``paths`` study took 2 min 20 s on 2 threads, 4 min 50 s on one), but with 3
     busy processes beside it 1,000 gradient evaluations of the ``bnn`` study's EntropySGLD took 80 s
     on 2 threads (9 s idle), 24 s on 2 threads with ``OMP_WAIT_POLICY=PASSIVE`` and 11 s on one
     thread: waiting OpenMP threads spin, and a step of many small operations pays a time slice at
