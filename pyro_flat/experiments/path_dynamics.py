@@ -14,8 +14,9 @@ largest top Hessian eigenvalue along the path) and each batch size:
 - **SGLD** at low temperature, full-batch gradients plus isotropic noise whose variance per step
   equals the minibatch noise's (:func:`matched_temperature`): the isotropic-noise comparison.
 
-Each chain's *settled position* is its mean position over the second half of the run; a run's
-shift is the chains' mean settled position minus the start, ± its standard error over chains. The
+Each chain's position is averaged over the second half of the run (the runs need not have come to
+rest: along a flat path they rarely do); a run's shift is that average over its chains minus the
+start, ± its standard error over chains. The
 noise's own effect is a noisy run's shift minus its control's, and the entropic force is what the
 free runs show beyond the constrained ones.
 """
@@ -120,8 +121,8 @@ def run_path_dynamics(config, model, blocks, path: flatness.EnergyPath, top_eige
                      "settled": settled.tolist(), "shift": shift, "shift_se": shift_se,
                      "final_distance": float(result.distance[-1].mean())})
         noise = (f"batch {batch_size}" if batch_size else "full batch") + (f", T = {temperature:.3g}" if temperature else "")
-        log(f"{kind} ({noise}, {chains} chain{'s' if chains > 1 else ''}, α = {step_size:.3g}): settled "
-            f"{shift:+.4f} ± {shift_se:.4f} along the path, {runs[-1]['final_distance']:.3g} from it"
+        log(f"{kind} ({noise}, {chains} chain{'s' if chains > 1 else ''}, α = {step_size:.3g}): moved "
+            f"{shift:+.4f} ± {shift_se:.4f} along the path (second half's mean), {runs[-1]['final_distance']:.3g} from it"
             + (" DIVERGED" if result.diverged else "") + f" ({runs[-1]['seconds']:.1f} s)")
 
     for alpha_lambda in config.dynamics_alpha_lambda:
@@ -192,7 +193,7 @@ def dynamics_findings(report: dict) -> List[str]:
         free_control = next(r for r in here if r["kind"] == "free full-batch descent")
         fixed_control = next(r for r in here if r["kind"] == "constrained full-batch descent")
         out.append(f"At α λmax = {alpha_lambda:g} (α = {free_control['step_size']:.3g}), {free_control['steps'][-1]:,} "
-                   f"steps from position {report['config']['dynamics_start']:g}: full-batch descent settled "
+                   f"steps from position {report['config']['dynamics_start']:g}: full-batch descent moved "
                    f"{free_control['shift']:+.4f} along the path (free, {free_control['final_distance']:.3g} from it) "
                    f"and {fixed_control['shift']:+.4f} (constrained), the loss's own slope.")
         for batch_size in sorted({r["batch_size"] for r in here if r["batch_size"]}):
@@ -238,7 +239,7 @@ def dynamics_findings(report: dict) -> List[str]:
     spread = max((float(np.std(r["settled"], ddof=1)) for r in runs if r["chains"] > 1), default=0.0)
     farthest = max(abs(r["shift"]) for r in runs)
     out.append(f"In {runs[0]['steps'][-1]:,} steps no run's chains moved more than {farthest:.3f} of the path on "
-               f"average, and the chains of one run settled within a standard deviation of {spread:.3f} of each "
+               f"average, and the chains of one run ended (second half's means) within a standard deviation of {spread:.3f} of each "
                "other: " + ("the dynamics barely move along this path in that time, so only a drift faster than "
                             "that can show." if max(farthest, spread) < 0.05 else
                             "the runs travel along the path within that time."))

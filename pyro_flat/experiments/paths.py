@@ -325,9 +325,9 @@ def _markdown(report: dict) -> str:
                          f"{d['trace']:.4g} ± {d['trace_stderr']:.2g} | {d['distance']:.3g} | {d['position']:.2f} |")
     lines += ["", "## Dynamics started on the path", "",
               f"From position {c['dynamics_start']:g}, {c['dynamics_steps']:,} steps; step sizes α from α λmax with "
-              f"λmax = {report['top_eigenvalue']:.3g}, the path's highest top eigenvalue. Settled position: each "
-              "chain's mean position over the second half of the run; the shift is its mean over chains minus the "
-              "start, ± the standard error over chains. SGLD: full-batch gradients plus isotropic noise of SGD's "
+              f"λmax = {report['top_eigenvalue']:.3g}, the path's highest top eigenvalue. Shift: each chain's position "
+              "averaged over the second half of the run (the runs need not have come to rest), its mean over chains "
+              "minus the start, ± the standard error over chains. SGLD: full-batch gradients plus isotropic noise of SGD's "
               "noise variance per step at the start.", "",
               "| α λmax | α | run | batch | T | chains | shift along the path | distance from the path | diverged |",
               "|---|---|---|---|---|---|---|---|---|"]

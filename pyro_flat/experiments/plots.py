@@ -218,6 +218,14 @@ def plot_basin_endpoints(mixture: SharpFlatMixture, states: Mapping[str, np.ndar
     return fig
 
 
+def _share_band(ax, steps: np.ndarray, keep: np.ndarray, row: dict, color: str, style: str = "-") -> None:
+    """A row's share of chains in the flat basin against the step, with its ±2 binomial standard errors."""
+    share = np.asarray(row["share_by_step"])[keep]
+    se = np.sqrt(share * (1 - share) / row["chains"])
+    ax.plot(steps[keep], share, style, color=color, lw=1.4, label=row["label"])
+    ax.fill_between(steps[keep], share - 2 * se, share + 2 * se, color=color, alpha=0.15, lw=0)
+
+
 def plot_basin_shares(steps: Sequence[int], rows: Sequence[dict]):
     """Share of chains in the flat basin of U against the step, θ (left) and θa (right), with
     ±2 standard-error bands and the exact stationary share of each as a dashed line; chains still
@@ -230,10 +238,7 @@ def plot_basin_shares(steps: Sequence[int], rows: Sequence[dict]):
         chosen = [r for r in rows if r["variable"] == variable]
         for i, r in enumerate(chosen):
             color = f"C{i}"
-            share = np.asarray(r["share_by_step"])[keep]
-            se = np.sqrt(share * (1 - share) / r["chains"])
-            ax.plot(steps[keep], share, color=color, lw=1.4, label=r["label"])
-            ax.fill_between(steps[keep], share - 2 * se, share + 2 * se, color=color, alpha=0.15, lw=0)
+            _share_band(ax, steps, keep, r, color)
             if r["exact"] is not None:
                 ax.axhline(r["exact"], color=color, ls="--", lw=1)
             stuck = np.asarray(r.get("at_saddle_by_step", np.zeros(len(steps))))[keep]
@@ -262,11 +267,7 @@ def plot_metric_shares(steps: Sequence[int], rows: Sequence[dict]):
         chosen = [r for r in rows if r["variable"] == "theta" and (r["sampler"] == "sgld" or (
             r["sampler"] == "entropy-sgld" and r["settings"]["eta"] == eta))]
         for i, r in enumerate(chosen):
-            share = np.asarray(r["share_by_step"])[keep]
-            se = np.sqrt(share * (1 - share) / r["chains"])
-            style = "--" if r["sampler"] == "sgld" else "-"
-            ax.plot(steps[keep], share, style, color=f"C{i}", lw=1.4, label=r["label"])
-            ax.fill_between(steps[keep], share - 2 * se, share + 2 * se, color=f"C{i}", alpha=0.15, lw=0)
+            _share_band(ax, steps, keep, r, f"C{i}", "--" if r["sampler"] == "sgld" else "-")
         ax.set(xscale="log", xlabel="step (log scale)", title=f"θ from the saddle, η = {eta:g}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")
