@@ -10,8 +10,8 @@
 
 from .fisher import diagonal_fisher, gaussian_parameters
 from .minibatch import SameMinibatch
-from .sabma import SABMA_ELBO
+from .sabma import GuideCovarianceError, SABMA_ELBO
 from .sam import SAM_ELBO
 from .transfer import transfer_model
 
-__all__ = ["SAM_ELBO", "SABMA_ELBO", "transfer_model", "SameMinibatch", "gaussian_parameters", "diagonal_fisher"]
+__all__ = ["SAM_ELBO", "SABMA_ELBO", "GuideCovarianceError", "transfer_model", "SameMinibatch", "gaussian_parameters", "diagonal_fisher"]
