@@ -29,16 +29,18 @@ _PUBLIC = {
     "flat_posterior": "flat", "flat_potential": "flat",
     "SGD": "kernels", "SGLD": "kernels", "EntropySGLD": "kernels", "LocalEntropySGD": "kernels",
     "LocalEntropySGLD": "kernels", "SASGLD": "kernels", "FlatSGLD": "kernels", "EntropyHMC": "kernels",
-    "DivergenceError": "kernels",
+    "SAMSGD": "kernels", "DivergenceError": "kernels",
     "MCMC": "mcmc",
     "check_convergence": "convergence", "ConvergenceResult": "convergence", "ConvergenceError": "convergence",
     "to_arviz": "diagnostics",
     "bma_predict": "predictive",
-    "SAM_ELBO": "variational", "SABMA_ELBO": "variational", "transfer_model": "variational",
+    "SAM_ELBO": "variational", "SABMA_ELBO": "variational", "AutoSWAG": "variational", "transfer_model": "variational",
+    "fit_ensemble": "ensembles",
 }
 #: The subpackages and modules reachable as attributes (``pyro_flat.flatness``, ...).
 _MODULES = ("datasets", "diagnostics", "flatness", "metrics", "mixtures", "models", "schedules", "theory",
-            "variational", "kernels", "targets", "predictive", "convergence", "experiments", "distributed")
+            "variational", "kernels", "targets", "predictive", "convergence", "experiments", "distributed",
+            "ensembles", "sam")
 
 
 def __getattr__(name: str) -> Any:
@@ -62,10 +64,11 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from .diagnostics import to_arviz
     from .flat import flat_posterior, flat_potential
     from .kernels import (SGD, SGLD, DivergenceError, EntropyHMC, EntropySGLD, FlatSGLD, LocalEntropySGD,
-                          LocalEntropySGLD, SASGLD)
+                          LocalEntropySGLD, SAMSGD, SASGLD)
+    from .ensembles import fit_ensemble
     from .mcmc import MCMC
     from .predictive import bma_predict
-    from .variational import SABMA_ELBO, SAM_ELBO, transfer_model
+    from .variational import SABMA_ELBO, SAM_ELBO, AutoSWAG, transfer_model
 
 __version__ = "0.1.0"
 
@@ -78,6 +81,7 @@ __all__ = [
     "LocalEntropySGD",
     "LocalEntropySGLD",
     "SASGLD",
+    "SAMSGD",
     "FlatSGLD",
     "EntropyHMC",
     "MCMC",
@@ -95,6 +99,8 @@ __all__ = [
     "variational",
     "SAM_ELBO",
     "SABMA_ELBO",
+    "AutoSWAG",
+    "fit_ensemble",
     "transfer_model",
     "models",
     "schedules",

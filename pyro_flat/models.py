@@ -17,7 +17,8 @@ minibatches (``batch_size=None``: full batch, as Pyro's NUTS and HMC need).
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence
+from contextlib import contextmanager
+from typing import Dict, Iterator, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -126,7 +127,12 @@ class BayesianMLP(PyroModule):
     .. math:: W_l \sim \mathcal N(0, \sigma_p^2),\quad b_l \sim \mathcal N(0, \sigma_p^2),\quad
               y_i \mid x_i \sim \mathrm{Categorical}\big(\mathrm{softmax}(f_W(x_i))\big),
 
-    with ``tanh`` hidden layers. Sites ``layers.{l}.weight`` / ``layers.{l}.bias``; the data sit in
+    with ``tanh`` hidden layers. With ``dropout=p`` each hidden unit is zeroed with probability p
+    (and the others scaled by 1/(1-p)) in every forward pass, training and prediction alike:
+    MC-dropout (Gal & Ghahramani 2016). Fit it as a MAP (``AutoDelta`` and ``Trace_ELBO``, or
+    ``SAM_ELBO`` for SA-MC-dropout); each draw of ``Predictive`` or :func:`~pyro_flat.bma_predict`
+    then uses a fresh mask. ``with net.without_dropout():`` gives the deterministic network (for
+    Hessians). Sites ``layers.{l}.weight`` / ``layers.{l}.bias``; the data sit in
     a ``pyro.plate("data", N, subsample_size=batch_size)``. The weights are drawn before the plate
     is entered (a ``PyroSample`` read inside a plate would be batched over the data). The network
     broadcasts over a leading chain dimension, so several chains run vectorized.
@@ -137,8 +143,14 @@ class BayesianMLP(PyroModule):
     ['layers.0.weight', 'layers.0.bias']
     """
 
-    def __init__(self, in_features: int, hidden: Sequence[int], num_classes: int, *, prior_scale: float = 0.1):
+    def __init__(self, in_features: int, hidden: Sequence[int], num_classes: int, *, prior_scale: float = 0.1,
+                 dropout: float = 0.0):
         super().__init__()
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be a probability in [0, 1), got dropout={dropout!r}: it is the chance "
+                             "that a hidden unit is zeroed (0 turns MC-dropout off; e.g. dropout=0.1)")
+        self.dropout = float(dropout)
+        self._dropout_on = True
         sizes = [int(in_features), *map(int, hidden), int(num_classes)]
         self.layers = PyroModule[torch.nn.ModuleList]([
             PyroModule[torch.nn.Linear](a, b) for a, b in zip(sizes[:-1], sizes[1:])
@@ -160,7 +172,18 @@ class BayesianMLP(PyroModule):
             h = _linear(h, w, b)
             if i + 1 < len(weights):
                 h = torch.tanh(h)
+                if self.dropout > 0 and self._dropout_on:
+                    h = F.dropout(h, self.dropout, training=True)
         return h
+
+    @contextmanager
+    def without_dropout(self) -> Iterator["BayesianMLP"]:
+        """The deterministic network inside the block (dropout's expectation, by the 1/(1-p) scaling)."""
+        before, self._dropout_on = self._dropout_on, False
+        try:
+            yield self
+        finally:
+            self._dropout_on = before
 
     def forward(self, X: torch.Tensor, y: Optional[torch.Tensor] = None, *,
                 batch_size: Optional[int] = None) -> None:

@@ -78,7 +78,7 @@ def bma_predict(
     model: Callable,
     samples: Dict[str, torch.Tensor],
     *args,
-    use: str = "both",
+    use: Optional[str] = None,
     site: Optional[str] = None,
     suffix: str = "_aux",
     **kwargs,
@@ -88,7 +88,8 @@ def bma_predict(
     :param model: the original model (a :func:`~pyro_flat.flat_posterior` model is unwrapped).
     :param samples: ``mcmc.get_samples()``: ``{site: (num_draws, ...)}`` with θ sites and their
         ``name + suffix`` twins.
-    :param use: ``"theta"``, ``"aux"`` or ``"both"``.
+    :param use: ``"theta"``, ``"aux"`` or ``"both"``; by default ``"both"`` when the samples have
+        auxiliary twins and ``"theta"`` when they have none (SGLD, ensembles, Predictive draws).
     :param site: the observed site to predict; by default the only non-latent site whose
         distribution has ``probs`` (Bernoulli, Categorical, ...).
     :returns: probabilities shaped like the site's ``probs`` (``(N,)`` for Bernoulli, ``(N, C)``
@@ -112,8 +113,8 @@ def bma_predict(
     if not isinstance(samples, Mapping):
         raise TypeError(f"samples must be a dict {{site: (num_draws, ...) tensor}} such as mcmc.get_samples(), "
                         f"got {type(samples).__name__}.")
-    if use not in _USES:
-        raise ValueError(f"use must be one of {_USES}, got use={use!r}")
+    if use is not None and use not in _USES:
+        raise ValueError(f"use must be one of {_USES} (or None), got use={use!r}")
     model = getattr(model, "base_model", model)
     with torch.no_grad():
         tr = poutine.trace(model).get_trace(*args, **kwargs)
@@ -125,6 +126,8 @@ def bma_predict(
         raise ValueError(
             f"bma_predict: none of the model's latent sites are in samples (keys {sorted(samples)})."
         )
+    if use is None:
+        use = "both" if any(n + suffix in samples for n in latents) else "theta"
     if use in ("aux", "both") and not any(n + suffix in samples for n in latents):
         raise ValueError(
             f"bma_predict(use={use!r}) needs auxiliary draws named '<site>{suffix}' "
@@ -133,6 +136,7 @@ def bma_predict(
     sites = [n for n, s in tr.nodes.items() if s["type"] == "sample" and not is_subsample_site(s)]
     if site is not None and site not in sites:
         raise ValueError(f"bma_predict: no site {site!r}; the model's sample sites are {sites}.")
+    samples = _drop_plate_dims(samples, latents, suffix, tr)
     _check_draws(samples, latents, suffix, tr)
     supports = {n: tr.nodes[n]["fn"].support for n in latents}
     plates = {
@@ -152,6 +156,22 @@ def bma_predict(
             total = probs if total is None else total.add_(probs)
             count += 1
     return total / count
+
+
+def _drop_plate_dims(samples, latents, suffix, tr) -> dict:
+    """``pyro.infer.Predictive``'s layout ``(num_draws, 1, ..., 1, *site shape)`` (singletons for the
+    model's plates) as ``(num_draws, *site shape)``; other layouts as they are."""
+    out = dict(samples)
+    for n in latents:
+        shape = tuple(tr.nodes[n]["value"].shape)
+        for key in (n, n + suffix):
+            draws = samples.get(key)
+            if draws is None or draws.dim() <= len(shape) + 1:
+                continue
+            middle = tuple(draws.shape[1:draws.dim() - len(shape)])
+            if all(size == 1 for size in middle) and tuple(draws.shape[draws.dim() - len(shape):]) == shape:
+                out[key] = draws.reshape((draws.shape[0],) + shape)
+    return out
 
 
 def _check_draws(samples, latents, suffix, tr) -> None:

@@ -48,6 +48,7 @@ def _quadratic(params):
 def _cases() -> Dict[str, Callable]:
     from pyro_flat import (MCMC, SASGLD, SGD, SGLD, EntropyHMC, EntropySGLD, FlatSGLD, LocalEntropySGD,
                            LocalEntropySGLD)
+    from pyro_flat.kernels import SAMSGD
 
     def run(kernel, chains=1, warmup=10, samples=12, thinning=1, batch_size=10, minibatches="per_chain"):
         mcmc = MCMC(kernel, num_samples=samples, warmup_steps=warmup, num_chains=chains, thinning=thinning,
@@ -89,6 +90,7 @@ def _cases() -> Dict[str, Callable]:
         "LocalEntropySGD": lambda: run(LocalEntropySGD(model, eta=0.5, step_size=0.01, num_inner_steps=3),
                                        chains=2),
         "SASGLD": lambda: run(SASGLD(model, step_size=0.01, rho=0.05), chains=2),
+        "SAMSGD": lambda: run(SAMSGD(model, step_size=0.01, rho=0.05), chains=2),
         "FlatSGLD": lambda: run(FlatSGLD(model, step_size=0.01, sigma=0.05)),
         "EntropyHMC": lambda: run(EntropyHMC(model, eta=0.5, step_size=0.1, num_steps=4), batch_size=None),
         "EntropyHMC, 2 vectorized chains": lambda: run(

@@ -20,6 +20,7 @@ from .entropy_sgld import EntropySGLD
 from .errors import DivergenceError
 from .flat_sgld import FlatSGLD
 from .local_entropy import LocalEntropySGD, LocalEntropySGLD
+from .sam_sgd import SAMSGD
 from .sasgld import SASGLD
 from .sgd import SGD
 from .sgld import SGLD
@@ -34,6 +35,7 @@ KERNELS: Dict[str, type] = {
     "local-entropy-sgld": LocalEntropySGLD,
     "local-entropy-sgd": LocalEntropySGD,
     "sasgld": SASGLD,
+    "sam-sgd": SAMSGD,
     "flat-sgld": FlatSGLD,
 }
 
@@ -86,6 +88,7 @@ __all__ = [
     "LocalEntropySGD",
     "LocalEntropySGLD",
     "SASGLD",
+    "SAMSGD",
     "FlatSGLD",
     "DivergenceError",
 ]

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from ..targets import Params
-from ..targets.layout import expand_like, per_chain_norm
-from ..validation import check_positive
+from ..sam import check_sam_radius, sam_perturbation
 from .integrators import Transition
 from .sgld import SGLD
 
@@ -57,12 +56,11 @@ class SASGLD(SGLD):
 
     def __init__(self, model: Optional[Callable] = None, *, rho: float, **kwargs):
         super().__init__(model, **kwargs)
-        self.rho = check_positive("rho", rho, hint="It is the SAM radius; try 0.01-0.1 of the weight norm.")
+        self.rho = check_sam_radius("rho", rho, type(self).__name__)
 
     def transition(self, params: Params, step_size: float, temperature: float) -> Transition:
         indices = self.target.draw_indices()  # one minibatch for both gradients
         energy, grads, stats = self.target.evaluate(params, indices)
-        scale = self.rho / (per_chain_norm(grads, self.num_chains) + 1e-12)
-        ascent = {n: params[n] + expand_like(scale, g) * g for n, g in grads.items()}
+        ascent = {n: params[n] + e for n, e in sam_perturbation(grads, self.rho, self.num_chains).items()}
         _, sharp_grads = self.target.potential_and_grad(ascent, indices)
         return Transition(self.update(params, sharp_grads, step_size, temperature), energy, grads, stats)

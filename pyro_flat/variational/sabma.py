@@ -58,7 +58,8 @@ from .fisher import gaussian_parameters
 from .data_parallel import ShareLatents, ranks_for, sum_gradients, sum_over_ranks, traced_params
 from .minibatch import SameMinibatch
 from ..validation import check_number
-from .sam import check_base, check_radius
+from ..sam import check_sam_radius
+from .sam import check_base
 
 BALLS = ("kl", "euclidean", "fisher-sam")
 
@@ -85,7 +86,7 @@ class SABMA_ELBO(ELBO):
 
     def __init__(self, gamma: float, base: Optional[ELBO] = None, *, ball: str = "kl", params: str = "all",
                  fisher_eta: float = 1.0, data_parallel: bool = False):
-        self.gamma = check_radius("gamma", gamma, "SABMA_ELBO", example="0.01")
+        self.gamma = check_sam_radius("gamma", gamma, "SABMA_ELBO", example="0.01")
         self.base = check_base(base, "SABMA_ELBO")
         if ball not in BALLS:
             raise ValueError(f"SABMA_ELBO: ball must be one of {BALLS}, got {ball!r}")

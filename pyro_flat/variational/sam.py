@@ -42,7 +42,8 @@ import pyro.poutine as poutine
 from pyro.infer import ELBO, Trace_ELBO
 from pyro.poutine.util import prune_subsample_sites
 
-from ..validation import check_number, check_positive, check_positive_int
+from ..sam import check_sam_radius, sam_perturbation
+from ..validation import check_positive_int
 from .data_parallel import ShareLatents, ranks_for, sum_gradients, sum_over_ranks, traced_params
 from .minibatch import SameMinibatch
 
@@ -59,12 +60,6 @@ def check_base(base: Optional[ELBO], owner: str) -> ELBO:
     return base
 
 
-def check_radius(name: str, value: float, owner: str, example: str = "0.05") -> float:
-    """The size of a sharpness ball: a positive finite float."""
-    check_number(name, value, example)
-    return check_positive(name, value, hint=f"It is the size of {owner}'s sharpness ball, e.g. {name}={example}.")
-
-
 class SAM_ELBO(ELBO):
     """The ELBO whose likelihood term is evaluated after one SAM ascent step of size ``rho``.
 
@@ -76,7 +71,7 @@ class SAM_ELBO(ELBO):
     """
 
     def __init__(self, rho: float, base: Optional[ELBO] = None, *, data_parallel: bool = False):
-        self.rho = check_radius("rho", rho, "SAM_ELBO")
+        self.rho = check_sam_radius("rho", rho, "SAM_ELBO")
         self.base = check_base(base, "SAM_ELBO")
         self.data_parallel = bool(data_parallel)
         self._ranks = None
@@ -138,11 +133,10 @@ class SAM_ELBO(ELBO):
             directions.append(grad.detach())
             transforms.append(transform)
         directions = sum_over_ranks(directions, self.ranks, "summing the ascent direction across ranks")
-        norm = torch.sqrt(sum((d ** 2).sum() for d in directions))
-        scale = self.rho / norm if norm > 0 else 0.0
+        steps = sam_perturbation(dict(zip(latents, directions)), self.rho)
         out = {}
-        for name, value, direction, transform in zip(latents, values, directions, transforms):
-            step = scale * direction
+        for name, value, transform in zip(latents, values, transforms):
+            step = steps[name]
             out[name] = value + step if transform is None else transform(transform.inv(value) + step)
         return out
 
