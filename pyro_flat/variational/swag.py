@@ -98,7 +98,7 @@ class AutoSWAG(AutoContinuous):
         zeros = self.loc.detach().new_zeros
         self.register_buffer("mean", zeros(self.latent_dim))
         self.register_buffer("sq_mean", zeros(self.latent_dim))
-        self.register_buffer("deviations", zeros(0, self.latent_dim))
+        self.register_buffer("_deviation_ring", zeros(self.rank, self.latent_dim))  # row n % rank: the n-th
         self.register_buffer("_last_seen", self.loc.detach().clone().fill_(float("nan")))
 
     # ------------------------------------------------------------------ collecting the moments
@@ -113,11 +113,18 @@ class AutoSWAG(AutoContinuous):
         if k < self.collect_start or (k - self.collect_start) % self.collect_every:
             return
         n = self.num_collected
-        self.mean.mul_(n / (n + 1)).add_(theta / (n + 1))
-        self.sq_mean.mul_(n / (n + 1)).add_(theta.square() / (n + 1))
+        self.mean.lerp_(theta, 1.0 / (n + 1))  # in place: no copy of the weights but the ring's row
+        self.sq_mean.mul_(n / (n + 1)).addcmul_(theta, theta, value=1.0 / (n + 1))
+        torch.sub(theta, self.mean, out=self._deviation_ring[n % self.rank])
         self.num_collected = n + 1
-        deviations = torch.cat([self.deviations, (theta - self.mean).unsqueeze(0)])
-        self.deviations = deviations[-self.rank:]
+
+    @property
+    def deviations(self) -> torch.Tensor:
+        """The last ``min(num_collected, rank)`` deviations θ_i - mean after θ_i, oldest first."""
+        n, ring = self.num_collected, self._deviation_ring
+        if n <= self.rank:
+            return ring[:n]
+        return torch.cat([ring[n % self.rank:], ring[:n % self.rank]])
 
     def _check_collected(self) -> None:
         if self.num_collected == 0:
