@@ -118,9 +118,10 @@ def bma_predict(
     model = getattr(model, "base_model", model)
     with torch.no_grad():
         tr = poutine.trace(model).get_trace(*args, **kwargs)
-    latents = [
-        n for n, s in tr.nodes.items()
+    latents = [  # a site with class probabilities is an output to predict, even if samples hold its draws
+        n for n, s in tr.nodes.items()  # (pyro.infer.Predictive returns the observed site too)
         if s["type"] == "sample" and not s["is_observed"] and not is_subsample_site(s) and n in samples
+        and not hasattr(s["fn"], "probs")
     ]
     if not latents:
         raise ValueError(

@@ -220,7 +220,8 @@ def test_mc_dropout_and_sa_mc_dropout_fit_and_average_over_masks():
         svi = SVI(net, guide, pyro.optim.Adam({"lr": 0.02}), elbo)
         losses = [svi.step(X, y, batch_size=40) for _ in range(300)]
         assert sum(losses[-30:]) < 0.9 * sum(losses[:30])  # the prior term (131 weights) is most of what stays
-        draws = Predictive(net, guide=guide, num_samples=8, return_sites=[n for n in guide().keys()])(X)
+        draws = Predictive(net, guide=guide, num_samples=8)(X)  # Predictive's layout, "y" included
+        assert "y" in draws and draws["layers.0.weight"].shape == (8, 1, 16, 4)
         single = [bma_predict(net, {k: v[i:i + 1] for k, v in draws.items()}, X) for i in range(2)]
         assert not torch.allclose(single[0], single[1]), "each draw must use a fresh dropout mask"
         accuracy = (bma_predict(net, draws, X).argmax(-1) == y).float().mean()
