@@ -40,6 +40,18 @@ def gaussian_mean_model(y, batch=20):
     return model
 
 
+def fitted_swag(seed, shift, collect_start, steps, rank=2):
+    """AutoSWAG on the 3-D Gaussian mean, trained by SGD: (data, model, guide)."""
+    pyro.set_rng_seed(seed)
+    y = torch.randn(200, 3) + shift
+    model = gaussian_mean_model(y)
+    guide = AutoSWAG(model, rank=rank, collect_start=collect_start)
+    svi = SVI(model, guide, pyro.optim.SGD({"lr": 5e-3}), Trace_ELBO())
+    for _ in range(steps):
+        svi.step()
+    return y, model, guide
+
+
 @pytest.fixture(autouse=True)
 def _fresh_param_store():
     pyro.clear_param_store()
@@ -69,13 +81,7 @@ def test_swag_moments_are_those_of_the_recorded_iterates():
 
 
 def test_swag_posterior_is_half_diagonal_plus_half_low_rank_and_predictive_draws_it():
-    pyro.set_rng_seed(1)
-    y = torch.randn(200, 3) + 2.0
-    model = gaussian_mean_model(y)
-    guide = AutoSWAG(model, rank=2, collect_start=50)
-    svi = SVI(model, guide, pyro.optim.SGD({"lr": 5e-3}), Trace_ELBO())
-    for _ in range(150):
-        svi.step()
+    _, model, guide = fitted_swag(seed=1, shift=2.0, collect_start=50, steps=150)
     D = guide.deviations.T
     variance = guide.sq_mean - guide.mean.square()
     expected = 0.5 * torch.diag(variance) + 0.5 * D @ D.T / (D.shape[1] - 1)
@@ -144,13 +150,7 @@ def test_sa_swag_step_is_sam_on_the_weights():
 
 
 def test_sabma_starts_from_swag():
-    pyro.set_rng_seed(4)
-    y = torch.randn(200, 3) + 1.0
-    model = gaussian_mean_model(y)
-    swag = AutoSWAG(model, rank=2, collect_start=20)
-    svi = SVI(model, swag, pyro.optim.SGD({"lr": 5e-3}), Trace_ELBO())
-    for _ in range(80):
-        svi.step()
+    y, model, swag = fitted_swag(seed=4, shift=1.0, collect_start=20, steps=80)
     guide = swag.low_rank_guide()
     elbo = SABMA_ELBO(gamma=0.01)
     svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), elbo)
