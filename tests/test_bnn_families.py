@@ -123,6 +123,22 @@ def test_swag_diagonal_variance_matches_the_stationary_law_of_sgd():
     assert ((variance - exact).abs() < 4 * exact * (2 * (1 + phi ** 2) / (n * (1 - phi ** 2))).sqrt()).all()
 
 
+def test_swag_state_dict_round_trip_keeps_the_moments_and_counters():
+    y, model, guide = fitted_swag(seed=5, shift=1.0, collect_start=10, steps=30)
+    fresh = AutoSWAG(model, rank=2, collect_start=10)
+    fresh()
+    fresh.load_state_dict(guide.state_dict())
+    assert (fresh.num_collected, fresh.iterations_seen) == (guide.num_collected, guide.iterations_seen) == (20, 30)
+    torch.testing.assert_close(fresh.eval().posterior().covariance_matrix, guide.posterior().covariance_matrix)
+    def model_of_data(data):
+        gaussian_mean_model(data)()
+    with_args = AutoSWAG(model_of_data, rank=2)
+    with_args(y)
+    with pytest.raises(TypeError, match="pass the model's arguments"):
+        with_args.low_rank_guide()
+    assert with_args.low_rank_guide(y).latent_dim == 3
+
+
 def test_swag_records_each_iterate_once_under_sam_and_several_particles():
     pyro.set_rng_seed(3)
     y = torch.randn(200, 3)

@@ -71,7 +71,9 @@ class AutoSWAG(AutoContinuous):
     :param init_loc_fn: per-site initialisation (``init_to_value`` to start from a pre-trained network).
 
     ``num_collected``, ``mean``, ``sq_mean`` and ``deviations`` (``(rank, latent_dim)``, oldest first)
-    hold the moments; :meth:`posterior` the SWAG distribution.
+    hold the moments; :meth:`posterior` the SWAG distribution; ``state_dict()`` saves them with the
+    counters. ``median()`` and ``quantiles()`` follow the mode: in training mode the current iterate
+    (a point mass), after ``guide.eval()`` the SWAG posterior's.
     """
 
     def __init__(self, model: Callable, *, rank: int, collect_start: int = 0, collect_every: int = 1,
@@ -145,6 +147,14 @@ class AutoSWAG(AutoContinuous):
         return dist.LowRankMultivariateNormal(self.mean.clone(), factor,
                                               (0.5 * variance).clamp_min(self.min_variance))
 
+    def get_extra_state(self) -> dict:
+        """The counters, saved with the moments by ``state_dict()`` (restored by ``load_state_dict``)."""
+        return {"num_collected": self.num_collected, "iterations_seen": self.iterations_seen}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.num_collected = int(state["num_collected"])
+        self.iterations_seen = int(state["iterations_seen"])
+
     # ------------------------------------------------------------------ the AutoContinuous interface
     def get_posterior(self, *args, **kwargs):
         """In training mode a point mass at ``loc`` (recording the iterate); in eval mode the SWAG posterior."""
@@ -165,7 +175,11 @@ class AutoSWAG(AutoContinuous):
         factor): the starting point of SA-BMA. ``args`` are the model's, as for the first SVI step."""
         q = self.posterior()
         guide = AutoLowRankMultivariateNormal(self.model, rank=self.rank)
-        guide._setup_prototype(*args, **kwargs)
+        try:
+            guide._setup_prototype(*args, **kwargs)
+        except TypeError as err:
+            raise TypeError(f"AutoSWAG.low_rank_guide(*args, **kwargs) runs the model once to set the new guide up: "
+                            f"pass the model's arguments, those of an SVI step (e.g. low_rank_guide(X, y)); {err}") from err
         scale = q.cov_diag.sqrt()
         factor = torch.zeros(self.latent_dim, self.rank, dtype=scale.dtype, device=scale.device)
         factor[:, :q.cov_factor.shape[1]] = q.cov_factor / scale.unsqueeze(-1)
