@@ -127,9 +127,10 @@ def bma_predict(
         raise ValueError(
             f"bma_predict: none of the model's latent sites are in samples (keys {sorted(samples)})."
         )
+    has_aux = any(n + suffix in samples for n in latents)
     if use is None:
-        use = "both" if any(n + suffix in samples for n in latents) else "theta"
-    if use in ("aux", "both") and not any(n + suffix in samples for n in latents):
+        use = "both" if has_aux else "theta"
+    if use in ("aux", "both") and not has_aux:
         raise ValueError(
             f"bma_predict(use={use!r}) needs auxiliary draws named '<site>{suffix}' "
             "(from EntropySGLD or flat_posterior); these samples have none. Use use='theta'."

@@ -15,8 +15,7 @@ gives it per family, in the coordinates the optimiser steps in (``scale`` is
   ½δᵀFδ = 0.01 had an exact KL 1,400 times larger). It uses instead the Fisher of the *complete
   data* (z, ε) of the factor model :math:`z = \mu + D_\sigma W \varepsilon + D_\sigma \xi`, which is
   diagonal in per-row coordinates, never singular, and bounds the family's Fisher from above (the
-  chain rule of KL): the ball it draws lies inside the guide's own KL ball
-  (:func:`complete_data_kl` is its exact KL).
+  chain rule of KL): the ball it draws lies inside the guide's own KL ball.
 
 >>> import torch
 >>> s = torch.tensor([0.0, 1.0])
@@ -152,23 +151,4 @@ def _mahalanobis(x: torch.Tensor, sigma: torch.Tensor, w: torch.Tensor) -> torch
     return (y * y).sum() - (wy * torch.linalg.solve(capacitance, wy)).sum()
 
 
-def complete_data_kl(loc, s, w, loc0, s0, w0) -> torch.Tensor:
-    r"""The exact KL between two low-rank Gaussians written as linear-Gaussian factor models,
-    :math:`z = \mu + V\varepsilon + \Lambda^{1/2}\xi` with ε ~ N(0, I_K): the KL of the joint
-    law of (z, ε) for the covariance parameters, plus the exact Mahalanobis term of the loc,
-
-    .. math:: \tfrac12 d\mu^\top \Sigma_0^{-1} d\mu + \sum_i \tfrac12\big(r_i - 1 - \log r_i\big)
-              + \frac{\lVert V_i - V_{0,i}\rVert^2}{2\lambda_{0,i}},\qquad r_i = \lambda_i/\lambda_{0,i}.
-
-    It bounds the KL of the marginals from above (the chain rule of KL), so a perturbation inside
-    its ball is inside the guide's own KL ball. Arguments are the guide's unconstrained (loc, scale,
-    cov_factor) at the perturbed point and at the reference.
-    """
-    sigma, sigma0 = F.softplus(s), F.softplus(s0)
-    maha = _mahalanobis(loc - loc0, sigma0, w0)
-    r = (sigma / sigma0) ** 2
-    rows = ((w * sigma.unsqueeze(-1) - w0 * sigma0.unsqueeze(-1)) ** 2).sum(-1) / (2 * sigma0 ** 2)
-    return 0.5 * maha + (0.5 * (r - 1 - torch.log(r)) + rows).sum()
-
-
-__all__ = ["diagonal_fisher", "gaussian_parameters", "complete_data_kl", "GaussianParameters", "SUPPORTED"]
+__all__ = ["diagonal_fisher", "gaussian_parameters", "GaussianParameters", "SUPPORTED"]

@@ -62,11 +62,11 @@ from ..sam import check_sam_radius
 from .sam import check_base
 
 BALLS = ("kl", "euclidean", "fisher-sam")
+PARAMS = ("all", "loc")
 
 
 class GuideCovarianceError(RuntimeError):
     """The guide's covariance is not positive-definite, at φ or at the perturbed φ + δ."""
-PARAMS = ("all", "loc")
 
 
 class SABMA_ELBO(ELBO):

@@ -56,7 +56,7 @@ from pyro.infer.autoguide import AutoContinuous, AutoLowRankMultivariateNormal
 from pyro.infer.autoguide.initialization import init_to_median
 from pyro.nn import PyroParam
 
-from ..validation import check_positive_int
+from ..validation import check_nonnegative_int, check_positive, check_positive_int
 
 
 class AutoSWAG(AutoContinuous):
@@ -79,14 +79,11 @@ class AutoSWAG(AutoContinuous):
     def __init__(self, model: Callable, *, rank: int, collect_start: int = 0, collect_every: int = 1,
                  min_variance: float = 1e-30, init_loc_fn: Callable = init_to_median):
         self.rank = check_positive_int("rank", rank, hint="It is SWAG's number of deviation columns, e.g. rank=20.")
-        if isinstance(collect_start, bool) or not isinstance(collect_start, int) or collect_start < 0:
-            raise ValueError(f"collect_start must be an int >= 0 (the first iterate recorded), got {collect_start!r}")
-        self.collect_start = collect_start
+        self.collect_start = check_nonnegative_int("collect_start", collect_start,
+                                                   hint="It is the first iterate recorded (a burn-in).")
         self.collect_every = check_positive_int("collect_every", collect_every,
                                                 hint="Record every k-th iterate, e.g. one per epoch.")
-        if not (isinstance(min_variance, (int, float)) and math.isfinite(min_variance) and min_variance > 0):
-            raise ValueError(f"min_variance must be a positive finite float, got {min_variance!r}")
-        self.min_variance = float(min_variance)
+        self.min_variance = check_positive("min_variance", min_variance, hint="SWAG's reference code uses 1e-30.")
         self.iterations_seen = 0
         self.num_collected = 0
         super().__init__(model, init_loc_fn=init_loc_fn)
@@ -140,10 +137,12 @@ class AutoSWAG(AutoContinuous):
         of the unconstrained latent vector (K the columns collected, at least 2 for the low-rank part)."""
         self._check_collected()
         variance = (self.sq_mean - self.mean.square()).clamp_min(0.0)
-        columns = self.deviations.shape[0]
-        factor = self.deviations.T / math.sqrt(2.0 * max(columns - 1, 1))
-        if columns < 2:  # one deviation is 0 by construction: no low-rank part yet
-            factor = torch.zeros_like(factor)
+        deviations = self.deviations
+        columns = deviations.shape[0]
+        if columns < 2:  # the first deviation is 0 by construction: no low-rank part yet
+            factor = torch.zeros_like(deviations.T)
+        else:
+            factor = deviations.T / math.sqrt(2.0 * (columns - 1))
         return dist.LowRankMultivariateNormal(self.mean.clone(), factor,
                                               (0.5 * variance).clamp_min(self.min_variance))
 
