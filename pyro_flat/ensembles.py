@@ -80,6 +80,7 @@ def fit_ensemble(model: Callable, *args, size: int, num_steps: int, step_size: f
     :param init_strategy: where each member starts (a fresh draw per member: the prior by default).
     :param minibatches: ``"per_chain"`` (each member its own minibatches) or ``"shared"``.
     """
+    from .diagnostics import mcmc_sample_stats
     from .kernels import SAMSGD, SGD
     from .mcmc import MCMC
 
@@ -96,8 +97,7 @@ def fit_ensemble(model: Callable, *args, size: int, num_steps: int, step_size: f
                 num_chains=size, thinning=thinning, minibatches=minibatches, disable_progbar=not progress)
     mcmc.run(*args, **kwargs)
     draws = mcmc.get_samples(group_by_chain=True)
-    stats = mcmc.diagnostics()["sample_stats"]
-    potential = torch.stack([stats[f"chain {c}"]["potential_energy"] for c in range(size)])
+    potential = mcmc_sample_stats(mcmc)["potential_energy"]
     return Ensemble(members={name: value[:, -1] for name, value in draws.items()}, potential=potential,
                     num_steps=num_steps, grad_evals=int(kernel.num_grad_evals))
 

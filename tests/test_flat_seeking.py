@@ -126,31 +126,3 @@ def test_bnn_study_passes_its_preconditioner_to_every_mlp_sampler():
     with pytest.raises(StudyError, match="--preconditioner 'dense'"):
         BNNConfig(preconditioner="dense").validate()
 
-
-def _bnn_report(entropy_top_se=0.05):
-    """A BNN study report with made-up numbers, to check the sentences computed from them."""
-    def row(name, accuracy, top, top_se):
-        return {"sampler": name, "accuracy": accuracy, "nll": 0.1, "ece": 0.01, "ood_auroc": 0.8,
-                "top_eigenvalue": top, "top_eigenvalue_se": top_se, "trace": 100.0, "trace_se": 5.0,
-                "flatness_draws": 4}
-    return {"n_test": 500, "rows": [row("SGLD", 0.95, 4.0, 0.05), row("EntropySGLD θ", 0.955, 3.0, entropy_top_se),
-                                    row("SASGLD", 0.95, 3.95, 0.05)],
-            "variational": [{"sampler": "SAM_ELBO", "accuracy": 0.90}],
-            "toy": [{"sampler": "SGLD", "flat_basin": 0.30, "flat_basin_se": 0.02},
-                    {"sampler": "FlatSGLD", "flat_basin": 0.60, "flat_basin_se": 0.02}]}
-
-
-def test_bnn_findings_apply_the_two_standard_error_rule():
-    from pyro_flat.experiments.bnn import findings, plus_minus
-
-    seen = " ".join(findings(_bnn_report()))
-    assert "EntropySGLD θ's have the lowest mean top eigenvalue (3 ± 0.05), beyond 2 standard errors" in seen
-    assert "mean Hessian trace (100 ± 5, 100 ± 5, 100 ± 5): tied within 2 standard errors" in seen
-    # 0.955 against 0.95 on 500 images is well within one binomial standard error (~0.0095)
-    assert "tied within 2 standard errors" in seen.split("Test accuracy")[1]
-    assert "flatter (lower top eigenvalue beyond 2 standard errors): EntropySGLD θ;" in seen
-    assert "more accurate beyond 2 standard errors: none" in seen and "do not classify better" in seen
-    assert "FlatSGLD higher by 0.300 ± 0.028" in seen
-    blurred = " ".join(findings(_bnn_report(entropy_top_se=0.6)))  # 3 ± 0.6 against 4 ± 0.05: a tie
-    assert "flatter (lower top eigenvalue beyond 2 standard errors): none" in blurred
-    assert plus_minus(7372.0, 170.0) == "7372 ± 170" and plus_minus(3.8116, 0.034) == "3.812 ± 0.034"

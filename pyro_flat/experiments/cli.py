@@ -3,8 +3,8 @@
 - ``pyro-flat mnist79``: the MNIST 7-vs-9 study (:func:`~pyro_flat.experiments.mnist79.run_mnist79`);
 - ``pyro-flat synthetic2d``: chains started on the ridge of the 2-D sharp/flat energy, the share in
   each basin beside the exact one (:func:`~pyro_flat.experiments.synthetic2d.run_synthetic2d_study`);
-- ``pyro-flat bnn``: flat-seeking samplers on a Bayesian MLP, with flatness, calibration and
-  out-of-distribution metrics (:func:`~pyro_flat.experiments.bnn.run_bnn_study`);
+- ``pyro-flat bnn``: every BNN family, plain and sharpness-aware, on a Bayesian MLP over seeds, with
+  flatness, calibration, out-of-distribution and distribution-shift metrics (:func:`~pyro_flat.experiments.bnn.run_bnn_study`);
 - ``pyro-flat paths``: the minimum-energy path between two minima of that MLP and the curvature
   along it (:func:`~pyro_flat.experiments.paths.run_path_study`).
 
@@ -81,11 +81,11 @@ COMMANDS = {
                     "Start many chains of SGD, SGLD, EntropySGLD (several η), SASGLD and FlatSGLD at the saddle "
                     "between a sharp and a flat mode; report the share in each basin beside the exact stationary "
                     "shares; write report.md, report.json and figures."),
-    "bnn": (BNNConfig, "SGLD, EntropySGLD, SASGLD, FlatSGLD and flat-seeking SVI on a Bayesian MLP: flatness, "
-                       "accuracy, calibration, OOD detection",
-            "Train a Bayesian MLP on some MNIST digits with four samplers and three variational methods "
-            "(Trace_ELBO, SAM_ELBO, SABMA_ELBO) under one gradient budget; write report.md, report.json, "
-            "flatness.png, bma_vs_models.png and toy.png."),
+    "bnn": (BNNConfig, "every BNN family (SGLD, BBB, SWAG, MC-dropout, ensembles), plain and sharpness-aware, on a "
+                       "Bayesian MLP over seeds: flatness, calibration, OOD detection, distribution shift",
+            "Train a Bayesian MLP on some MNIST digits with each BNN family of 'Flat Seeking BNNs' and its "
+            "sharpness-aware version (and EntropySGLD, FlatSGLD, SA-BMA) under one gradient budget, at several seeds; "
+            "write report.md, report.json, families.png, shift.png and bma_vs_models.png."),
     "paths": (PathConfig, "the minimum-energy path between two minima of a Bayesian MLP, and the curvature along it",
               "Two SGLD draws of the BNN study's MLP descend to minima of the training NLL; the straight line and "
               "the minimum-energy path (NEB) join them; write the loss, top Hessian eigenvalue and trace along both "

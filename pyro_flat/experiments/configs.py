@@ -31,8 +31,13 @@ COUPLING_METRICS = ("pulled", "joint", "block")
 MINIBATCH_SCHEMES = ("per_chain", "shared")
 #: The samplers compared by ``pyro-flat bnn`` and placed against the path by ``pyro-flat paths``.
 BNN_SAMPLERS = ("sgld", "entropy-sgld", "sasgld", "flat-sgld")
-#: The variational methods of ``pyro-flat bnn``: Pyro's ELBO (BBB), SA-BBB and SA-BMA.
-VI_METHODS = ("bbb", "sam", "sabma")
+#: The BNN families of "Flat Seeking BNNs" in ``pyro-flat bnn``: each (plain, sharpness-aware) method.
+BNN_FAMILIES = {"SGLD": ("sgld", "sasgld"), "BBB": ("bbb", "sa-bbb"), "SWAG": ("swag", "sa-swag"),
+                "MC-dropout": ("dropout", "sa-dropout"), "ensemble": ("ensemble", "sa-ensemble")}
+#: Its other methods, each against a baseline: EntropySGLD and FlatSGLD against SGLD, SA-BMA against BBB.
+BNN_EXTRAS = {"entropy-sgld": "sgld", "flat-sgld": "sgld", "sabma": "bbb"}
+#: Every method of ``pyro-flat bnn``, in the order it runs them.
+BNN_METHODS = tuple(m for pair in BNN_FAMILIES.values() for m in pair) + tuple(BNN_EXTRAS)
 
 
 def option(default: Any, help: str, **settings) -> Any:
@@ -248,13 +253,15 @@ class Synthetic2DConfig(StudyConfig):
 
 @dataclass
 class BNNConfig(StudyConfig):
-    """Settings of the BNN flatness study (the defaults are the CLI's; :meth:`reduced` shrinks
-    the budgets for tests and the tutorials' reduced mode).
+    """Settings of the BNN study (the defaults are the CLI's; :meth:`reduced` shrinks the budgets for
+    tests and the tutorials' reduced mode).
 
-    Every chain of every sampler gets ``grad_evals`` gradient evaluations (SASGLD needs two per
-    iteration, so it makes half as many iterations); the first ``warmup_fraction`` is burn-in and
-    ``num_draws`` evenly spaced draws of the rest, per chain, form the Bayesian model average over
-    all ``num_chains`` chains.
+    Every trajectory of every method (a chain, an ensemble member, a variational fit) gets
+    ``grad_evals`` gradient evaluations; a SAM step takes two, so the sharpness-aware methods make
+    half as many steps. Samplers keep ``num_draws`` evenly spaced draws per chain after the first
+    ``warmup_fraction`` of the run; the variational and SWAG fits give ``num_chains * num_draws``
+    draws of their posterior, MC-dropout as many masks; an ensemble has ``num_chains`` members. The
+    whole study runs once per seed, ``seed`` to ``seed + seeds - 1``.
 
     ``preconditioner="diagonal"`` gives the samplers on the MLP the diagonal metric of
     :mod:`pyro_flat.kernels.preconditioning` (``step_size`` then in its units). It did not help
@@ -264,47 +271,51 @@ class BNNConfig(StudyConfig):
     """
 
     data_dir: Optional[str] = option(None, DATA_DIR_HELP, default_text=DATA_DIR_DEFAULT)
+    methods: Tuple[str, ...] = option(BNN_METHODS, "methods to fit (a family's two methods are compared)",
+                                      choices=BNN_METHODS)
+    seeds: int = option(3, "seeds: the study runs from --seed, --seed + 1, ...; figures are mean ± standard "
+                           "error over them")
     in_digits: Tuple[int, ...] = (0, 1, 2, 3, 4)
     hidden: Tuple[int, ...] = (100,)
     prior_scale: float = 0.1
     batch_size: int = 100
-    grad_evals: int = option(6000, "gradient evaluations per chain and sampler")
-    num_chains: int = option(4, "chains per sampler, run as one batched network")
-    step_size: float = option(5e-5, "Langevin step; with --preconditioner diagonal in the metric's units (try 0.01)",
+    grad_evals: int = option(1500, "gradient evaluations per chain, ensemble member and variational fit")
+    num_chains: int = option(4, "chains per sampler and members per ensemble, run as one batched network")
+    step_size: float = option(5e-5, "step of SGLD and its variants, and SGD's of SWAG, MC-dropout and the ensembles; "
+                                    "with --preconditioner diagonal the samplers' in the metric's units (try 0.01)",
                               default_text="5e-05")
     preconditioner: str = option("none", "metric of the samplers on the MLP (none: it did not help here)",
                                  choices=("none", "diagonal"))
     temperature: float = 1.0
     eta: float = option(1e-3, "EntropySGLD coupling")
-    rho: float = option(0.5, "SASGLD radius")
+    rho: float = option(0.5, "SAM radius in weight space: SASGLD, SA-SWAG, SA-MC-dropout, SA-ensemble")
     sigma: float = option(0.01, "FlatSGLD perturbation sd")
+    dropout: float = option(0.1, "MC-dropout's probability of zeroing a hidden unit")
+    swag_rank: int = option(10, "SWAG's number of deviation columns")
     warmup_fraction: float = 0.5
     num_draws: int = 20
     flatness_draws: int = 4
-    trace_probes: int = 30
-    slq_probes: int = 3
-    slq_steps: int = 60
-    sam_rho: float = option(0.05, "SAM_ELBO radius")
+    trace_probes: int = 10
+    sam_rho: float = option(0.05, "SA-BBB's SAM_ELBO radius (in the guide's parameters)")
     sabma_gamma: float = option(0.01, "SABMA_ELBO KL-ball size")
-    svi_lr: float = option(1e-3, "Adam step of the SVI fits")
-    svi_grad_evals: Optional[int] = option(None, "gradient evaluations of each SVI fit", type=int,
-                                           default_text="--grad-evals, the samplers' budget")
+    svi_lr: float = option(0.01, "first Adam step of the BBB, SA-BBB and SA-BMA fits (it falls tenfold over the run)")
     svi_init_scale: float = 0.01
+    rotations: Tuple[float, ...] = option((15.0, 30.0, 45.0, 60.0), "rotations (degrees) of the shifted test sets")
+    noise_sds: Tuple[float, ...] = option((0.2, 0.4, 0.6, 0.8), "additive noise sds (pixels in [0, 1]) of the "
+                                                               "shifted test sets")
     toy_chains: int = 400
     toy_grad_evals: int = 6000
     toy_step_size: float = 0.004
     toy_eta: float = 1.0
     toy_rho: float = 0.1
     toy_sigma: float = 0.3
-    curve_points: int = 17
-    curve_directions: int = 8
     out: str = out_option("pyro-flat-out/bnn")
 
     COMMAND: ClassVar[str] = "bnn"
-    #: 2 chains x 600 gradient evaluations, fewer probes
+    #: 2 seeds x 2 chains x 120 gradient evaluations, few probes and shifts
     REDUCED: ClassVar[Dict[str, object]] = dict(
-        num_chains=2, grad_evals=600, num_draws=10, flatness_draws=2, trace_probes=8, slq_probes=1, slq_steps=20,
-        toy_chains=100, toy_grad_evals=2000, curve_points=9, curve_directions=3)
+        seeds=2, num_chains=2, grad_evals=120, num_draws=4, flatness_draws=1, trace_probes=3, swag_rank=3,
+        rotations=(30.0,), noise_sds=(0.4,), toy_chains=100, toy_grad_evals=2000)
 
     def step(self, toy: bool) -> float:
         return self.toy_step_size if toy else self.step_size
@@ -321,18 +332,24 @@ class BNNConfig(StudyConfig):
         super().validate()
         if self.preconditioner not in ("none", "diagonal"):
             raise StudyError(f"--preconditioner {self.preconditioner!r} is not one of none, diagonal")
+        unknown = [m for m in self.methods if m not in BNN_METHODS]
+        if unknown or not self.methods:
+            raise StudyError(f"--methods takes one or more of {', '.join(BNN_METHODS)}; got "
+                             f"{', '.join(map(str, self.methods)) or 'none'}")
         self.require_positive("prior_scale", "step_size", "temperature", "eta", "rho", "sigma", "toy_step_size",
                               "toy_eta", "toy_rho", "toy_sigma", "svi_lr", "svi_init_scale", "sam_rho", "sabma_gamma")
         if not 0.0 <= self.warmup_fraction < 1.0:
             raise StudyError(f"--warmup-fraction must lie in [0, 1), got {self.warmup_fraction}")
-        self.require_int(2, "grad_evals")
-        self.require_int(1, "num_chains", "batch_size")
+        if not 0.0 <= self.dropout < 1.0:
+            raise StudyError(f"--dropout must lie in [0, 1), got {self.dropout}")
+        self.require_int(16, "grad_evals")  # a SAM trajectory of 8 steps: the least an ensemble takes
+        self.require_int(1, "num_chains", "batch_size", "seeds", "swag_rank")
         if min(self.num_draws, self.flatness_draws, self.toy_chains) < 1:
             raise StudyError("the draw counts and the toy study's chains must be >= 1")
-        if self.svi_grad_evals is not None and self.svi_grad_evals < 2:
-            raise StudyError(f"--svi-grad-evals must be >= 2, got {self.svi_grad_evals}")
         if self.trace_probes < 2:
             raise StudyError("--trace-probes must be >= 2 (the trace's standard error needs two)")
+        if any(not 0.0 <= s for s in self.noise_sds):
+            raise StudyError(f"--noise-sds must be >= 0, got {', '.join(map(str, self.noise_sds))}")
 
 @dataclass
 class PathConfig(StudyConfig):

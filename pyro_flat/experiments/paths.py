@@ -48,7 +48,7 @@ from .path_dynamics import dynamics_findings, plot_dynamics, run_path_dynamics
 def _last_draws(key: str, config: PathConfig, model, data, log) -> dict:
     """The last draw of each of two chains of sampler ``key``, run as the BNN study runs it: ``{label:
     [draw, draw]}`` (for EntropySGLD, θ and θa)."""
-    from .bnn import BNNConfig, sample_chains, sampler_label
+    from .bnn_families import BNNConfig, sample_chains, sampler_label
 
     bnn = BNNConfig(data_dir=config.data_dir, in_digits=config.in_digits, hidden=config.hidden,
                     prior_scale=config.prior_scale, batch_size=config.batch_size, step_size=config.step_size,

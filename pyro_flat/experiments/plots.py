@@ -56,9 +56,9 @@ def plot_bma_by_ensemble_size(ensembles: Mapping[str, Mapping[str, Sequence[floa
     for i, (label, e) in enumerate(ensembles.items()):
         ax_nll.plot(e["models"], e["nll"], color=f"C{i}", lw=1.5, label=label)
         ax_acc.plot(e["models"], e["accuracy"], color=f"C{i}", lw=1.5, label=label)
-    ax_nll.set(xscale="log", xlabel="number of averaged draws of q (log scale)", ylabel="test NLL per image",
+    ax_nll.set(xscale="log", xlabel="number of averaged draws (log scale)", ylabel="test NLL per image",
                title="BMA negative log-likelihood (lower is better)")
-    ax_acc.set(xscale="log", xlabel="number of averaged draws of q (log scale)", ylabel="test accuracy",
+    ax_acc.set(xscale="log", xlabel="number of averaged draws (log scale)", ylabel="test accuracy",
                title=f"BMA accuracy ({num_test} test images: one image = {1 / num_test:.4f})")
     for ax in (ax_nll, ax_acc):
         ax.grid(alpha=0.3)

@@ -1,0 +1,144 @@
+"""The BNN study's pieces: the shifted test sets, the loss trend, the pairing of every family's two
+methods, and the counting of the paper's claim from paired differences over seeds."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pyro_flat.datasets import DigitsOOD
+from pyro_flat.experiments.bnn_families import fit_method, loss_trend
+from pyro_flat.experiments.bnn_report import findings, summarize
+from pyro_flat.experiments.configs import BNN_FAMILIES, BNNConfig
+from pyro_flat.models import BayesianMLP
+from pyro_flat.shift import add_noise, rotate_images, shifted_test_sets
+
+
+def test_a_quarter_turn_is_numpys_rot90_and_four_give_the_image_back():
+    images = torch.rand(3, 784)
+    turned = rotate_images(images, 90.0)
+    expected = torch.from_numpy(np.rot90(images.reshape(3, 28, 28).numpy(), k=1, axes=(1, 2)).copy()).reshape(3, 784)
+    assert torch.allclose(turned, expected, atol=1e-5)
+    back = images
+    for _ in range(4):
+        back = rotate_images(back, 90.0)
+    assert torch.allclose(back, images, atol=1e-5)
+    assert torch.allclose(rotate_images(images, 0.0), images, atol=1e-5)
+
+
+def test_a_rotation_keeps_a_centred_blob_and_moves_an_offset_one_on_its_circle():
+    yy, xx = torch.meshgrid(torch.arange(28.0), torch.arange(28.0), indexing="ij")
+    blob = torch.exp(-((yy - 13.5) ** 2 + (xx - 20.0) ** 2) / 4.0).reshape(1, 784)
+    turned = rotate_images(blob, 30.0).reshape(28, 28)
+    mass = turned.sum()
+    assert float(mass) == pytest.approx(float(blob.sum()), rel=1e-3)  # well inside the frame: nothing lost
+    cy, cx = float((turned * yy).sum() / mass), float((turned * xx).sum() / mass)
+    # the centre of mass, 6.5 right of the image centre, turns 30 degrees counter-clockwise on screen
+    assert cx == pytest.approx(13.5 + 6.5 * math.cos(math.radians(30)), abs=0.05)
+    assert cy == pytest.approx(13.5 - 6.5 * math.sin(math.radians(30)), abs=0.05)
+
+
+def test_noise_has_the_asked_sd_is_clipped_and_seeded():
+    grey = torch.full((400, 784), 0.5)
+    noisy = add_noise(grey, 0.1, torch.Generator().manual_seed(0))
+    n = noisy.numel()
+    # 5 sd from both clips: the clipped law is the Gaussian's up to 6e-7 of the mass
+    assert float(noisy.mean()) == pytest.approx(0.5, abs=4 * 0.1 / math.sqrt(n))
+    assert float(noisy.std()) == pytest.approx(0.1, rel=4 / math.sqrt(2 * n))
+    loud = add_noise(grey, 2.0, torch.Generator().manual_seed(0))
+    assert float(loud.min()) == 0.0 and float(loud.max()) == 1.0
+    assert torch.equal(add_noise(grey, 0.0, torch.Generator()), grey)
+    sets = shifted_test_sets(grey[:5], rotations=(), noise_sds=(0.3,), seed=4)
+    assert torch.equal(sets[0][2], shifted_test_sets(grey[:5], rotations=(), noise_sds=(0.3,), seed=4)[0][2])
+    with pytest.raises(ValueError, match="sd must be >= 0"):
+        add_noise(grey, -0.1, torch.Generator())
+    with pytest.raises(ValueError, match="not a square number"):
+        rotate_images(torch.rand(2, 10), 30.0)
+
+
+def test_loss_trend_reads_the_last_two_fifths():
+    falling = torch.linspace(10.0, 1.0, 50)[None]  # falls by 9/49 per record: 10 records per fifth
+    drop, se = loss_trend(falling)
+    assert drop == pytest.approx(10 * 9 / 49, rel=1e-6) and se > 0
+    two = torch.ones(2, 50)
+    two[0, -10:], two[1, -10:] = 0.9, 1.1
+    drop, se = loss_trend(two)  # two trajectories: the mean of their drops, 0.1 and -0.1, ± sd/√2
+    assert drop == pytest.approx(0.0, abs=1e-12) and se == pytest.approx(0.1, rel=1e-6)
+
+
+def _runs(effects, seeds=3, noise=0.02):
+    """Made-up runs: for each family (top-eigenvalue change, ECE change) of its sharpness-aware
+    method, plus a seed-to-seed wobble shared by both methods of a seed (what pairing removes) and a
+    wobble of their own, laid out so that each paired difference has standard error ``noise`` (a
+    tenth of it for the ECE) about its effect."""
+    rng = np.random.default_rng(0)
+    own = {0: (1.0, -1.0, 0.0), 1: (0.0, 1.0, -1.0)}  # plain's and sharp's: differences (-1, 2, -1), sd 3^0.5
+    runs = []
+    for family, (plain, sharp) in BNN_FAMILIES.items():
+        d_top, d_ece = effects[family]
+        for seed in range(seeds):
+            shared = rng.normal(0.0, 1.0)  # large: unpaired errors would hide every effect
+            for k, (method, top, ece) in enumerate(((plain, 10.0, 0.10), (sharp, 10.0 + d_top, 0.10 + d_ece))):
+                wobble = own[k][seed % 3]
+                runs.append({"label": family if method == plain else "SA-" + family, "method": method,
+                             "seed": seed, "steps": 10, "grad_evals": 10, "seconds": 1.0, "loss_drop": 0.0,
+                             "loss_drop_se": 0.01, "accuracy": 0.9, "nll": 0.3, "ood_auroc": 0.8,
+                             "top_eigenvalue": top + shared + noise * wobble,
+                             "trace": 100.0 + shared, "ece": ece + 0.1 * shared + noise / 10 * wobble,
+                             "shift": [{"kind": "rotation", "strength": 30.0, "accuracy": 0.8, "nll": 0.5 + shared,
+                                        "ece": 0.2}]})
+    return runs
+
+
+def test_the_claim_is_counted_from_paired_differences_beyond_two_standard_errors():
+    effects = {"SGLD": (-1.0, -0.02), "BBB": (-1.0, 0.0), "SWAG": (0.0, -0.02), "MC-dropout": (1.0, 0.02),
+               "ensemble": (-1.0, -0.02)}
+    report = {"runs": _runs(effects), **summarize(_runs(effects))}
+    verdicts = {p["family"]: (p["top_eigenvalue"]["verdict"], p["ece"]["verdict"]) for p in report["pairs"]}
+    assert verdicts == {"SGLD": ("better", "better"), "BBB": ("better", "tie"), "SWAG": ("tie", "better"),
+                        "MC-dropout": ("worse", "worse"), "ensemble": ("better", "better")}
+    text = " ".join(findings(report))
+    assert "holds here for 2 of the 5 families (SGLD, ensemble)" in text
+    assert "Flatter (lower top eigenvalue): 3 (SGLD, BBB, ensemble); sharper: MC-dropout." in text
+    assert "Better calibrated (lower ECE): 3 (SGLD, SWAG, ensemble); worse: MC-dropout." in text
+    assert "Every fit's objective had stopped falling" in text
+    row = next(r for r in report["rows"] if r["label"] == "SGLD")
+    pair = next(p for p in report["pairs"] if p["family"] == "SGLD")  # unpaired, the seeds' wobble swamps the effect
+    assert row["top_eigenvalue"]["n"] == 3 and row["top_eigenvalue"]["se"] > 5 * pair["top_eigenvalue"]["se"]
+
+
+def test_one_seed_counts_no_claim():
+    report = summarize(_runs({f: (-1.0, -0.02) for f in BNN_FAMILIES}, seeds=1))
+    assert {p["top_eigenvalue"]["verdict"] for p in report["pairs"]} == {"one seed"}
+    assert findings(report)[0].startswith("One seed: no error bars, so no claim is counted")
+
+
+@pytest.fixture(scope="module")
+def small_data():
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(120, 16, generator=g)
+    y = (X[:, 0] > X[:, 1]).long()
+    return DigitsOOD(X[:80], y[:80], X[80:], y[80:], torch.rand(20, 16, generator=g), (0, 1), (2,))
+
+
+@pytest.mark.parametrize("family", list(BNN_FAMILIES))
+def test_a_family_s_two_methods_start_from_the_same_weights(family, small_data):
+    """The pairing of the report: at one seed the plain and the sharpness-aware method start from
+    the same weights (with a vanishing step they end there too), and at another seed elsewhere."""
+    # steps small enough to leave the weights within 0.01 of the start, large enough to move SWAG's iterates
+    config = BNNConfig(hidden=(4,), batch_size=20, grad_evals=16, num_chains=2, num_draws=2, step_size=1e-7,
+                       svi_lr=1e-7, svi_init_scale=1e-6, rho=1e-6, sam_rho=1e-6, swag_rank=2, progress=False)
+    net = BayesianMLP(16, (4,), 2)
+    plain, sharp = (fit_method(m, config, net, small_data, seed=3) for m in BNN_FAMILIES[family])
+    other = fit_method(BNN_FAMILIES[family][0], config, net, small_data, seed=4)
+    for name, value in plain.flat_points.items():
+        assert torch.allclose(sharp.flat_points[name], value, atol=0.01), name
+    assert not torch.allclose(other.flat_points["layers.0.weight"], plain.flat_points["layers.0.weight"], atol=0.01)
+    assert sharp.steps == plain.steps // 2 and plain.grad_evals == sharp.grad_evals == 16
+
+
+def test_plus_minus_rounds_both_to_the_error_s_second_digit():
+    from pyro_flat.experiments.bnn_report import plus_minus
+
+    assert plus_minus(7372.0, 170.0) == "7372 ± 170" and plus_minus(3.8116, 0.034) == "3.812 ± 0.034"
