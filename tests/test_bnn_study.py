@@ -68,32 +68,33 @@ def test_loss_trend_reads_the_last_two_fifths():
 
 
 def _runs(effects, seeds=3, noise=0.02):
-    """Made-up runs: for each family (top-eigenvalue change, ECE change) of its sharpness-aware
-    method, plus a seed-to-seed wobble shared by both methods of a seed (what pairing removes) and a
+    """Made-up runs: for each family (top-eigenvalue change, ECE change[, accuracy change, shifted
+    NLL change]) of its sharpness-aware method, plus a seed-to-seed wobble shared by both methods of a seed (what pairing removes) and a
     wobble of their own, laid out so that each paired difference has standard error ``noise`` (a
     tenth of it for the ECE) about its effect."""
     rng = np.random.default_rng(0)
     own = {0: (1.0, -1.0, 0.0), 1: (0.0, 1.0, -1.0)}  # plain's and sharp's: differences (-1, 2, -1), sd 3^0.5
     runs = []
     for family, (plain, sharp) in BNN_FAMILIES.items():
-        d_top, d_ece = effects[family]
+        d_top, d_ece, d_acc, d_shift = (tuple(effects[family]) + (0.0, 0.0))[:4]
         for seed in range(seeds):
             shared = rng.normal(0.0, 1.0)  # large: unpaired errors would hide every effect
-            for k, (method, top, ece) in enumerate(((plain, 10.0, 0.10), (sharp, 10.0 + d_top, 0.10 + d_ece))):
+            for k, method in enumerate((plain, sharp)):
+                top, ece, acc, nll = 10.0 + k * d_top, 0.10 + k * d_ece, 0.9 + k * d_acc, 0.5 + k * d_shift
                 wobble = own[k][seed % 3]
                 runs.append({"label": family if method == plain else "SA-" + family, "method": method,
                              "seed": seed, "steps": 10, "grad_evals": 10, "seconds": 1.0, "loss_drop": 0.0,
-                             "loss_drop_se": 0.01, "accuracy": 0.9, "nll": 0.3, "ood_auroc": 0.8,
+                             "loss_drop_se": 0.01, "accuracy": acc + 0.01 * wobble, "nll": 0.3, "ood_auroc": 0.8,
                              "top_eigenvalue": top + shared + noise * wobble,
                              "trace": 100.0 + shared, "ece": ece + 0.1 * shared + noise / 10 * wobble,
-                             "shift": [{"kind": "rotation", "strength": 30.0, "accuracy": 0.8, "nll": 0.5 + shared,
-                                        "ece": 0.2}]})
+                             "shift": [{"kind": "rotation", "strength": 30.0, "accuracy": 0.8,
+                                        "nll": nll + shared + noise * wobble, "ece": 0.2}]})
     return runs
 
 
 def test_the_claim_is_counted_from_paired_differences_beyond_two_standard_errors():
-    effects = {"SGLD": (-1.0, -0.02), "BBB": (-1.0, 0.0), "SWAG": (0.0, -0.02), "MC-dropout": (1.0, 0.02),
-               "ensemble": (-1.0, -0.02)}
+    effects = {"SGLD": (-1.0, -0.02, 0.05, -0.1), "BBB": (-1.0, 0.0, -0.05, 0.1), "SWAG": (0.0, -0.02),
+               "MC-dropout": (1.0, 0.02), "ensemble": (-1.0, -0.02, 0.0, -0.1)}
     report = {"runs": _runs(effects), **summarize(_runs(effects))}
     verdicts = {p["family"]: (p["top_eigenvalue"]["verdict"], p["ece"]["verdict"]) for p in report["pairs"]}
     assert verdicts == {"SGLD": ("better", "better"), "BBB": ("better", "tie"), "SWAG": ("tie", "better"),
@@ -102,7 +103,11 @@ def test_the_claim_is_counted_from_paired_differences_beyond_two_standard_errors
     assert "holds here for 2 of the 5 families (SGLD, ensemble)" in text
     assert "Flatter (lower top eigenvalue): 3 (SGLD, BBB, ensemble); sharper: MC-dropout." in text
     assert "Better calibrated (lower ECE): 3 (SGLD, SWAG, ensemble); worse: MC-dropout." in text
-    assert "Every fit's objective had stopped falling" in text
+    assert "No fit's objective was still falling" in text
+    accuracy = {p["family"]: p["accuracy"]["verdict"] for p in report["pairs"]}  # higher is better
+    assert accuracy == {"SGLD": "better", "BBB": "worse", "SWAG": "tie", "MC-dropout": "tie", "ensemble": "tie"}
+    assert "rotation at its strongest (30°), sharpness-aware against plain over the 5 families: NLL better in 2, " \
+           "worse in 1" in text
     row = next(r for r in report["rows"] if r["label"] == "SGLD")
     pair = next(p for p in report["pairs"] if p["family"] == "SGLD")  # unpaired, the seeds' wobble swamps the effect
     assert row["top_eigenvalue"]["n"] == 3 and row["top_eigenvalue"]["se"] > 5 * pair["top_eigenvalue"]["se"]
@@ -135,10 +140,33 @@ def test_a_family_s_two_methods_start_from_the_same_weights(family, small_data):
     for name, value in plain.flat_points.items():
         assert torch.allclose(sharp.flat_points[name], value, atol=0.01), name
     assert not torch.allclose(other.flat_points["layers.0.weight"], plain.flat_points["layers.0.weight"], atol=0.01)
-    assert sharp.steps == plain.steps // 2 and plain.grad_evals == sharp.grad_evals == 16
+    assert sharp.steps == plain.steps // 2 == 8
+    assert (plain.grad_evals, sharp.grad_evals) == (plain.steps, 2 * sharp.steps)
 
 
 def test_plus_minus_rounds_both_to_the_error_s_second_digit():
     from pyro_flat.experiments.bnn_report import plus_minus
 
     assert plus_minus(7372.0, 170.0) == "7372 ± 170" and plus_minus(3.8116, 0.034) == "3.812 ± 0.034"
+
+
+def test_evaluate_predicts_with_dropout_and_measures_flatness_without(small_data):
+    """MC-dropout's BMA averages fresh masks; its Hessian is the deterministic network's, so it equals
+    that of the same weights in a network without dropout."""
+    from pyro_flat.experiments.bnn import evaluate
+    from pyro_flat.experiments.bnn_families import Fit
+
+    config = BNNConfig(flatness_draws=1, trace_probes=4)
+    torch.manual_seed(0)
+    point = {"layers.0.weight": 2 * torch.randn(1, 8, 16), "layers.0.bias": torch.randn(1, 8),
+             "layers.1.weight": 2 * torch.randn(1, 2, 8), "layers.1.bias": torch.randn(1, 2)}
+    draws = {k: v.expand(64, *v.shape[1:]) for k, v in point.items()}
+    rows = {}
+    for p in (0.0, 0.5):
+        fit = Fit("dropout", BayesianMLP(16, (8,), 2, dropout=p), draws, point, ("theta",), 1, 1, 0.0,
+                  torch.zeros(1, 10))
+        torch.manual_seed(1)
+        rows[p] = evaluate(fit, "theta", config, small_data, [], seed=0)
+    assert rows[0.5]["top_eigenvalue"] == pytest.approx(rows[0.0]["top_eigenvalue"], rel=1e-5)
+    assert rows[0.5]["trace"] == pytest.approx(rows[0.0]["trace"], rel=1e-5)
+    assert abs(rows[0.5]["nll"] - rows[0.0]["nll"]) > 0.01  # 64 masks averaged: not the deterministic net

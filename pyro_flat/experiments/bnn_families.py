@@ -12,8 +12,8 @@ family          plain                    sharpness-aware (the one SAM step,     
                                          :func:`pyro_flat.sam.sam_perturbation`)
 ==============  =======================  ==========================================  ============
 SGLD            ``sgld``                 ``sasgld`` (ρ)                              C chains
-BBB             ``bbb`` (Trace_ELBO)     ``sa-bbb`` (SAM_ELBO, ``sam_rho`` on q's    SVI, Adam
-                                         parameters)
+BBB             ``bbb`` (Trace_ELBO)     ``sa-bbb`` (SAM_ELBO, ``sam_rho`` in        SVI, Adam
+                                         weight space at each draw θ ~ q)
 SWAG            ``swag`` (AutoSWAG, SGD) ``sa-swag`` (SAM iterates, ρ)               SVI, SGD
 MC-dropout      ``dropout`` (AutoDelta)  ``sa-dropout`` (ρ)                          SVI, SGD
 ensemble        ``ensemble`` (C members) ``sa-ensemble`` (ρ)                         C chains
@@ -21,7 +21,7 @@ ensemble        ``ensemble`` (C members) ``sa-ensemble`` (ρ)                   
 
 and, against a baseline, ``entropy-sgld`` and ``flat-sgld`` (SGLD's) and ``sabma`` (SA-BMA,
 BBB's). The SGD-based methods share ``step_size`` and ρ, so the sharpness-aware versions differ from
-their baselines by the SAM step alone.
+their baselines in the SAM step (and so make half as many steps).
 
 >>> from pyro_flat.experiments.configs import BNNConfig, BNN_FAMILIES
 >>> [pair for pair in BNN_FAMILIES.values()][:2]
@@ -91,6 +91,8 @@ def loss_trend(records) -> Tuple[float, float]:
     (they are independent); one: the difference of the two fifths' means ± the error of each
     (minibatch noise between steps, taken as independent).
 
+    With one trajectory of fewer than 10 records (a fifth of one record) the error is unknown: nan.
+
     >>> loss_trend(torch.tensor([[5.0, 5.0, 4.0, 4.0, 3.0, 3.0, 2.0, 2.0, 1.0, 1.0]]))
     (1.0, 0.0)
     """
@@ -102,14 +104,20 @@ def loss_trend(records) -> Tuple[float, float]:
     drops = before.mean(1) - last.mean(1)
     if len(drops) > 1:
         return float(drops.mean()), float(drops.std() / np.sqrt(len(drops)))
-    se = torch.sqrt(before.var(1, unbiased=True) / before.shape[1] + last.var(1, unbiased=True) / last.shape[1]) \
-        if fifth > 1 else torch.zeros(1, dtype=torch.float64)
+    if fifth < 2:
+        return float(drops[0]), float("nan")
+    se = torch.sqrt(before.var(1, unbiased=True) / before.shape[1] + last.var(1, unbiased=True) / last.shape[1])
     return float(drops[0]), float(se[0])
 
 
 def steps_for(method: str, config: BNNConfig) -> int:
     """Steps per trajectory within the budget of ``config.grad_evals`` gradient evaluations."""
     return config.grad_evals // (2 if method in TWO_GRADIENT_METHODS else 1)
+
+
+def _spent(method: str, config: BNNConfig) -> int:
+    """The gradient evaluations an SVI fit of ``method`` makes: its steps times their cost."""
+    return steps_for(method, config) * (2 if method in TWO_GRADIENT_METHODS else 1)
 
 
 def make_bnn_kernel(name: str, config: BNNConfig, model_or_potential, toy: bool = False):
@@ -157,7 +165,8 @@ def _chain_records(mcmc, n_train: int) -> torch.Tensor:
 
 def _fit_sampler(method: str, config: BNNConfig, net: BayesianMLP, data) -> Fit:
     mcmc, kernel, iterations, seconds = _run_chains(method, config, net, data)
-    samples = {k: v.flatten(0, 1) for k, v in mcmc.get_samples(group_by_chain=True).items()}  # chain-major
+    # draw-major (draw 1 of every chain, then draw 2, ...): the first m draws span the chains
+    samples = {k: v.transpose(0, 1).flatten(0, 1) for k, v in mcmc.get_samples(group_by_chain=True).items()}
     uses = ("theta", "aux") if any(k.endswith("_aux") for k in samples) else ("theta",)
     return Fit(method, net, samples, samples, uses, iterations, kernel.num_grad_evals, seconds,
                _chain_records(mcmc, len(data.X_train)))
@@ -221,8 +230,8 @@ def _fit_bbb(method: str, config: BNNConfig, net: BayesianMLP, data) -> Fit:
     optim = pyro.optim.ClippedAdam({"lr": config.svi_lr, "lrd": decay})
     records, seconds = _svi(method, config, net, guide, optim, loss, data)
     samples = _guide_draws(guide, config.num_chains * config.num_draws, data, config)
-    return Fit(method, net, samples, samples, ("theta",), steps_for(method, config), config.grad_evals, seconds,
-               records)
+    return Fit(method, net, samples, samples, ("theta",), steps_for(method, config), _spent(method, config),
+               seconds, records)
 
 
 def _fit_swag(method: str, config: BNNConfig, net: BayesianMLP, data) -> Fit:
@@ -231,7 +240,7 @@ def _fit_swag(method: str, config: BNNConfig, net: BayesianMLP, data) -> Fit:
     from ..variational import AutoSWAG
 
     steps = steps_for(method, config)
-    window = steps - steps // 2  # the second half is collected, SWAG's moments at most once an epoch
+    window = steps - steps // 2  # the second half is collected, at least once an epoch
     epoch = -(-len(data.X_train) // config.batch_size)
     rank = min(config.swag_rank, max(2, window // 2))
     every = max(1, min(epoch, window // (2 * rank)))
@@ -240,7 +249,7 @@ def _fit_swag(method: str, config: BNNConfig, net: BayesianMLP, data) -> Fit:
                             _sam_or_plain(method, config.rho), data)
     guide.eval()
     samples = _guide_draws(guide, config.num_chains * config.num_draws, data, config)
-    return Fit(method, net, samples, samples, ("theta",), steps, config.grad_evals, seconds, records)
+    return Fit(method, net, samples, samples, ("theta",), steps, _spent(method, config), seconds, records)
 
 
 def _fit_dropout(method: str, config: BNNConfig, net: BayesianMLP, data) -> Fit:
@@ -254,7 +263,7 @@ def _fit_dropout(method: str, config: BNNConfig, net: BayesianMLP, data) -> Fit:
                             _sam_or_plain(method, config.rho), data)
     point = _guide_draws(guide, 1, data, config)
     samples = {k: v.expand(config.num_chains * config.num_draws, *v.shape[1:]) for k, v in point.items()}
-    return Fit(method, dropout_net, samples, point, ("theta",), steps_for(method, config), config.grad_evals,
+    return Fit(method, dropout_net, samples, point, ("theta",), steps_for(method, config), _spent(method, config),
                seconds, records)
 
 

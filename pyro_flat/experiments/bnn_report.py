@@ -3,8 +3,9 @@ r"""What ``pyro-flat bnn`` reports: every number over seeds, each family's paire
 :func:`summarize` turns the per-seed rows into mean ± standard error over seeds per method, and
 each sharpness-aware method's **paired difference** from its baseline (the two share a seed, so
 their initial weights and data): :math:`\bar d \pm \mathrm{se}(d)`, :math:`d_s = m_{SA,s} - m_{s}`.
-A difference counts when :math:`|\bar d| > 2\,\mathrm{se}(d)` over at least two seeds (with three
-seeds this is a loose test: a t-test at 95 % would ask for 4.3 standard errors; the report says so).
+A difference counts when :math:`|\bar d| > 2\,\mathrm{se}(d)` over at least two seeds (with few
+seeds a loose test: a two-sided t-test at 95 % would ask for :func:`t_critical` standard errors, 4.3
+at three seeds; the report says so).
 :func:`findings` computes the sentences; :func:`report_markdown` and the figures show the rest.
 
 >>> runs = [{"label": l, "method": m, "seed": s, "top_eigenvalue": t, "ece": 0.1, "accuracy": 0.9, "nll": 0.3,
@@ -33,6 +34,17 @@ METRICS = {"accuracy": False, "nll": True, "ece": True, "ood_auroc": False, "top
 NAMES = {"accuracy": "accuracy", "nll": "NLL", "ece": "ECE", "ood_auroc": "OOD AUROC",
          "top_eigenvalue": "top eigenvalue", "trace": "trace"}
 SHIFT_METRICS = ("accuracy", "nll", "ece")
+
+
+def t_critical(n: int) -> float:
+    """Standard errors a mean of ``n`` paired differences must exceed for a two-sided t-test at 95 %.
+
+    >>> round(t_critical(3), 2), round(t_critical(30), 2)
+    (4.3, 2.05)
+    """
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, n - 1)) if n >= 2 else float("inf")
 
 
 def _stat(values) -> dict:
@@ -86,10 +98,11 @@ def summarize(runs: List[dict]) -> dict:
                "steps": mine[0]["steps"], "grad_evals": mine[0]["grad_evals"],
                "seconds": float(np.mean([r["seconds"] for r in mine]))}
         row.update({name: _stat([r[name] for r in mine]) for name in METRICS})
-        drops = [r["loss_drop"] for r in mine]
-        drop_se = math.sqrt(sum(r["loss_drop_se"] ** 2 for r in mine if np.isfinite(r["loss_drop_se"]))) / len(mine)
-        row["loss_drop"] = {"mean": float(np.mean(drops)), "se": drop_se,
-                            "falling": bool(np.mean(drops) > TIE_SIGMAS * drop_se)}
+        known = [r for r in mine if np.isfinite(r["loss_drop_se"])]  # seeds whose drop has an error
+        drop = float(np.mean([r["loss_drop"] for r in known])) if known else float("nan")
+        drop_se = math.sqrt(sum(r["loss_drop_se"] ** 2 for r in known)) / len(known) if known else float("nan")
+        row["loss_drop"] = {"mean": drop, "se": drop_se, "falling": bool(drop_se > 0 and drop > TIE_SIGMAS * drop_se),
+                            "rising": bool(drop_se > 0 and -drop > TIE_SIGMAS * drop_se)}
         row["shift"] = [{"kind": p["kind"], "strength": p["strength"],
                          **{name: _stat([r["shift"][i][name] for r in mine]) for name in SHIFT_METRICS}}
                         for i, p in enumerate(mine[0]["shift"])]
@@ -107,7 +120,7 @@ def summarize(runs: List[dict]) -> dict:
 
 
 def _signed(stat: dict) -> str:
-    return f"{stat['mean']:+.3g} ± {stat['se']:.2g}"
+    return f"{stat['mean']:+.3g} ± {stat['se']:.2g}" if stat["n"] > 1 else f"{stat['mean']:+.3g}"
 
 
 def _names(pairs: List[dict]) -> str:
@@ -152,10 +165,13 @@ def findings(report: dict) -> List[str]:
                    f"{_signed(p['nll'])} ({p['nll']['verdict']}), accuracy {_signed(p['accuracy'])} "
                    f"({p['accuracy']['verdict']}).")
     falling = [r["label"] for r in report["rows"] if r["loss_drop"]["falling"]]
-    out.append("Every fit's objective had stopped falling over the last fifth of its run (within 2 standard errors)."
+    rising = [r["label"] for r in report["rows"] if r["loss_drop"].get("rising")]
+    out.append("No fit's objective was still falling over the last fifth of its run (within 2 standard errors)."
                if not falling else
                f"Still falling over the last fifth of the run (beyond 2 standard errors, mean over seeds): "
                f"{', '.join(falling)}: their rows compare the methods at this budget, not at convergence.")
+    if rising:
+        out.append(f"Rising over the last fifth of the run (beyond 2 standard errors): {', '.join(rising)}.")
     return out
 
 
@@ -214,8 +230,8 @@ def report_markdown(report: dict) -> str:
         f"prior sd {c['prior_scale']}, minibatch {c['batch_size']}, **{c['grad_evals']} gradient evaluations per "
         f"trajectory** (a chain, an ensemble member, a variational fit; a SAM step takes two), seeds "
         f"{', '.join(map(str, seeds))}. SGD and SGLD step {c['step_size']:g}; SAM radius ρ = {c['rho']:g} in weight "
-        f"space (SASGLD, SA-SWAG, SA-MC-dropout, SA-ensemble), SA-BBB's ρ = {c['sam_rho']:g} on q's parameters, "
-        f"SA-BMA γ = {c['sabma_gamma']:g}; BBB fits: AutoNormal (init scale {c['svi_init_scale']:g}), Adam from "
+        f"space (SASGLD, SA-SWAG, SA-MC-dropout, SA-ensemble), SA-BBB's ρ = {c['sam_rho']:g} (in weight space at "
+        f"each draw of q), SA-BMA's KL ball γ = {c['sabma_gamma']:g} (on q's parameters); BBB fits: AutoNormal (init scale {c['svi_init_scale']:g}), Adam from "
         f"{c['svi_lr']:g} falling tenfold; SWAG rank {c['swag_rank']}, MC-dropout p = {c['dropout']:g}; "
         f"{c['num_chains']} chains per sampler and members per ensemble; EntropySGLD η = {c['eta']:g}, "
         f"FlatSGLD σ = {c['sigma']:g}.",
@@ -235,7 +251,8 @@ def report_markdown(report: dict) -> str:
     lines += ["", "## What the numbers show", ""] + [f"- {t}" for t in report.get("findings", [])]
     lines += ["", "## Sharpness-aware against plain, paired by seed", "",
               "Each cell: the mean over seeds of (sharpness-aware − plain) ± its standard error; **bold** when beyond "
-              "2 standard errors. With 3 seeds this is a loose test (a two-sided t-test at 95 % needs 4.3).", "",
+              f"2 standard errors. With {len(seeds)} seeds this is a loose test (a two-sided t-test at 95 % would need "
+              f"{t_critical(len(seeds)):.2g} standard errors).", "",
               "| family | compared | top eigenvalue | trace | ECE | NLL | accuracy | OOD AUROC |",
               "|---|---|---|---|---|---|---|---|"]
     for p in report["pairs"]:
@@ -244,10 +261,13 @@ def report_markdown(report: dict) -> str:
         lines.append(f"| {p['family']} | {p['sharp']} − {p['plain']} | " + " | ".join(cells) + " |")
     lines += _shift_tables(report)
     lines += ["", "## Convergence and cost", "",
-              "The objective per training image (the minibatch potential, or the negative ELBO; for the SAM methods "
-              "at the perturbed point) over the second half of each run: its drop from the second-to-last fifth to "
-              "the last, mean over seeds ± standard error. A positive drop beyond 2 standard errors: still falling.",
-              "", "| method | steps | gradient evaluations | seconds per fit | loss drop per image | still falling |",
+              "The objective per training image over the second half of each run: the minibatch potential U(θ) of the "
+              "samplers (SASGLD's and the SA-ensemble's at θ, not at the perturbed point) and ensembles, the negative "
+              "ELBO of the SVI fits (SA-BBB's, SA-SWAG's and SA-MC-dropout's at the perturbed weights θ + ε*, SA-BMA's "
+              "at the perturbed parameters φ + δ). Its drop from the second-to-last fifth to the last, mean over seeds "
+              "± standard error; a positive drop beyond 2 standard errors: still falling.",
+              "", "| method | steps | gradient evaluations per trajectory | seconds per fit | loss drop per image | "
+              "still falling |",
               "|---|---|---|---|---|---|"]
     for r in report["rows"]:
         d = r["loss_drop"]
@@ -344,4 +364,4 @@ def plot_shift(report: dict):
 
 
 __all__ = ["summarize", "findings", "report_markdown", "plot_families", "plot_shift", "row_text", "plus_minus",
-           "METRICS"]
+           "t_critical", "METRICS"]

@@ -296,7 +296,7 @@ class BNNConfig(StudyConfig):
     num_draws: int = 20
     flatness_draws: int = 4
     trace_probes: int = 10
-    sam_rho: float = option(0.05, "SA-BBB's SAM_ELBO radius (in the guide's parameters)")
+    sam_rho: float = option(0.05, "SA-BBB's SAM_ELBO radius (in weight space, at each draw of q)")
     sabma_gamma: float = option(0.01, "SABMA_ELBO KL-ball size")
     svi_lr: float = option(0.01, "first Adam step of the BBB, SA-BBB and SA-BMA fits (it falls tenfold over the run)")
     svi_init_scale: float = 0.01
@@ -364,7 +364,7 @@ class PathConfig(StudyConfig):
                                      "||w||^2 / (2 n s^2) of a prior sd s: this s")
     batch_size: int = 100
     step_size: float = 5e-5
-    grad_evals: int = option(3000, "gradient evaluations per chain of each sampler (the BNN study runs 6,000)")
+    grad_evals: int = option(3000, "gradient evaluations per chain of each sampler (the BNN study runs 1,500 per trajectory)")
     descent_steps: int = option(3000, "Adam steps from each draw to its minimum")
     descent_lr: float = 1e-3
     num_points: int = option(16, "images of the first band")

@@ -53,9 +53,10 @@ def plot_bma_by_ensemble_size(ensembles: Mapping[str, Mapping[str, Sequence[floa
     (``ensembles[label] = {"models", "accuracy", "nll"}``)."""
     plt = _plt()
     fig, (ax_nll, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
-    for i, (label, e) in enumerate(ensembles.items()):
-        ax_nll.plot(e["models"], e["nll"], color=f"C{i}", lw=1.5, label=label)
-        ax_acc.plot(e["models"], e["accuracy"], color=f"C{i}", lw=1.5, label=label)
+    for i, (label, e) in enumerate(ensembles.items()):  # ten colours, then the next line style
+        style = dict(color=f"C{i % 10}", ls=("-", "--", ":", "-.")[i // 10 % 4], lw=1.5, label=label)
+        ax_nll.plot(e["models"], e["nll"], **style)
+        ax_acc.plot(e["models"], e["accuracy"], **style)
     ax_nll.set(xscale="log", xlabel="number of averaged draws (log scale)", ylabel="test NLL per image",
                title="BMA negative log-likelihood (lower is better)")
     ax_acc.set(xscale="log", xlabel="number of averaged draws (log scale)", ylabel="test accuracy",
