@@ -292,6 +292,30 @@ def test_the_mnist_study_runs_on_two_ranks_and_rank_0_writes_one_report(tmp_path
     assert not list(tmp_path.glob(".run.*"))  # no staging folder left
 
 
+SMALL_BNN = ["bnn", "--seeds", "3", "--methods", "sgld", "dropout", "--grad-evals", "40", "--num-chains", "2",
+             "--rotations", "30", "--noise-sds", "0.4", "--threads", "1", "--no-progress"]
+
+
+def test_the_bnn_study_splits_its_seeds_over_two_ranks_and_matches_one_process(tmp_path):
+    """Seeds 0 and 2 on rank 0, seed 1 on rank 1: every row equals the one-process run's (one thread
+    on both sides), rank 0 alone writes, and the report names the ranks."""
+    import json
+
+    from pyro_flat.experiments.cli import main
+
+    code, output = _torchrun([*SMALL_BNN, "--out", str(tmp_path / "two")], timeout=300)
+    assert code == 0, output
+    assert output.count("wrote ") == 1  # rank 0 alone writes
+    assert main([*SMALL_BNN, "--out", str(tmp_path / "one")]) == 0
+    two, one = (json.loads((tmp_path / name / "report.json").read_text()) for name in ("two", "one"))
+    assert two["ranks"] == {"world_size": 2, "backend": "gloo"} and one["ranks"]["world_size"] == 1
+    assert "Ran on 2 ranks (torch.distributed, gloo backend)" in (tmp_path / "two" / "report.md").read_text()
+    assert [(r["seed"], r["label"]) for r in two["runs"]] == [(s, m) for s in (0, 1, 2) for m in ("SGLD", "MC-dropout")]
+    for mine, theirs in zip(two["runs"], one["runs"]):
+        for key in ("accuracy", "nll", "ece", "ood_auroc", "top_eigenvalue", "trace", "loss_drop"):
+            assert mine[key] == pytest.approx(theirs[key], rel=1e-6, abs=1e-9), (mine["label"], mine["seed"], key)
+
+
 def test_ctrl_c_under_torchrun_leaves_the_output_folder_as_it_was(tmp_path):
     out = tmp_path / "run"
     code, output = _torchrun([*SMALL_STUDY, "--num-samples", "100000", "--out", str(out)], timeout=120,

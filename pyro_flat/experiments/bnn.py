@@ -25,7 +25,7 @@ import json
 import math
 import time
 from dataclasses import asdict
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ import pyro
 
 from .. import flatness, metrics
 from ..datasets import load_mnist_ood
+from ..distributed import Ranks, init_from_env
 from ..mixtures import sharp_flat_2d
 from ..models import BayesianMLP
 from ..predictive import bma_predict
@@ -41,7 +42,7 @@ from ..shift import shifted_test_sets
 from .bnn_families import Fit, fit_method, loss_trend, make_bnn_kernel, sample_chains, sampler_label
 from .bnn_report import findings, plot_families, plot_shift, plus_minus, report_markdown, row_text, summarize
 from .configs import BNN_SAMPLERS, BNNConfig
-from .output import hold_signals, study_output
+from .output import hold_signals, per_rank_threads, study_output, torch_threads
 
 
 def row_label(fit: Fit, use: str) -> str:
@@ -72,42 +73,111 @@ def evaluate(fit: Fit, use: str, config: BNNConfig, data, shifted, seed: int) ->
 def run_bnn_study(config: BNNConfig, *, log: Callable[[str], None] = print) -> dict:
     """Fit every method of ``config.methods`` at ``config.seeds`` seeds; write ``report.md``,
     ``report.json``, ``families.png``, ``shift.png`` and ``bma_vs_models.png`` to ``config.out``.
-    Returns the report."""
+    Returns the report (on rank 0).
+
+    Under ``torchrun`` the seeds are split over the ranks (the i-th seed on rank i mod R, each rank
+    its share of the cores); every fit is the one-process fit of its seed, rank 0 gathers the rows
+    and alone writes, and the report names the ranks and the backend."""
     config.validate()
-    with study_output(config, log) as staging:
-        report = _run_bnn_study(config, staging, log)
+    ranks = init_from_env()
+    try:
+        if ranks.distributed:
+            config = per_rank_threads(config)
+        report = _lead(config, ranks, log) if ranks.is_main else _follow(config, ranks)
+    except BaseException:
+        ranks.finish(wait=False)
+        raise
+    ranks.finish()
+    return report
+
+
+def _lead(config: BNNConfig, ranks: Ranks, log: Callable[[str], None]) -> dict:
+    """Rank 0 (or the only process): its seeds, the others' rows, and the output folder."""
+    ready = False
+    try:
+        with study_output(config, log) as staging:
+            ready = True
+            if ranks.distributed:
+                ranks.check(None)  # the output folder is usable: the other ranks start fitting
+            report = _run_bnn_study(config, staging, log, ranks)
+    except Exception as err:
+        if ranks.distributed and not ready:  # e.g. --out is not usable: the other ranks stop with this error
+            ranks.check(err)
+        raise
     log(f"wrote {config.out}: report.md, report.json, families.png, shift.png and bma_vs_models.png")
     return report
 
 
-def _run_bnn_study(config: BNNConfig, out, log: Callable[[str], None]) -> dict:
-    data = load_mnist_ood(config.data_dir, in_digits=config.in_digits)
-    n_train = len(data.X_train)
-    log(f"BNN on digits {data.in_digits}: {n_train} training, {len(data.X_test)} test and "
-        f"{len(data.X_ood)} out-of-distribution images (digits {data.ood_digits}); {len(config.methods)} methods x "
-        f"{config.seeds} seeds, {config.grad_evals} gradient evaluations per trajectory")
+def _follow(config: BNNConfig, ranks: Ranks) -> dict:
+    """A rank other than 0: fit its seeds and hand the rows to rank 0."""
+    failure = ranks.check(None)  # rank 0's output folder is ready, or its error
+    if failure is not None:
+        raise failure
+    with torch_threads(config.threads):
+        _fit_all_seeds(config, ranks, load_mnist_ood(config.data_dir, in_digits=config.in_digits), lambda text: None)
+    return {"rank": ranks.rank}
+
+
+def _my_seeds(config: BNNConfig, ranks: Ranks) -> List[int]:
+    return [config.seed + i for i in range(config.seeds) if i % ranks.world_size == ranks.rank]
+
+
+def _fit_all_seeds(config: BNNConfig, ranks: Ranks, data, log: Callable[[str], None]):
+    """This rank's seeds fitted and evaluated, then every rank's rows gathered on rank 0 (in seed
+    order) with the first seed's BMA-by-size curves (rank 0 always fits the first seed):
+    ``(runs, ensembles)`` there, ``None`` elsewhere. A rank that raised makes every rank raise its
+    error."""
     model = BayesianMLP(data.X_train.shape[1], config.hidden, len(data.in_digits), prior_scale=config.prior_scale)
     shifted = shifted_test_sets(data.X_test, rotations=config.rotations, noise_sds=config.noise_sds, seed=config.seed)
     runs: List[dict] = []  # one row per fit, variable and seed
     ensembles: Dict[str, dict] = {}
-    start = time.perf_counter()
-    for s in range(config.seeds):
-        seed = config.seed + s
-        for method in config.methods:
-            fit = fit_method(method, config, model, data, seed)
-            drop, drop_se = loss_trend(fit.records)
-            for use in fit.uses:
-                label = row_label(fit, use)
-                row = {"label": label, "method": method, "seed": seed, "steps": fit.steps,
-                       "grad_evals": fit.grad_evals, "seconds": fit.seconds, "loss_drop": drop,
-                       "loss_drop_se": drop_se, **evaluate(fit, use, config, data, shifted, seed)}
-                runs.append(row)
-                log(f"seed {seed}: {row_text(row)}")
-                if s == 0 and use == "theta":
-                    ensembles[label] = bma_by_ensemble_size(fit.model, fit.samples, data.X_test, data.y_test)
-        log(f"seed {seed} done ({time.perf_counter() - start:.0f} s in all)")
-    report = {"config": asdict(config), "n_train": n_train, "n_test": len(data.X_test), "n_ood": len(data.X_ood),
-              "runs": runs, "ensembles": ensembles, **summarize(runs)}
+    start, error = time.perf_counter(), None
+    try:
+        for seed in _my_seeds(config, ranks):
+            for method in config.methods:
+                fit = fit_method(method, config, model, data, seed)
+                drop, drop_se = loss_trend(fit.records)
+                for use in fit.uses:
+                    label = row_label(fit, use)
+                    row = {"label": label, "method": method, "seed": seed, "steps": fit.steps,
+                           "grad_evals": fit.grad_evals, "seconds": fit.seconds, "loss_drop": drop,
+                           "loss_drop_se": drop_se, **evaluate(fit, use, config, data, shifted, seed)}
+                    runs.append(row)
+                    log(f"seed {seed}: {row_text(row)}")
+                    if seed == config.seed and use == "theta":
+                        ensembles[label] = bma_by_ensemble_size(fit.model, fit.samples, data.X_test, data.y_test)
+            log(f"seed {seed} done ({time.perf_counter() - start:.0f} s in all)")
+    except Exception as err:
+        if not ranks.distributed:
+            raise
+        error = err
+    failure = ranks.check(error)
+    if failure is not None:
+        raise failure
+    gathered = ranks.gather(runs, "gathering the fits' rows")
+    if gathered is None:
+        return None
+    by_seed: Dict[int, List[dict]] = {}
+    for rows in gathered:
+        for row in rows:
+            by_seed.setdefault(row["seed"], []).append(row)
+    return [row for seed in sorted(by_seed) for row in by_seed[seed]], ensembles
+
+
+def _run_bnn_study(config: BNNConfig, out, log: Callable[[str], None], ranks: Optional[Ranks] = None) -> dict:
+    ranks = ranks or Ranks(0, 1, None, "none", 0.0)  # one process
+    data = load_mnist_ood(config.data_dir, in_digits=config.in_digits)
+    log(f"BNN on digits {data.in_digits}: {len(data.X_train)} training, {len(data.X_test)} test and "
+        f"{len(data.X_ood)} out-of-distribution images (digits {data.ood_digits}); {len(config.methods)} methods x "
+        f"{config.seeds} seeds, {config.grad_evals} gradient evaluations per trajectory")
+    if ranks.distributed:
+        log(f"{ranks.world_size} ranks (torch.distributed, {ranks.backend}): the seeds split over them, "
+            f"{config.threads} thread(s) per rank; rank 0 gathers the rows and writes")
+    runs, ensembles = _fit_all_seeds(config, ranks, data, log)
+    report = {"config": asdict(config), "n_train": len(data.X_train), "n_test": len(data.X_test),
+              "n_ood": len(data.X_ood), "runs": runs, "ensembles": ensembles,
+              "ranks": {"world_size": ranks.world_size, "backend": ranks.backend if ranks.distributed else None},
+              **summarize(runs)}
     report["findings"] = findings(report)
     for text in report["findings"]:
         log(text)

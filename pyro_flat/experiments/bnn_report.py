@@ -248,6 +248,11 @@ def report_markdown(report: dict) -> str:
     for r in report["rows"]:
         lines.append(f"| {r['label']} | {_cell(r['accuracy'])} | {_cell(r['nll'])} | {_cell(r['ece'])} | "
                      f"{_cell(r['ood_auroc'])} | {_big(r['top_eigenvalue'])} | {_big(r['trace'])} |")
+    ranks = report.get("ranks") or {"world_size": 1}
+    if ranks["world_size"] > 1:
+        lines += ["", f"Ran on {ranks['world_size']} ranks (torch.distributed, {ranks['backend']} backend): the seeds "
+                      f"split over them, {c['threads']} thread(s) per rank; each fit is its seed's one-process fit, "
+                      "and rank 0 gathered the rows and wrote this report."]
     lines += ["", "## What the numbers show", ""] + [f"- {t}" for t in report.get("findings", [])]
     lines += ["", "## Sharpness-aware against plain, paired by seed", "",
               "Each cell: the mean over seeds of (sharpness-aware − plain) ± its standard error; **bold** when beyond "

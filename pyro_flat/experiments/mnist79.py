@@ -17,9 +17,8 @@ An interrupted run across ranks leaves the folder as it was.
 from __future__ import annotations
 
 import json
-import os
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
@@ -38,7 +37,7 @@ from ..mcmc import MCMC
 from ..models import logistic_probs, logistic_regression
 from .configs import MNIST79Config
 from .mnist79_report import chains_text, metric_text, metrics_text, reference_worth, report_markdown, schedule_text
-from .output import Terminated, hold_signals, study_output
+from .output import Terminated, hold_signals, per_rank_threads, study_output
 
 #: The pixel shown in the trace and rank plots: the image's centre.
 CENTRE_PIXEL = pixel_index(14, 14)
@@ -215,7 +214,7 @@ def run_mnist79(config: MNIST79Config, *, log: Callable[[str], None] = print) ->
     ranks = init_from_env()
     try:
         if ranks.distributed:
-            config = _per_rank_threads(config)
+            config = per_rank_threads(config)
         report = _follow(config, ranks) if not ranks.is_main else _lead(config, ranks, log)
     except BaseException:
         ranks.finish(wait=False)
@@ -243,14 +242,6 @@ def _lead(config: MNIST79Config, ranks: Ranks, log: Callable[[str], None]) -> di
         raise
     log(f"wrote {', '.join(str(out / f) for f in report['files'].values())}, {out / 'report.json'}")
     return report
-
-
-def _per_rank_threads(config: MNIST79Config) -> MNIST79Config:
-    """Each of the ranks on this machine gets its share of the cores (unless ``--threads`` says otherwise)."""
-    if config.threads is not None:
-        return config
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
-    return replace(config, threads=max(1, (os.cpu_count() or 1) // local))
 
 
 def _follow(config: MNIST79Config, ranks: Ranks) -> dict:

@@ -274,6 +274,17 @@ def auto_threads() -> Tuple[Optional[int], str]:
     return None, ""
 
 
+def per_rank_threads(config):
+    """``config`` with each of the ranks on this machine given its share of the cores (unless
+    ``--threads`` says otherwise)."""
+    from dataclasses import replace
+
+    if config.threads is not None:
+        return config
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
+    return replace(config, threads=max(1, (os.cpu_count() or 1) // local))
+
+
 @contextlib.contextmanager
 def torch_threads(num_threads: Optional[int]) -> Iterator[None]:
     """Run with ``torch.set_num_threads(num_threads)`` (``None``: unchanged), then restore."""
