@@ -292,7 +292,7 @@ def test_the_mnist_study_runs_on_two_ranks_and_rank_0_writes_one_report(tmp_path
     assert not list(tmp_path.glob(".run.*"))  # no staging folder left
 
 
-SMALL_BNN = ["bnn", "--seeds", "3", "--methods", "sgld", "dropout", "--grad-evals", "40", "--num-chains", "2",
+SMALL_BNN = ["bnn", "--seeds", "3", "--methods", "dropout", "sa-dropout", "--grad-evals", "40", "--num-chains", "2",
              "--rotations", "30", "--noise-sds", "0.4", "--threads", "1", "--no-progress"]
 
 
@@ -310,7 +310,7 @@ def test_the_bnn_study_splits_its_seeds_over_two_ranks_and_matches_one_process(t
     two, one = (json.loads((tmp_path / name / "report.json").read_text()) for name in ("two", "one"))
     assert two["ranks"] == {"world_size": 2, "backend": "gloo"} and one["ranks"]["world_size"] == 1
     assert "Ran on 2 ranks (torch.distributed, gloo backend)" in (tmp_path / "two" / "report.md").read_text()
-    assert [(r["seed"], r["label"]) for r in two["runs"]] == [(s, m) for s in (0, 1, 2) for m in ("SGLD", "MC-dropout")]
+    assert [(r["seed"], r["label"]) for r in two["runs"]] == [(s, m) for s in (0, 1, 2) for m in ("MC-dropout", "SA-MC-dropout")]
     for mine, theirs in zip(two["runs"], one["runs"]):
         for key in ("accuracy", "nll", "ece", "ood_auroc", "top_eigenvalue", "trace", "loss_drop"):
             assert mine[key] == pytest.approx(theirs[key], rel=1e-6, abs=1e-9), (mine["label"], mine["seed"], key)

@@ -34,7 +34,7 @@ import pyro
 
 from .. import flatness, metrics
 from ..datasets import load_mnist_ood
-from ..distributed import Ranks, init_from_env
+from ..distributed import Ranks
 from ..mixtures import sharp_flat_2d
 from ..models import BayesianMLP
 from ..predictive import bma_predict
@@ -42,7 +42,7 @@ from ..shift import shifted_test_sets
 from .bnn_families import Fit, fit_method, loss_trend, make_bnn_kernel, sample_chains, sampler_label
 from .bnn_report import findings, plot_families, plot_shift, plus_minus, report_markdown, row_text, summarize
 from .configs import BNN_SAMPLERS, BNNConfig
-from .output import hold_signals, per_rank_threads, study_output, torch_threads
+from .output import across_ranks, hold_signals, lead_output, torch_threads
 
 
 def row_label(fit: Fit, use: str) -> str:
@@ -79,31 +79,13 @@ def run_bnn_study(config: BNNConfig, *, log: Callable[[str], None] = print) -> d
     its share of the cores); every fit is the one-process fit of its seed, rank 0 gathers the rows
     and alone writes, and the report names the ranks and the backend."""
     config.validate()
-    ranks = init_from_env()
-    try:
-        if ranks.distributed:
-            config = per_rank_threads(config)
-        report = _lead(config, ranks, log) if ranks.is_main else _follow(config, ranks)
-    except BaseException:
-        ranks.finish(wait=False)
-        raise
-    ranks.finish()
-    return report
+    return across_ranks(config, lambda config, ranks: _lead(config, ranks, log), _follow)
 
 
 def _lead(config: BNNConfig, ranks: Ranks, log: Callable[[str], None]) -> dict:
     """Rank 0 (or the only process): its seeds, the others' rows, and the output folder."""
-    ready = False
-    try:
-        with study_output(config, log) as staging:
-            ready = True
-            if ranks.distributed:
-                ranks.check(None)  # the output folder is usable: the other ranks start fitting
-            report = _run_bnn_study(config, staging, log, ranks)
-    except Exception as err:
-        if ranks.distributed and not ready:  # e.g. --out is not usable: the other ranks stop with this error
-            ranks.check(err)
-        raise
+    with lead_output(config, ranks, log) as staging:
+        report = _run_bnn_study(config, staging, log, ranks)
     log(f"wrote {config.out}: report.md, report.json, families.png, shift.png and bma_vs_models.png")
     return report
 

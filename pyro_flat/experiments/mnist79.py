@@ -29,7 +29,7 @@ import pyro
 
 from .. import metrics
 from ..datasets import load_mnist79, pixel_index
-from ..distributed import Ranks, init_from_env
+from ..distributed import Ranks
 from ..diagnostics import (MAX_R_HAT, chain_correlation, convergence_verdict, diagnostics_table, guidance_correlation,
                            mcmc_sample_stats)
 from ..kernels import EntropyHMC, kernel_class, make_kernel
@@ -37,7 +37,7 @@ from ..mcmc import MCMC
 from ..models import logistic_probs, logistic_regression
 from .configs import MNIST79Config
 from .mnist79_report import chains_text, metric_text, metrics_text, reference_worth, report_markdown, schedule_text
-from .output import Terminated, hold_signals, per_rank_threads, study_output
+from .output import Terminated, across_ranks, hold_signals, lead_output
 
 #: The pixel shown in the trace and rank plots: the image's centre.
 CENTRE_PIXEL = pixel_index(14, 14)
@@ -211,35 +211,18 @@ def run_mnist79(config: MNIST79Config, *, log: Callable[[str], None] = print) ->
 
     matplotlib.use("Agg")
     config.validate()
-    ranks = init_from_env()
-    try:
-        if ranks.distributed:
-            config = per_rank_threads(config)
-        report = _follow(config, ranks) if not ranks.is_main else _lead(config, ranks, log)
-    except BaseException:
-        ranks.finish(wait=False)
-        raise
-    ranks.finish()
-    return report
+    return across_ranks(config, lambda config, ranks: _lead(config, ranks, log), _follow)
 
 
 def _lead(config: MNIST79Config, ranks: Ranks, log: Callable[[str], None]) -> dict:
     """Rank 0 (or the only process): the study, and its output folder."""
     out = Path(config.out).expanduser()
-    ready = False
     try:
-        with study_output(config, log) as staging:
-            ready = True
-            if ranks.distributed:
-                ranks.check(None)  # the output folder is usable: the other ranks start sampling
+        with lead_output(config, ranks, log) as staging:
             report = _run_mnist79(config, staging, log, ranks)
     except _NothingDrawn as stop:
         log(f"interrupted ({stop.report['interrupted_by']}) before the first draw: {out} left as it was")
         return stop.report
-    except Exception as err:
-        if ranks.distributed and not ready:  # e.g. --out is not usable: the other ranks stop with this error
-            ranks.check(err)
-        raise
     log(f"wrote {', '.join(str(out / f) for f in report['files'].values())}, {out / 'report.json'}")
     return report
 

@@ -274,6 +274,41 @@ def auto_threads() -> Tuple[Optional[int], str]:
     return None, ""
 
 
+def across_ranks(config, lead: Callable, follow: Callable):
+    """Run a study on this process's rank of ``torchrun``'s group (or alone): ``lead(config, ranks)`` on
+    rank 0, ``follow(config, ranks)`` on the others, each rank with its share of the cores; every rank
+    leaves the group at the end, at once if it raised."""
+    from ..distributed import init_from_env
+
+    ranks = init_from_env()
+    try:
+        if ranks.distributed:
+            config = per_rank_threads(config)
+        result = lead(config, ranks) if ranks.is_main else follow(config, ranks)
+    except BaseException:
+        ranks.finish(wait=False)
+        raise
+    ranks.finish()
+    return result
+
+
+@contextlib.contextmanager
+def lead_output(config, ranks, log: Callable[[str], None] = print) -> Iterator[Path]:
+    """:func:`study_output` on rank 0 of a study across ranks: once the folder is usable the other
+    ranks are told to start; an error before that (``--out`` not usable) stops them with it."""
+    ready = False
+    try:
+        with study_output(config, log) as staging:
+            ready = True
+            if ranks.distributed:
+                ranks.check(None)  # the output folder is usable: the other ranks start
+            yield staging
+    except Exception as err:
+        if ranks.distributed and not ready:
+            ranks.check(err)
+        raise
+
+
 def per_rank_threads(config):
     """``config`` with each of the ranks on this machine given its share of the cores (unless
     ``--threads`` says otherwise)."""

@@ -63,8 +63,13 @@ def plot_bma_by_ensemble_size(ensembles: Mapping[str, Mapping[str, Sequence[floa
                title=f"BMA accuracy ({num_test} test images: one image = {1 / num_test:.4f})")
     for ax in (ax_nll, ax_acc):
         ax.grid(alpha=0.3)
-    ax_nll.legend(fontsize=8)
-    fig.tight_layout()
+    if len(ensembles) <= 6:
+        ax_nll.legend(fontsize=8)
+        fig.tight_layout()
+    else:  # many methods: the legend beside the panels, where it hides no line
+        handles, labels = ax_nll.get_legend_handles_labels()
+        fig.legend(handles, labels, loc="center right", fontsize=8)
+        fig.tight_layout(rect=(0, 0, 0.86, 1))
     return fig
 
 
