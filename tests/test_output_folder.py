@@ -235,6 +235,10 @@ def test_an_interrupted_report_gives_the_draws_kept(tmp_path, interrupt_study_at
     (["mnist79", "--chains", "10000000"], "--chains x --num-samples / --thin: the run would keep about"),
     (["mnist79", "--num-samples", "1000000000000"], "--chains x --num-samples / --thin: the run would keep about"),
     (["bnn", "--num-chains", "-1"], "--num-chains must be an integer >= 1, got -1"),
+    (["bnn", "--seeds", "0"], "--seeds must be an integer >= 1, got 0"),
+    (["bnn", "--grad-evals", "10"], "--grad-evals must be an integer >= 16, got 10"),
+    (["bnn", "--dropout", "1"], "--dropout must lie in [0, 1), got 1.0"),
+    (["bnn", "--noise-sds", "-0.1"], "--noise-sds must be >= 0, got -0.1"),
     (["mnist79", "--step-size", "1e6", "--chains", "2", "--warmup", "20", "--num-samples", "40", "--thin", "1",
       "--reference", "none", "--baseline", "none"], "diverged at iteration 0"),
 ])

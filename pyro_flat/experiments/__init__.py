@@ -5,7 +5,10 @@ Nothing in the library imports this package. Each study is a config dataclass (w
 
 - :mod:`~pyro_flat.experiments.mnist79`: Bayesian logistic regression on MNIST 7 vs 9;
 - :mod:`~pyro_flat.experiments.synthetic2d`: θ and θa trajectories on a 2-D sharp/flat energy;
-- :mod:`~pyro_flat.experiments.bnn`: flat-seeking samplers on a Bayesian MLP;
+- :mod:`~pyro_flat.experiments.bnn`: every BNN family, plain and sharpness-aware, on a Bayesian MLP
+  over seeds (its fits in :mod:`~pyro_flat.experiments.bnn_families`, its report in
+  :mod:`~pyro_flat.experiments.bnn_report`);
+- :mod:`~pyro_flat.experiments.paths`: minimum-energy paths between two minima of that MLP;
 - :mod:`~pyro_flat.experiments.plots`: their figures; :mod:`~pyro_flat.experiments.output`: option
   checks and the output folder; :mod:`~pyro_flat.experiments.cli`: the command line.
 """

@@ -271,8 +271,8 @@ class BNNConfig(StudyConfig):
     """
 
     data_dir: Optional[str] = option(None, DATA_DIR_HELP, default_text=DATA_DIR_DEFAULT)
-    methods: Tuple[str, ...] = option(BNN_METHODS, "methods to fit (a family's two methods are compared)",
-                                      choices=BNN_METHODS)
+    methods: Tuple[str, ...] = option(BNN_METHODS, f"methods to fit, any of {', '.join(BNN_METHODS)} (a family's "
+                                                   "two methods are compared)", choices=BNN_METHODS, metavar="METHOD")
     seeds: int = option(3, "seeds: the study runs from --seed, --seed + 1, ...; figures are mean ± standard "
                            "error over them")
     in_digits: Tuple[int, ...] = (0, 1, 2, 3, 4)
