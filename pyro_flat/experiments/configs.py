@@ -312,9 +312,9 @@ class BNNConfig(StudyConfig):
     out: str = out_option("pyro-flat-out/bnn")
 
     COMMAND: ClassVar[str] = "bnn"
-    #: 2 seeds x 2 chains x 120 gradient evaluations, few probes and shifts
+    #: a 20-unit MLP, 2 seeds x 2 chains x 120 gradient evaluations, few probes and shifts
     REDUCED: ClassVar[Dict[str, object]] = dict(
-        seeds=2, num_chains=2, grad_evals=120, num_draws=4, flatness_draws=1, trace_probes=3, swag_rank=3,
+        hidden=(20,), seeds=2, num_chains=2, grad_evals=120, num_draws=4, flatness_draws=1, trace_probes=3, swag_rank=3,
         rotations=(30.0,), noise_sds=(0.4,), toy_chains=100, toy_grad_evals=2000)
 
     def step(self, toy: bool) -> float:
