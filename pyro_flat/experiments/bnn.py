@@ -39,8 +39,8 @@ from ..mixtures import sharp_flat_2d
 from ..models import BayesianMLP
 from ..predictive import bma_predict
 from ..shift import shifted_test_sets
-from .bnn_families import Fit, fit_method, loss_trend, make_bnn_kernel, sample_chains, sampler_label
-from .bnn_report import findings, plot_families, plot_shift, plus_minus, report_markdown, row_text, summarize
+from .bnn_families import Fit, fit_method, loss_trend, make_bnn_kernel, sampler_label
+from .bnn_report import findings, plot_families, plot_shift, report_markdown, row_text, summarize
 from .configs import BNN_SAMPLERS, BNNConfig
 from .output import across_ranks, hold_signals, lead_output, torch_threads
 
@@ -242,4 +242,4 @@ def _toy_figure(mixture, finals, rows):
 
 
 __all__ = ["BNNConfig", "BNN_SAMPLERS", "run_bnn_study", "run_toy_study", "bma_by_ensemble_size", "evaluate",
-           "row_label", "sample_chains", "make_bnn_kernel", "sampler_label", "plus_minus"]
+           "row_label", "make_bnn_kernel", "sampler_label"]

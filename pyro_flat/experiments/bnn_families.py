@@ -217,15 +217,13 @@ def _sam_or_plain(method: str, rho: float):
 
 
 def _fit_bbb(method: str, config: BNNConfig, net: BayesianMLP, data) -> Fit:
-    from pyro.infer import Trace_ELBO
     from pyro.infer.autoguide import AutoNormal
     from pyro.infer.autoguide.initialization import init_to_sample
 
     from ..variational import SABMA_ELBO
 
     guide = AutoNormal(net, init_loc_fn=init_to_sample, init_scale=config.svi_init_scale)
-    loss = SABMA_ELBO(config.sabma_gamma) if method == "sabma" else (
-        _sam_or_plain(method, config.sam_rho) if method == "sa-bbb" else Trace_ELBO())
+    loss = SABMA_ELBO(config.sabma_gamma) if method == "sabma" else _sam_or_plain(method, config.sam_rho)
     decay = 0.1 ** (1.0 / steps_for(method, config))  # the step falls tenfold over the run
     optim = pyro.optim.ClippedAdam({"lr": config.svi_lr, "lrd": decay})
     records, seconds = _svi(method, config, net, guide, optim, loss, data)
