@@ -10,6 +10,16 @@ import torch  # noqa: E402
 
 os.environ.setdefault("CI", "1")  # Pyro: no progress bars in tests
 
+#: the files of the slowest tests (a notebook or a study end to end, process groups), collected
+#: first: pytest-xdist hands tests out in collection order, so a long test left to the end keeps
+#: one worker busy while the other has nothing left to do
+SLOW_FILES = ("test_tutorials.py", "test_distributed.py", "test_cli.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    first = {name: i for i, name in enumerate(SLOW_FILES)}
+    items.sort(key=lambda item: first.get(item.path.name, len(SLOW_FILES)))  # stable: the rest keep their order
+
 
 @pytest.fixture(autouse=True)
 def _single_thread_and_seed():

@@ -61,10 +61,10 @@ def evaluate(fit: Fit, use: str, config: BNNConfig, data, shifted, seed: int) ->
     row["shift"] = [{"kind": kind, "strength": strength, "accuracy": metrics.accuracy(p, data.y_test),
                      "nll": metrics.nll(p, data.y_test), "ece": metrics.ece(p, data.y_test)}
                     for (kind, strength, _), p in zip(shifted, probs[2:])]
-    with fit.model.without_dropout():
+    with fit.model.without_dropout():  # all the training images in one pass (7x faster than in minibatches)
         flat = flatness.flatness_at_samples(fit.model, fit.flat_points, data.X_train, data.y_train, use=use, k=1,
                                             num_probes=config.trace_probes, num_draws=config.flatness_draws,
-                                            seed=seed, likelihood_only=True, batch_size=config.batch_size)
+                                            seed=seed, likelihood_only=True, batch_size=None)
     row.update(top_eigenvalue=float(flat["top_eigenvalues"][:, 0].mean()), trace=float(flat["trace"].mean()),
                flatness_draws=len(flat["trace"]))
     return row
