@@ -70,8 +70,10 @@ def _worker(kind: str, chains: int, iterations: int, out: str) -> None:
 
     def sampling_starts(kernel, params, stage, i):  # time the sampling phase: set-up and compiling excluded
         if stage == "Sample" and not started:
-            if ranks.distributed:  # start together: one rank's longer compile is not throughput
-                dist.barrier()
+            if ranks.distributed:  # start together (one rank's longer compile is not throughput) through the
+                failure = ranks.check(None)  # driver's own error check: a rank that raised meets it there
+                if failure is not None:
+                    raise failure
             allreduce[0] = 0.0
             started.append(time.perf_counter())
         last[0] = time.perf_counter()

@@ -16,6 +16,13 @@ os.environ.setdefault("CI", "1")  # Pyro: no progress bars in tests
 SLOW_FILES = ("test_tutorials.py", "test_distributed.py", "test_cli.py")
 
 
+def pytest_configure(config):
+    # xdist's first hand-out is a block of consecutive tests per worker (an eighth of them with 2): the
+    # slow files would all go to the first worker; one test at a time lets each worker take the next
+    if getattr(config.option, "maxschedchunk", "absent") is None:
+        config.option.maxschedchunk = 1
+
+
 def pytest_collection_modifyitems(config, items):
     first = {name: i for i, name in enumerate(SLOW_FILES)}
     items.sort(key=lambda item: first.get(item.path.name, len(SLOW_FILES)))  # stable: the rest keep their order
