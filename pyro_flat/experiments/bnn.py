@@ -25,7 +25,7 @@ import json
 import math
 import time
 from dataclasses import asdict
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List
 
 import numpy as np
 import torch
@@ -146,8 +146,7 @@ def _fit_all_seeds(config: BNNConfig, ranks: Ranks, data, log: Callable[[str], N
     return [row for seed in sorted(by_seed) for row in by_seed[seed]], ensembles
 
 
-def _run_bnn_study(config: BNNConfig, out, log: Callable[[str], None], ranks: Optional[Ranks] = None) -> dict:
-    ranks = ranks or Ranks(0, 1, None, "none", 0.0)  # one process
+def _run_bnn_study(config: BNNConfig, out, log: Callable[[str], None], ranks: Ranks) -> dict:
     data = load_mnist_ood(config.data_dir, in_digits=config.in_digits)
     log(f"BNN on digits {data.in_digits}: {len(data.X_train)} training, {len(data.X_test)} test and "
         f"{len(data.X_ood)} out-of-distribution images (digits {data.ood_digits}); {len(config.methods)} methods x "
