@@ -385,6 +385,31 @@ def test_the_pulled_factor_is_the_metric_it_claims(kind, num_coupled):
     assert torch.allclose(inverse.mT @ noise, eye.expand(chains, -1, -1), atol=1e-8)
 
 
+def test_the_pulled_factor_does_not_depend_on_the_eigenbasis_of_a_repeated_eigenvalue():
+    """A Hessian with a repeated eigenvalue (mnist79's prior-only pixels) has no unique eigenbasis: any
+    rotation inside the eigenspace is one. The step must not depend on that choice; it did when the noise
+    was laid out in the basis (L = Q L_paired), and a round-off change of the Hessian, as on another
+    number of ranks, then changed the draws by order 1."""
+    from pyro_flat.kernels.mass_matrix import PrecisionFactor, PulledFactor
+
+    g = torch.Generator().manual_seed(2)
+    dim, eta = 5, 0.1
+    curvature = torch.tensor([[1.0, 1.0, 1.0, 4.0, 9.0]], dtype=torch.float64)  # a three-fold eigenvalue
+    Q, _ = torch.linalg.qr(torch.randn(1, dim, dim, generator=g, dtype=torch.float64))
+    R, _ = torch.linalg.qr(torch.randn(3, 3, generator=g, dtype=torch.float64))
+    turn = torch.eye(dim, dtype=torch.float64)
+    turn[:3, :3] = R
+    Q2 = Q @ turn  # another eigenbasis of the same matrix
+    precision = Q @ torch.diag_embed(curvature) @ Q.mT
+    assert torch.allclose(Q2 @ torch.diag_embed(curvature) @ Q2.mT, precision, atol=1e-12)
+    first, second = (PulledFactor(PrecisionFactor(precision), eta, dim, 1.0, spectrum=(curvature, basis))
+                     for basis in (Q, Q2))
+    grad, xi = torch.randn(2, 1, 2 * dim, generator=g, dtype=torch.float64)
+    assert torch.allclose(first.increment(grad, xi, 0.1, 0.4), second.increment(grad, xi, 0.1, 0.4), atol=1e-12)
+    assert torch.allclose(first.solve_lt(xi), second.solve_lt(xi), atol=1e-12)
+    assert torch.allclose(first.velocity(grad), second.velocity(grad), atol=1e-12)
+
+
 @pytest.mark.parametrize("bad", [1.5, -0.1, True, "kappa", "0.5"])
 def test_a_bad_coupling_metric_is_named(bad):
     with pytest.raises(ValueError, match=r"coupling_metric=.* is not known; use 'pulled'"):

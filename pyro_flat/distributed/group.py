@@ -12,7 +12,7 @@ script that created its own group (``dist.init_process_group``) keeps it.
 - :meth:`Ranks.check`: the collective error check after every draw. A rank that raised says so, and
   every rank stops with the same error at the same draw;
 - :meth:`Ranks.sync_random_state`: rank 0's random stream on every rank, so that one seed gives the
-  same draws whatever the number of ranks;
+  same draws whatever the number of ranks (up to round-off);
 - :meth:`Ranks.gather`: objects to rank 0.
 """
 

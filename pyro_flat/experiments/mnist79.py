@@ -5,7 +5,7 @@ then writes everything a user looks at: the draws (ArviZ netCDF), the ArviZ summ
 metrics and a report. An interrupted run (Ctrl-C) still writes the draws made so far.
 
 Under ``torchrun --nproc-per-node R -m pyro_flat mnist79`` every sampler's chains are split over the
-``R`` ranks (``MCMC(chain_method="distributed")``, the same draws as one process for one seed); rank
+``R`` ranks (``MCMC(chain_method="distributed")``, the same draws as one process for one seed, up to round-off); rank
 0 gathers them and alone writes the output folder, and the report names the ranks and the backend.
 An interrupted run across ranks leaves the folder as it was.
 

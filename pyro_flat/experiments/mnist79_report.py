@@ -115,7 +115,8 @@ def report_markdown(report: dict, config: MNIST79Config) -> str:
     if ranks.get("world_size", 1) > 1:
         md += [f"Ran on {ranks['world_size']} ranks (torch.distributed, {ranks['backend']} backend): each sampler's "
                "chains were split over the ranks and gathered to rank 0, which wrote these files. One seed gives "
-               "the same draws on any number of ranks.", ""]
+               "the same draws on any number of ranks, up to floating-point round-off (a rank sums its "
+               "chains' curvature in another order than one process does).", ""]
     if report.get("chains"):
         md += ["## Are the chains independent?", "",
                "The correlation between two chains' per-draw moves, averaged over chain pairs and the 785 "

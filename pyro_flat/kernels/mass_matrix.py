@@ -156,22 +156,32 @@ class RotatedFactor:
     r"""A metric over :math:`(\theta, \theta_a)` that is ``paired`` (a :class:`PairedDiagonalFactor`) in
     the eigenbasis :math:`Q` (``(C, D, D)``, orthogonal) of both blocks:
     :math:`M^{-1} = \mathcal Q\, M_{\text{paired}}^{-1} \mathcal Q^\top`, :math:`\mathcal Q =
-    \mathrm{blockdiag}(Q, Q)`, :math:`L = \mathcal Q L_{\text{paired}}`. A step reads :math:`Q` twice
-    (into the basis and back), as many passes as :class:`CoupledFactor`'s two triangular solves."""
+    \mathrm{blockdiag}(Q, Q)`, with the factor :math:`L = \mathcal Q L_{\text{paired}} \mathcal Q^\top`.
+
+    **Why** :math:`L` **ends in** :math:`\mathcal Q^\top`: :math:`\mathcal Q L_{\text{paired}}` is a factor
+    too, but it depends on the choice of :math:`Q` inside an eigenspace of a repeated eigenvalue, which
+    is arbitrary (a prior-only direction of ``pyro-flat mnist79``'s Hessian, every pixel that is 0 in
+    every image, has the prior's curvature 1: hundreds of equal eigenvalues). A round-off change of the
+    Hessian (the same chains run on another number of ranks, where a matrix product sums in another
+    order) then rotated that eigenspace and changed the noise :math:`L\xi` of the same :math:`\xi` by
+    order 1. :math:`\mathcal Q L_{\text{paired}}\mathcal Q^\top` is the same matrix for any such
+    choice (the paired blocks are equal across a repeated eigenvalue), so the step is a continuous
+    function of the Hessian. Each step reads :math:`Q` twice (into the basis and back), as many
+    passes as :class:`CoupledFactor`'s two triangular solves; the gradient and the noise go into the
+    basis in one product."""
 
     def __init__(self, paired: PairedDiagonalFactor, basis: torch.Tensor):
         self.paired, self.basis = paired, basis.contiguous()
 
-    @staticmethod
-    def _times(z: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
-        """Both halves of ``z`` as rows times ``right``: ``right.mT @ half`` for each, in one product
-        (on this CPU, row vectors times a matrix took 0.4 ms for (4, 2, 785) @ (4, 785, 785), a batched
-        matrix times a column 2.8 ms; one stored :math:`Q` read both ways stays in cache, a second
-        transposed copy doubled the time)."""
-        return (z.unflatten(-1, (2, -1)) @ right).flatten(-2)
+    def _times(self, z: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+        """Each ``D``-long piece of ``z`` as a row times ``right``: ``right.mT @ piece`` for each, in one
+        product (on this CPU, row vectors times a matrix took 0.4 ms for (4, 2, 785) @ (4, 785, 785), a
+        batched matrix times a column 2.8 ms; one stored :math:`Q` read both ways stays in cache, a
+        second transposed copy doubled the time)."""
+        return (z.unflatten(-1, (-1, self.basis.shape[-1])) @ right).flatten(-2)
 
     def _into(self, z: torch.Tensor) -> torch.Tensor:
-        r""":math:`\mathcal Q^\top z`."""
+        r""":math:`\mathcal Q^\top z` (``z`` may hold several pairs side by side)."""
         return self._times(z, self.basis)
 
     def _back(self, z: torch.Tensor) -> torch.Tensor:
@@ -179,14 +189,14 @@ class RotatedFactor:
         return self._times(z, self.basis.mT)
 
     def solve_lt(self, xi: torch.Tensor) -> torch.Tensor:
-        return self._back(self.paired.solve_lt(xi))
+        return self._back(self.paired.solve_lt(self._into(xi)))
 
     def velocity(self, r: torch.Tensor) -> torch.Tensor:
         return self._back(self.paired.velocity(self._into(r)))
 
     def increment(self, g: torch.Tensor, xi: torch.Tensor, a: float, c: float) -> torch.Tensor:
-        # ξ needs no rotation: a standard normal vector is one in any orthonormal basis
-        return self._back(self.paired.increment(self._into(g), xi, a, c))
+        g_in, xi_in = self._into(torch.cat([g, xi], -1)).chunk(2, -1)
+        return self._back(self.paired.increment(g_in, xi_in, a, c))
 
 
 class PulledFactor:
