@@ -9,7 +9,7 @@ import torch
 
 from pyro_flat.datasets import DigitsOOD
 from pyro_flat.experiments.bnn_families import fit_method, loss_trend
-from pyro_flat.experiments.bnn_report import findings, summarize
+from pyro_flat.experiments.bnn_report import _pair_rows, findings, summarize
 from pyro_flat.experiments.configs import BNN_FAMILIES, BNNConfig
 from pyro_flat.models import BayesianMLP
 from pyro_flat.shift import add_noise, rotate_images, shifted_test_sets
@@ -92,7 +92,7 @@ def _runs(effects, seeds=3, noise=0.02):
     return runs
 
 
-def test_the_claim_is_counted_from_paired_differences_beyond_two_standard_errors():
+def test_the_claim_is_counted_from_paired_differences_beyond_the_t_critical_value():
     effects = {"SGLD": (-1.0, -0.02, 0.05, -0.1), "BBB": (-1.0, 0.0, -0.05, 0.1), "SWAG": (0.0, -0.02),
                "MC-dropout": (1.0, 0.02), "ensemble": (-1.0, -0.02, 0.0, -0.1)}
     report = {"runs": _runs(effects), **summarize(_runs(effects))}
@@ -100,17 +100,49 @@ def test_the_claim_is_counted_from_paired_differences_beyond_two_standard_errors
     assert verdicts == {"SGLD": ("better", "better"), "BBB": ("better", "tie"), "SWAG": ("tie", "better"),
                         "MC-dropout": ("worse", "worse"), "ensemble": ("better", "better")}
     text = " ".join(findings(report))
-    assert "holds here for 2 of the 5 families (SGLD, ensemble)" in text
+    assert ("holds here for 2 of the 5 comparable families (SGLD, ensemble) over 3 seeds, counting a difference when "
+            "the mean paired difference exceeds t = 4.30 standard errors (the 95 % t critical value for 3 seeds)") in text
     assert "Flatter (lower top eigenvalue): 3 (SGLD, BBB, ensemble); sharper: MC-dropout." in text
     assert "Better calibrated (lower ECE): 3 (SGLD, SWAG, ensemble); worse: MC-dropout." in text
     assert "No fit's objective was still falling" in text
     accuracy = {p["family"]: p["accuracy"]["verdict"] for p in report["pairs"]}  # higher is better
     assert accuracy == {"SGLD": "better", "BBB": "worse", "SWAG": "tie", "MC-dropout": "tie", "ensemble": "tie"}
-    assert "rotation at its strongest (30°), sharpness-aware against plain over the 5 families: NLL better in 2, " \
-           "worse in 1" in text
+    assert "rotation at its strongest (30°), sharpness-aware against plain over the 5 comparable families and 3 " \
+           "seeds: NLL better in 2, worse in 1" in text
     row = next(r for r in report["rows"] if r["label"] == "SGLD")
     pair = next(p for p in report["pairs"] if p["family"] == "SGLD")  # unpaired, the seeds' wobble swamps the effect
     assert row["top_eigenvalue"]["n"] == 3 and row["top_eigenvalue"]["se"] > 5 * pair["top_eigenvalue"]["se"]
+
+
+@pytest.mark.parametrize("seeds, sigmas, verdict", [(3, 3.0, "tie"), (3, 5.0, "better"), (10, 3.0, "better")])
+def test_a_paired_difference_counts_beyond_the_t_critical_value_for_its_seeds(seeds, sigmas, verdict):
+    """3 standard errors is a tie over 3 seeds (t = 4.30) and a difference over 10 (t = 2.26): the rule
+    is the paired t-test's, not a fixed 2 standard errors."""
+    plain = [{"seed": s, **{m: 0.0 for m in ("accuracy", "nll", "ece", "ood_auroc", "top_eigenvalue", "trace")},
+              "shift": []} for s in range(seeds)]
+    wobble = np.resize([1.0, -1.0], seeds)
+    wobble -= wobble.mean()
+    wobble /= wobble.std(ddof=1) / np.sqrt(seeds)  # the paired differences' standard error: exactly 1
+    sharp = [{**p, "top_eigenvalue": -sigmas + w} for p, w in zip(plain, wobble)]
+    pair = _pair_rows(plain, sharp)["top_eigenvalue"]
+    assert pair["se"] == pytest.approx(1.0) and pair["mean"] == pytest.approx(-sigmas)
+    assert pair["verdict"] == verdict
+
+
+def test_a_family_with_a_fit_still_improving_is_not_compared():
+    """A pair whose plain or sharpness-aware fit was still falling at the end compares budgets: its verdicts
+    are 'not converged' and no count includes it (BBB's fits had not converged in the study's run)."""
+    runs = _runs({"SGLD": (-1.0, -0.02), "BBB": (-1.0, -0.02), "SWAG": (-1.0, -0.02), "MC-dropout": (-1.0, -0.02),
+                  "ensemble": (-1.0, -0.02)})
+    for r in runs:
+        if r["label"] == "BBB":
+            r["loss_drop"], r["loss_drop_se"] = 0.5, 0.01  # still falling, 50 standard errors
+    report = {"runs": runs, **summarize(runs)}
+    bbb = next(p for p in report["pairs"] if p["family"] == "BBB")
+    assert not bbb["converged"] and bbb["top_eigenvalue"]["verdict"] == bbb["ece"]["verdict"] == "not converged"
+    text = " ".join(findings(report))
+    assert "Not comparable (1 of 5 families: BBB)" in text
+    assert "holds here for 4 of the 4 comparable families (SGLD, SWAG, MC-dropout, ensemble)" in text
 
 
 def test_one_seed_counts_no_claim():

@@ -220,7 +220,7 @@ def _study_report(free_shift=-0.08, fixed_shift=-0.01, se=0.005, control=-0.01):
                 _dynamics_run("free SGD", free_shift, se), _dynamics_run("constrained SGD", fixed_shift, se),
                 _dynamics_run("free SGLD", control, se, chains=4, temperature=1e-6)]
     return {"n_train": 1000, "path_length": 40.0, "endpoints_loss": [0.029, 0.0292], "endpoints_gradient": [3e-4, 3e-4],
-            "decay_trace": 79.0, "config": {"dynamics_start": 0.5, "insertion_rounds": 2, "tol": 1e-3},
+            "decay_trace": 79.0, "config": {"dynamics_start": 0.5, "insertion_rounds": 2, "tol": 1e-3, "trace_probes": 10},
             "path": {"converged": True, "max_force": 9e-4, "images": 18},
             "profiles": {"minimum-energy path": profile, "straight line": profile},
             "draws": {"SGLD": [dict(draw, distance=10.0), draw], "FlatSGLD": [dict(draw, top_eigenvalue=1.0)] * 2},
@@ -237,7 +237,8 @@ def test_draws_within_their_error_are_a_tie_not_a_winner():
                        "FlatSGLD": [dict(pair[0], top_eigenvalue=3.75), dict(pair[1], top_eigenvalue=3.8722)]}
     seen = next(t for t in findings(report) if t.startswith("Of the samplers' draws"))
     assert "EntropySGLD θa's and FlatSGLD's have the highest mean top eigenvalue" in seen
-    assert "tied within 2 standard errors" in seen and "beyond 2 standard errors" not in seen
+    assert "tied within t = 12.71 standard errors (the 95 % t critical value for 2 draws)" in seen
+    assert "beyond" not in seen
 
 
 def test_path_study_findings_follow_the_numbers():
@@ -254,8 +255,8 @@ def test_path_study_findings_follow_the_numbers():
     assert "trace of the NLL's Hessian (the weight decay's constant 79 taken off) 7 at the ends and 11 at its highest" \
         in seen
     assert "every image of its middle half has a higher top eigenvalue and trace" in seen
-    assert "FlatSGLD's have the lowest mean top eigenvalue (± its standard error over 2 draws) (1 ± 0), beyond 2 " \
-        "standard errors of every other; SGLD's have the highest" in seen
+    assert "FlatSGLD's have the lowest mean top eigenvalue (± its standard error over 2 draws) (1 ± 0), beyond t = " \
+        "12.71 standard errors (the 95 % t critical value for 2 draws) of every other; SGLD's have the highest" in seen
     assert " FlatSGLD: farther from the path than half its length" in seen  # SGLD has a draw 10 from it
     assert "SGLD, FlatSGLD: farther" not in seen and "FlatSGLD, SGLD: farther" not in seen
     # noise moves the free and the constrained runs alike: no entropic drift
@@ -273,7 +274,8 @@ def test_path_study_findings_follow_the_numbers():
     report = _study_report(free_shift=0.06)
     report["profiles"]["minimum-energy path"]["trace"] = [86.0, 88.0, 90.0, 88.0, 86.1]
     tied = " ".join(findings(report))
-    assert "the ends' traces are the same within 2 standard errors" in tied and "end 0 has the lower top" in tied
+    assert "the ends' traces are the same within t = 2.26 standard errors (the 95 % t critical value for 10 " \
+        "probes)" in tied and "end 0 has the lower top" in tied
     assert "free SGD: +0.0700 ± 0.0050, toward end 1 (1 from the path)" in tied
     assert "(toward end 1), but neither end is measurably flatter by the Hessian trace" in tied
 
@@ -322,3 +324,11 @@ def test_mlp_gradient_matches_autograd_of_the_path_loss_per_chain():
         own = FlatLoss.from_model(model, draw, X[idx], y[idx], likelihood_only=True)
         mine = torch.func.grad(lambda z: own.fn(z) / len(idx) + z.square().sum() / (2 * n * decay_scale ** 2))
         assert torch.allclose(g[chain], mine(x[chain]), atol=1e-6)
+
+
+def test_a_drift_counts_beyond_the_t_critical_value_for_its_chains():
+    """A shift of 3 standard errors is a drift over 16 chains (t = 2.13), not over 3 (t = 4.30)."""
+    from pyro_flat.experiments.path_dynamics import moved
+
+    assert moved(-0.03, 0.01, 16) and not moved(-0.03, 0.01, 3)
+    assert not moved(-0.005, 1e-5, 16)  # below a hundredth of the path

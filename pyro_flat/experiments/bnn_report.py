@@ -3,9 +3,12 @@ r"""What ``pyro-flat bnn`` reports: every number over seeds, each family's paire
 :func:`summarize` turns the per-seed rows into mean ± standard error over seeds per method, and
 each sharpness-aware method's **paired difference** from its baseline (the two share a seed, so
 their initial weights and data): :math:`\bar d \pm \mathrm{se}(d)`, :math:`d_s = m_{SA,s} - m_{s}`.
-A difference counts when :math:`|\bar d| > 2\,\mathrm{se}(d)` over at least two seeds (with few
-seeds a loose test: a two-sided t-test at 95 % would ask for :func:`t_critical` standard errors, 4.3
-at three seeds; the report says so).
+A difference counts when :math:`|\bar d| > t_{0.975,\,n-1}\,\mathrm{se}(d)` over :math:`n \ge 2` seeds
+(a two-sided paired t-test at 95 %: :func:`~.compare.t_critical`, 4.30 at three seeds). A pair whose
+plain or sharpness-aware fit was still improving at the end of its run (its objective still falling
+beyond 2 standard errors: a convergence warning, kept at the looser threshold so that it hides no
+unconverged fit) compares two budgets, not two methods: its verdicts are ``not converged`` and no
+count includes it.
 :func:`findings` computes the sentences; :func:`report_markdown` and the figures show the rest.
 
 >>> runs = [{"label": l, "method": m, "seed": s, "top_eigenvalue": t, "ece": 0.1, "accuracy": 0.9, "nll": 0.3,
@@ -25,7 +28,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from .compare import TIE_SIGMAS, mean_and_se
+from .compare import LARGE_SAMPLE_SIGMAS, mean_and_se, t_critical, threshold_text
 from .configs import BNN_EXTRAS, BNN_FAMILIES
 from .bnn_families import METHOD_LABELS
 
@@ -36,30 +39,19 @@ NAMES = {"accuracy": "accuracy", "nll": "NLL", "ece": "ECE", "ood_auroc": "OOD A
 SHIFT_METRICS = ("accuracy", "nll", "ece")
 
 
-def t_critical(n: int) -> float:
-    """Standard errors a mean of ``n`` paired differences must exceed for a two-sided t-test at 95 %.
-
-    >>> round(t_critical(3), 2), round(t_critical(30), 2)
-    (4.3, 2.05)
-    """
-    from scipy.stats import t
-
-    return float(t.ppf(0.975, n - 1)) if n >= 2 else float("inf")
-
-
 def _stat(values) -> dict:
     mean, se = mean_and_se(values)
     return {"mean": mean, "se": se, "n": len(values)}
 
 
 def _verdict(mean: float, se: float, n: int, lower_is_better: bool) -> str:
-    """``better``/``worse`` when the paired difference is beyond 2 standard errors over >= 2 seeds,
-    else ``tie`` (``one seed`` when there is nothing to compare with). Differences that are equal at
-    every seed (a standard error of 0, as one test image of accuracy at each of 3 seeds can be) give
-    no spread to judge by: a tie."""
+    """``better``/``worse`` when the paired difference over ``n >= 2`` seeds is beyond the t critical
+    value's standard errors (:func:`~.compare.t_critical`), else ``tie`` (``one seed`` when there is
+    nothing to compare with). Differences that are equal at every seed (a standard error of 0, as one
+    test image of accuracy at each of 3 seeds can be) give no spread to judge by: a tie."""
     if n < 2:
         return "one seed"
-    if not se > 0 or not abs(mean) > TIE_SIGMAS * se:
+    if not se > 0 or not abs(mean) > t_critical(n) * se:
         return "tie"
     return "better" if (mean < 0) == lower_is_better else "worse"
 
@@ -101,22 +93,37 @@ def summarize(runs: List[dict]) -> dict:
         known = [r for r in mine if np.isfinite(r["loss_drop_se"])]  # seeds whose drop has an error
         drop = float(np.mean([r["loss_drop"] for r in known])) if known else float("nan")
         drop_se = math.sqrt(sum(r["loss_drop_se"] ** 2 for r in known)) / len(known) if known else float("nan")
-        row["loss_drop"] = {"mean": drop, "se": drop_se, "falling": bool(drop_se > 0 and drop > TIE_SIGMAS * drop_se),
-                            "rising": bool(drop_se > 0 and -drop > TIE_SIGMAS * drop_se)}
+        row["loss_drop"] = {"mean": drop, "se": drop_se, "falling": bool(drop_se > 0 and drop > LARGE_SAMPLE_SIGMAS * drop_se),
+                            "rising": bool(drop_se > 0 and -drop > LARGE_SAMPLE_SIGMAS * drop_se)}
         row["shift"] = [{"kind": p["kind"], "strength": p["strength"],
                          **{name: _stat([r["shift"][i][name] for r in mine]) for name in SHIFT_METRICS}}
                         for i, p in enumerate(mine[0]["shift"])]
         rows.append(row)
     comparisons = [(family, plain, sharp, True) for family, (plain, sharp) in BNN_FAMILIES.items()]
     comparisons += [(METHOD_LABELS[base], base, extra, False) for extra, base in BNN_EXTRAS.items()]
+    falling = {r["label"] for r in rows if r["loss_drop"]["falling"]}
     pairs = []
     for family, plain, sharp, is_family in comparisons:
         for base_label in _labels_of(runs, plain):
             for sharp_label in _labels_of(runs, sharp):
-                pairs.append({"family": family, "plain": base_label, "sharp": sharp_label, "is_family": is_family,
-                              **_pair_rows([r for r in runs if r["label"] == base_label],
-                                           [r for r in runs if r["label"] == sharp_label])})
+                pair = {"family": family, "plain": base_label, "sharp": sharp_label, "is_family": is_family,
+                        "converged": not {base_label, sharp_label} & falling,
+                        **_pair_rows([r for r in runs if r["label"] == base_label],
+                                     [r for r in runs if r["label"] == sharp_label])}
+                if not pair["converged"]:
+                    _not_comparable(pair)
+                pairs.append(pair)
     return {"rows": rows, "pairs": pairs}
+
+
+def _not_comparable(pair: dict) -> None:
+    """Every verdict of ``pair`` becomes ``not converged``: one of its fits was still improving, so its
+    differences compare budgets, not methods (see the module)."""
+    for name in METRICS:
+        pair[name]["verdict"] = "not converged"
+    for entry in pair["shift"]:
+        for name in SHIFT_METRICS:
+            entry[name]["verdict"] = "not converged"
 
 
 def _signed(stat: dict) -> str:
@@ -131,12 +138,19 @@ def findings(report: dict) -> List[str]:
     """Sentences computed from the numbers: the claim's count over the five families, each family's
     flatness and calibration verdicts, the shifted test sets, the extra methods, and which fits were
     still improving."""
-    pairs = [p for p in report["pairs"] if p["is_family"]]
+    every = [p for p in report["pairs"] if p["is_family"]]
+    pairs = [p for p in every if p.get("converged", True)]
+    unconverged = [p for p in every if p not in pairs]
     n_seeds = max((r["top_eigenvalue"]["n"] for r in report["rows"]), default=0)
     out = []
-    if pairs and n_seeds < 2:
+    if unconverged:
+        out.append(f"Not comparable ({len(unconverged)} of {len(every)} families: {_names(unconverged)}): the plain or "
+                   "the sharpness-aware fit was still improving at the end of its run (its objective still falling "
+                   "beyond 2 standard errors), so the differences compare budgets, not methods; give them more "
+                   "--grad-evals. They are left out of every count below.")
+    if every and n_seeds < 2:
         out.append(f"One seed: no error bars, so no claim is counted; run --seeds 3 or more "
-                   f"({len(pairs)} families ran).")
+                   f"({len(every)} families ran).")
     elif pairs:
         flatter = [p for p in pairs if p["top_eigenvalue"]["verdict"] == "better"]
         calibrated = [p for p in pairs if p["ece"]["verdict"] == "better"]
@@ -147,8 +161,9 @@ def findings(report: dict) -> List[str]:
         higher_nll = [p for p in pairs if p["nll"]["verdict"] == "worse"]
         out.append(
             f"The claim of \"Flat Seeking BNNs\" (each sharpness-aware version is flatter and better calibrated than "
-            f"its baseline) holds here for {len(both)} of the {len(pairs)} families ({_names(both)}), counting a "
-            f"difference when the mean paired difference over {n_seeds} seeds exceeds 2 of its standard errors. "
+            f"its baseline) holds here for {len(both)} of the {len(pairs)} comparable families ({_names(both)}) "
+            f"over {n_seeds} seeds, counting a difference when the mean paired difference exceeds "
+            f"{threshold_text(n_seeds)}. "
             f"Flatter (lower top eigenvalue): {len(flatter)} ({_names(flatter)}); sharper: {_names(sharper)}. "
             f"Better calibrated (lower ECE): {len(calibrated)} ({_names(calibrated)}); worse: {_names(worse_ece)}. "
             f"Lower test NLL: {len(lower_nll)} ({_names(lower_nll)}); higher: {_names(higher_nll)}.")
@@ -158,7 +173,7 @@ def findings(report: dict) -> List[str]:
                        f"{_signed(p['trace'])} ({p['trace']['verdict']}), ECE {_signed(p['ece'])} "
                        f"({p['ece']['verdict']}), NLL {_signed(p['nll'])} ({p['nll']['verdict']}), accuracy "
                        f"{_signed(p['accuracy'])} ({p['accuracy']['verdict']}).")
-        out += _shift_findings(pairs)
+        out += _shift_findings(pairs, n_seeds)
     for p in (p for p in report["pairs"] if not p["is_family"]):
         out.append(f"{p['sharp']} against {p['plain']}: top eigenvalue {_signed(p['top_eigenvalue'])} "
                    f"({p['top_eigenvalue']['verdict']}), ECE {_signed(p['ece'])} ({p['ece']['verdict']}), NLL "
@@ -175,7 +190,7 @@ def findings(report: dict) -> List[str]:
     return out
 
 
-def _shift_findings(pairs: List[dict]) -> List[str]:
+def _shift_findings(pairs: List[dict], n_seeds: int) -> List[str]:
     """At the strongest strength of each shift: for how many families the sharpness-aware version
     has the lower NLL and ECE beyond the error bars (and for how many the higher)."""
     out = []
@@ -191,7 +206,8 @@ def _shift_findings(pairs: List[dict]) -> List[str]:
             parts.append(f"{NAMES[name]} better in {verdicts.count('better')}, worse in {verdicts.count('worse')}")
         unit = "°" if kind == "rotation" else " sd"
         out.append(f"Shifted test set, {kind} at its strongest ({strongest:g}{unit}), sharpness-aware against plain "
-                   f"over the {len(pairs)} families: " + "; ".join(parts) + " (beyond 2 standard errors).")
+                   f"over the {len(pairs)} comparable families and {n_seeds} seeds: " + "; ".join(parts)
+                   + f" (beyond {threshold_text(n_seeds)}).")
     return out
 
 
@@ -256,14 +272,15 @@ def report_markdown(report: dict) -> str:
     lines += ["", "## What the numbers show", ""] + [f"- {t}" for t in report.get("findings", [])]
     lines += ["", "## Sharpness-aware against plain, paired by seed", "",
               "Each cell: the mean over seeds of (sharpness-aware − plain) ± its standard error; **bold** when beyond "
-              f"2 standard errors. With {len(seeds)} seeds this is a loose test (a two-sided t-test at 95 % would need "
-              f"{t_critical(len(seeds)):.2g} standard errors).", "",
+              f"{threshold_text(len(seeds))} (a two-sided paired t-test). *Not converged*: the row's plain or "
+              "sharpness-aware fit was still improving at the end of its run, so it is not compared.", "",
               "| family | compared | top eigenvalue | trace | ECE | NLL | accuracy | OOD AUROC |",
               "|---|---|---|---|---|---|---|---|"]
     for p in report["pairs"]:
         cells = [(f"**{_signed(p[m])}**" if p[m]["verdict"] in ("better", "worse") else _signed(p[m]))
                  for m in ("top_eigenvalue", "trace", "ece", "nll", "accuracy", "ood_auroc")]
-        lines.append(f"| {p['family']} | {p['sharp']} − {p['plain']} | " + " | ".join(cells) + " |")
+        compared = " − ".join((p["sharp"], p["plain"])) + ("" if p.get("converged", True) else " (*not converged*)")
+        lines.append(f"| {p['family']} | {compared} | " + " | ".join(cells) + " |")
     lines += _shift_tables(report)
     lines += ["", "## Convergence and cost", "",
               "The objective per training image over the second half of each run: the minibatch potential U(θ) of the "
@@ -369,4 +386,4 @@ def plot_shift(report: dict):
 
 
 __all__ = ["summarize", "findings", "report_markdown", "plot_families", "plot_shift", "row_text", "plus_minus",
-           "t_critical", "METRICS"]
+           "METRICS"]

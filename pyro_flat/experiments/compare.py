@@ -1,23 +1,54 @@
-"""The one rule every study's findings use to call a difference: beyond 2 combined standard errors.
+r"""The one rule every study's findings use to call a difference: a two-sided t-test at 95 %.
 
-Two estimates ``a ± se_a`` and ``b ± se_b`` (independent) differ when
-:math:`|a - b| > 2 \\sqrt{se_a^2 + se_b^2}`; otherwise they are tied, and no sentence may name a
-winner. Rankings follow the same rule: the best is named alone only when it differs from every
-other.
+A mean over ``n`` independent units (seeds, chains, probes) with standard error ``se`` differs from
+another when the difference exceeds :func:`t_critical` ``(n)`` combined standard errors,
+:math:`|a - b| > t_{0.975,\,n-1}\sqrt{se_a^2 + se_b^2}`: 4.30 over 3 seeds, 2.26 over 10 chains, about 2
+over many (``n=None``: :data:`LARGE_SAMPLE_SIGMAS`, for binomial shares over hundreds of chains). With
+``n - 1`` degrees of freedom the rule is the paired test's, and conservative for two independent
+means of ``n`` units each (Welch's test would allow up to ``2n - 2``). Otherwise the two are tied, and
+no sentence may name a winner. Rankings follow the same rule: the best is named alone only when it
+differs from every other. Every sentence says the threshold it used (:func:`threshold_text`).
 
 >>> compare_text(0.31, 0.015, 0.30, 0.015)
 'the same within Monte Carlo error (difference +0.010 ± 0.021)'
 >>> best_text({"A": (3.81, 0.02), "B": (3.80, 0.05), "C": (3.2, 0.03)}, lowest=False, what="mean top eigenvalue")
 "A's and B's have the highest mean top eigenvalue (3.81 ± 0.02, 3.8 ± 0.05): tied within 2 standard errors"
+>>> differ(0.5, 0.1, 0.0, 0.1), differ(0.5, 0.1, 0.0, 0.1, n=3)
+(True, False)
 """
 
 from __future__ import annotations
 
 import math
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
-#: combined standard errors a difference must exceed to count
-TIE_SIGMAS = 2.0
+#: combined standard errors a difference must exceed when the units behind them are many (``n=None``):
+#: the normal limit of the t critical value, 1.96, rounded up
+LARGE_SAMPLE_SIGMAS = 2.0
+
+
+def t_critical(n: Optional[int]) -> float:
+    """Standard errors a mean of ``n`` independent units must exceed: the two-sided 95 % t critical
+    value with ``n - 1`` degrees of freedom (``inf`` below 2 units; ``n=None``: :data:`LARGE_SAMPLE_SIGMAS`).
+
+    >>> round(t_critical(3), 2), round(t_critical(30), 2), t_critical(None)
+    (4.3, 2.05, 2.0)
+    """
+    if n is None:
+        return LARGE_SAMPLE_SIGMAS
+    if n < 2:
+        return float("inf")
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, n - 1))
+
+
+def threshold_text(n: Optional[int], unit: str = "seeds") -> str:
+    """How a sentence names its threshold: "2 standard errors", or "t = 4.30 standard errors (the 95 %
+    t critical value for 3 seeds)"."""
+    if n is None:
+        return f"{LARGE_SAMPLE_SIGMAS:g} standard errors"
+    return f"t = {t_critical(n):.2f} standard errors (the 95 % t critical value for {n} {unit})"
 
 
 def mean_and_se(values) -> Tuple[float, float]:
@@ -31,28 +62,29 @@ def mean_and_se(values) -> Tuple[float, float]:
     return mean, sd / math.sqrt(n)
 
 
-def differ(a: float, se_a: float, b: float, se_b: float) -> bool:
-    """Whether ``a`` and ``b`` differ by more than :data:`TIE_SIGMAS` combined standard errors."""
-    return abs(a - b) > TIE_SIGMAS * math.hypot(se_a, se_b)
+def differ(a: float, se_a: float, b: float, se_b: float, *, n: Optional[int] = None) -> bool:
+    """Whether ``a`` and ``b`` differ by more than :func:`t_critical` ``(n)`` combined standard errors."""
+    return abs(a - b) > t_critical(n) * math.hypot(se_a, se_b)
 
 
-def compare_text(a: float, se_a: float, b: float, se_b: float) -> str:
+def compare_text(a: float, se_a: float, b: float, se_b: float, *, n: Optional[int] = None) -> str:
     """``a`` against ``b``: "the same within Monte Carlo error (...)" or "higher/lower by ..."."""
     diff, se = a - b, math.hypot(se_a, se_b)
-    if not differ(a, se_a, b, se_b):
+    if not differ(a, se_a, b, se_b, n=n):
         return f"the same within Monte Carlo error (difference {diff:+.3f} ± {se:.3f})"
     return f"{'higher' if diff > 0 else 'lower'} by {abs(diff):.3f} ± {se:.3f}"
 
 
-def best_text(estimates: Dict[str, Tuple[float, float]], *, lowest: bool, what: str) -> str:
-    """Who has the lowest (or highest) ``what`` among ``{name: (mean, se)}``, naming everyone tied
-    with the best under :func:`differ`."""
+def best_text(estimates: Dict[str, Tuple[float, float]], *, lowest: bool, what: str, n: Optional[int] = None,
+              unit: str = "draws") -> str:
+    """Who has the lowest (or highest) ``what`` among ``{name: (mean, se)}`` (each over ``n`` ``unit``),
+    naming everyone tied with the best under :func:`differ`."""
     pick = min if lowest else max
     best = pick(estimates, key=lambda k: estimates[k][0])
-    tied = [k for k in estimates if k == best or not differ(*estimates[best], *estimates[k])]
+    tied = [k for k in estimates if k == best or not differ(*estimates[best], *estimates[k], n=n)]
     values = ", ".join(f"{estimates[k][0]:.3g} ± {estimates[k][1]:.2g}" for k in tied)
     word = "lowest" if lowest else "highest"
     if len(tied) == 1:
-        return f"{best}'s have the {word} {what} ({values}), beyond 2 standard errors of every other"
+        return f"{best}'s have the {word} {what} ({values}), beyond {threshold_text(n, unit)} of every other"
     names = ", ".join(f"{k}'s" for k in tied[:-1]) + f" and {tied[-1]}'s"
-    return f"{names} have the {word} {what} ({values}): tied within 2 standard errors"
+    return f"{names} have the {word} {what} ({values}): tied within {threshold_text(n, unit)}"

@@ -32,7 +32,7 @@ import torch
 
 from .. import flatness
 from ..targets.batching import EpochBatcher
-from .compare import differ, mean_and_se
+from .compare import differ, mean_and_se, threshold_text
 
 #: the kinds of run, in the order of the report: (label, constrained, noise)
 RUN_KINDS = (("free SGD", False, "minibatch"), ("free full-batch descent", False, "none"),
@@ -142,28 +142,30 @@ def run_path_dynamics(config, model, blocks, path: flatness.EnergyPath, top_eige
     return runs
 
 
-def flatter_end(profile: dict) -> dict:
-    """Which end of the path is flatter: by the Hessian trace when the ends differ beyond 2 standard
-    errors, else by the top eigenvalue (``{"end": 0 or 1 or None, "by": ..., "text": ...}``)."""
+def flatter_end(profile: dict, probes: Optional[int] = None) -> dict:
+    """Which end of the path is flatter: by the Hessian trace when the ends differ beyond the t critical
+    value for ``probes`` Hutchinson probes (:mod:`.compare`), else by the top eigenvalue
+    (``{"end": 0 or 1 or None, "by": ..., "text": ...}``)."""
     trace, se, top = (np.asarray(profile[k]) for k in ("trace", "trace_stderr", "top_eigenvalue"))
-    if differ(trace[0], se[0], trace[-1], se[-1]):
+    if differ(trace[0], se[0], trace[-1], se[-1], n=probes):
         end = 0 if trace[0] < trace[-1] else 1
         return {"end": end, "by": "trace", "text": f"end {end} is the flatter by the Hessian trace "
                 f"(end 0: {trace[0]:.4g} ± {se[0]:.2g}, end 1: {trace[-1]:.4g} ± {se[-1]:.2g})"}
     end = 0 if top[0] < top[-1] else 1
     return {"end": end, "by": "top eigenvalue",
-            "text": f"the ends' traces are the same within 2 standard errors (end 0: {trace[0]:.4g} ± {se[0]:.2g}, "
+            "text": f"the ends' traces are the same within {threshold_text(probes, 'probes')} (end 0: {trace[0]:.4g} ± {se[0]:.2g}, "
                     f"end 1: {trace[-1]:.4g} ± {se[-1]:.2g}); end {end} has the lower top eigenvalue "
                     f"(end 0: {top[0]:.3g}, end 1: {top[-1]:.3g}, {abs(top[0] / top[-1] - 1):.1%} apart)"}
 
 
-#: the smallest shift along the path (a fraction of its length) a finding calls a drift, beyond 2 standard errors
+#: the smallest shift along the path (a fraction of its length) a finding calls a drift, beyond its error bar
 MIN_SHIFT = 0.01
 
 
-def moved(shift: float, se: float) -> bool:
-    """Whether a shift along the path counts: beyond 2 standard errors and at least :data:`MIN_SHIFT`."""
-    return abs(shift) >= MIN_SHIFT and differ(shift, se, 0.0, 0.0)
+def moved(shift: float, se: float, chains: Optional[int] = None) -> bool:
+    """Whether a shift along the path, a mean over ``chains``, counts: beyond the t critical value's
+    standard errors (:mod:`.compare`) and at least :data:`MIN_SHIFT`."""
+    return abs(shift) >= MIN_SHIFT and differ(shift, se, 0.0, 0.0, n=chains)
 
 
 def _excess(noisy: dict, control: dict) -> tuple:
@@ -179,7 +181,7 @@ def dynamics_findings(report: dict) -> List[str]:
     runs = report["dynamics"]
     if not runs:
         return []
-    flat = flatter_end(report["profiles"]["minimum-energy path"])
+    flat = flatter_end(report["profiles"]["minimum-energy path"], report["config"].get("trace_probes"))
     clear = flat["by"] == "trace"  # an end measurably flatter by the trace
     out = [f"Which end is flatter: {flat['text']}."]
 
@@ -202,9 +204,9 @@ def dynamics_findings(report: dict) -> List[str]:
             parts = []
             for run, control in ((free, free_control), (fixed, fixed_control), (sgld, free_control)):
                 excess, se = _excess(run, control)
-                verdict = (f"{excess:+.4f} ± {se:.4f}, {direction(excess)}" if moved(excess, se)
-                           else f"{excess:+.4f} ± {se:.4f}, no shift (beyond 2 standard errors and {MIN_SHIFT:g} of "
-                                "the path)")
+                verdict = (f"{excess:+.4f} ± {se:.4f}, {direction(excess)}" if moved(excess, se, run["chains"])
+                           else f"{excess:+.4f} ± {se:.4f}, no shift (beyond "
+                                f"{threshold_text(run['chains'], 'chains')} and {MIN_SHIFT:g} of the path)")
                 extra = f" at T = {run['temperature']:.2g} ({run['temperature'] * report['n_train']:.2g}/n)" \
                     if run["temperature"] else ""
                 parts.append(f"{run['kind']}{extra}: {verdict}"
@@ -212,18 +214,19 @@ def dynamics_findings(report: dict) -> List[str]:
                                 else "") + (" DIVERGED" if run["diverged"] else ""))
             entropic = _excess(free, free_control)[0] - _excess(fixed, fixed_control)[0]
             entropic_se = math.hypot(free["shift_se"], fixed["shift_se"])
-            drifts.append((entropic, entropic_se))
+            chains = min(free["chains"], fixed["chains"])
+            drifts.append((entropic, entropic_se, chains))
             out.append(f"Batch {batch_size}, shift beyond the noise-free control ({free['chains']} chains; SGLD "
                        f"{sgld['chains']}; ± standard error over chains): " + "; ".join(parts) + ". Free SGD's excess "
                        f"beyond constrained SGD's (the part the curvature across the path can cause): {entropic:+.4f} "
-                       f"± {entropic_se:.4f}" + (f", {direction(entropic)}." if moved(entropic, entropic_se) else
+                       f"± {entropic_se:.4f}" + (f", {direction(entropic)}." if moved(entropic, entropic_se, chains) else
                                                  ", no drift measurable here."))
-    seen = [(d, se) for d, se in drifts if moved(d, se)]
+    seen = [(d, se) for d, se, n in drifts if moved(d, se, n)]
     toward = [d for d, _ in seen if clear and (d > 0) == (flat["end"] == 1)]
     if not seen:
         out.append("Di Carlo et al.'s drift toward the flatter end does not appear: in no setting does free SGD move "
-                   f"beyond both its full-batch control and constrained SGD (by 2 standard errors and {MIN_SHIFT:g} of "
-                   "the path).")
+                   f"beyond both its full-batch control and constrained SGD (by the t critical value for its chains "
+                   f"and {MIN_SHIFT:g} of the path).")
     elif not clear:
         ends = sorted({1 if d > 0 else 0 for d, _ in seen})
         out.append(f"Free SGD drifts beyond its controls in {len(seen)} of {len(drifts)} settings (toward end "

@@ -39,7 +39,7 @@ from .. import flatness
 from ..datasets import load_mnist_ood
 from ..models import BayesianMLP
 from ..predictive import iter_draws
-from .compare import best_text, mean_and_se
+from .compare import best_text, mean_and_se, t_critical
 from .configs import PathConfig
 from .output import hold_signals, study_output
 from .path_dynamics import dynamics_findings, plot_dynamics, run_path_dynamics
@@ -202,15 +202,18 @@ def findings(report: dict) -> list:
     top, trace, se = (np.asarray(path[k]) for k in ("top_eigenvalue", "trace", "trace_stderr"))
     middle = slice(len(top) // 4, len(top) - len(top) // 4)
     sharper = top[middle] > max(top[0], top[-1])
-    wider = trace[middle] - 2 * se[middle] > max(trace[0] + 2 * se[0], trace[-1] + 2 * se[-1])
+    t = t_critical(report["config"].get("trace_probes"))  # each trace is a mean over its probes
+    wider = trace[middle] - t * se[middle] > max(trace[0] + t * se[0], trace[-1] + t * se[-1])
     if sharper.all() and wider.all():
         out.append("Along the minimum-energy path the curvature rises away from both endpoints: every image of its "
-                   "middle half has a higher top eigenvalue and trace (beyond 2 standard errors) than either end "
+                   f"middle half has a higher top eigenvalue and trace (beyond {t:.2f} standard errors, the t critical value "
+                   "for its probes) than either end "
                    "(the entropic confinement Di Carlo et al. report).")
     else:
         out.append(f"Along the minimum-energy path the curvature does not rise above both endpoints throughout its "
                    f"middle half: {sharper.sum()} of its {sharper.size} images there have a higher top eigenvalue "
-                   f"than either end and {wider.sum()} a trace higher beyond 2 standard errors.")
+                   f"than either end and {wider.sum()} a trace higher beyond {t:.2f} standard errors (the t critical value for "
+                   "its probes).")
     out += _draw_findings(report)
     out += dynamics_findings(report)
     return out
@@ -231,8 +234,8 @@ def _draw_findings(report: dict) -> list:
                    "says little (such a point is about as far from every image).")
     n = min(len(v) for v in report["draws"].values())
     what = f"mean top eigenvalue (± its standard error over {n} draws)"
-    out.append(f"Of the samplers' draws, {best_text(estimates, lowest=True, what=what)}; "
-               f"{best_text(estimates, lowest=False, what=what)}.")
+    out.append(f"Of the samplers' draws, {best_text(estimates, lowest=True, what=what, n=n)}; "
+               f"{best_text(estimates, lowest=False, what=what, n=n)}.")
     draws = [d for pair in report["draws"].values() for d in pair]
     lowest = min(d["loss"] for d in draws)
     nearest = min(d["distance"] for d in draws)
