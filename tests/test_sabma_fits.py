@@ -13,6 +13,8 @@ from pyro.infer.autoguide import AutoDiagonalNormal, AutoLowRankMultivariateNorm
 from pyro_flat import SABMA_ELBO
 from pyro_flat.variational import GuideCovarianceError
 
+from guides import guide_law
+
 N, D, NOISE = 500, 5, 0.5
 W_TRUE = torch.tensor([1.0, -2.0, 0.5, 0.0, 3.0])
 _gen = torch.Generator().manual_seed(123)
@@ -42,33 +44,23 @@ def negative_elbo(q) -> float:
 
 
 def fit(guide_cls, loss, seed, steps=1200):
-    """The fitted q, and the largest exact KL(q_{φ+δ} ‖ q_φ) / γ of the perturbations along the run."""
+    """The fitted q, and the smallest and largest exact KL(q_{φ+δ} ‖ q_φ) / γ of the perturbations along
+    the run (the closed-form KL of the two Gaussians, not the loss's own second-order radius)."""
     pyro.clear_param_store()
     pyro.set_rng_seed(seed)
     guide = guide_cls(model)
     guide()  # sets the parameters up, so that each step's starting point can be read
     svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.02}), loss)
-    store, worst = pyro.get_param_store(), 0.0
+    store, ratios = pyro.get_param_store(), []
     for step in range(steps):
         before = {n: p.unconstrained().detach().clone() for n, p in store.items()}
         svi.step()
         if isinstance(loss, SABMA_ELBO) and step % 10 == 0:
-            q0 = _guide_law(guide, before)
-            q1 = _guide_law(guide, {n: v + loss.last_perturbation[n] for n, v in before.items()})
-            worst = max(worst, float(torch.distributions.kl_divergence(q1, q0).sum()) / loss.gamma)
-            assert float(loss.last_kl_radius) == pytest.approx(loss.gamma, rel=1e-4)  # ½ δᵀFδ = γ
+            q0 = guide_law(guide, before)
+            q1 = guide_law(guide, {n: v + loss.last_perturbation[n] for n, v in before.items()})
+            ratios.append(float(torch.distributions.kl_divergence(q1, q0).sum()) / loss.gamma)
     with torch.no_grad():
-        return guide.get_posterior(), worst
-
-
-def _guide_law(guide, params):
-    """The guide's law at the unconstrained parameters ``params`` (by name)."""
-    name = guide._pyro_name
-    sigma = torch.nn.functional.softplus(params[f"{name}.scale"])
-    if isinstance(guide, AutoDiagonalNormal):
-        return dist.Normal(params[f"{name}.loc"], sigma)
-    return dist.LowRankMultivariateNormal(params[f"{name}.loc"], params[f"{name}.cov_factor"] * sigma[:, None],
-                                          sigma ** 2)
+        return guide.get_posterior(), (min(ratios, default=0.0), max(ratios, default=0.0))
 
 
 @pytest.fixture(scope="module")
@@ -84,15 +76,18 @@ def trace_elbo_losses():
     (AutoDiagonalNormal, 0.01, 0), (AutoDiagonalNormal, 0.01, 1),
 ], ids=lambda v: getattr(v, "__name__", str(v)))
 def test_sabma_fits_end_at_the_elbo_optimum_inside_the_kl_ball(trace_elbo_losses, guide_cls, gamma, seed):
-    q, worst = fit(guide_cls, SABMA_ELBO(gamma=gamma), seed)
+    q, (least, worst) = fit(guide_cls, SABMA_ELBO(gamma=gamma), seed)
     reference = trace_elbo_losses[guide_cls]
     assert negative_elbo(q) == pytest.approx(reference, rel=0.01), "−ELBO far from Trace_ELBO's fit"
     # Adam's last iterate jitters with the minibatch: within 3 posterior sds per coordinate
     assert ((q.mean - POSTERIOR_MEAN).abs() / POSTERIOR_SD).max() < 3
-    # the guide's own KL of each perturbation is γ up to third-order terms, O(γ^{3/2}) (1.05 γ at
-    # γ = 0.01 at worst, measured), and at most that for the low-rank guide (the ball is the
-    # complete data's); the family's own Fisher gave 75 γ and a failed Cholesky here
-    assert worst <= 1 + gamma ** 0.5, f"a perturbation left the KL ball: KL = {worst:.3g} γ"
+    # the guide's closed-form KL of each perturbation is γ up to third-order terms, O(γ^{3/2}): for the
+    # diagonal guide at every step (0.979-1.048 γ at γ = 0.01, measured); for the low-rank guide the ball is
+    # the complete data's, which holds the guide's own, so its KL is at most γ and reaches it where the two
+    # agree (largest 0.980-1.011 γ, smallest 0.18 γ); the family's own Fisher gave 75 γ and a failed Cholesky
+    assert 1 - gamma ** 0.5 <= worst <= 1 + gamma ** 0.5, f"the largest perturbation is KL = {worst:.3g} γ, not γ"
+    if guide_cls is AutoDiagonalNormal:
+        assert least >= 1 - gamma ** 0.5, f"a perturbation fell short of the KL ball: KL = {least:.3g} γ"
 
 
 def _low_rank_guide():
