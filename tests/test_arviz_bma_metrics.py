@@ -94,6 +94,41 @@ def test_bma_averages_probabilities_not_logits():
         bma_predict(model, {"w": draws["w"]}, X, use="aux")
 
 
+def _broadcasting(X, y=None):
+    """Takes a leading dimension of draws: w (K, d) gives logits (K, N)."""
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    with pyro.plate("data", X.shape[0], subsample_size=7) as idx:
+        pyro.sample("y", dist.Bernoulli(logits=(X.index_select(0, idx) * w.unsqueeze(-2)).sum(-1)), obs=y)
+
+
+def _mixing(X, y=None):
+    """Broadcasts without an error but mixes the draws of a block (each logit also reads the mean weight)."""
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    with pyro.plate("data", X.shape[0]):
+        pyro.sample("y", dist.Bernoulli(logits=(X * w.unsqueeze(-2)).sum(-1) + w.mean()), obs=y)
+
+
+def _matrix(X, y=None):
+    """Cannot take a leading dimension: X @ w needs w of shape (d,)."""
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    with pyro.plate("data", X.shape[0]):
+        pyro.sample("y", dist.Bernoulli(logits=torch.mv(X, w)), obs=y)
+
+
+@pytest.mark.parametrize("model", [_broadcasting, _mixing, _matrix])
+def test_bma_in_blocks_of_draws_is_the_average_over_every_draw(model, monkeypatch):
+    """Blocks of draws where the model broadcasts, one at a time where it fails or mixes the draws: the
+    same average of each draw's probabilities (written out), with blocks that do not divide the draws."""
+    import pyro_flat.predictive as predictive
+
+    g = torch.Generator().manual_seed(0)
+    X, draws = torch.randn(20, 3, generator=g), {"w": torch.randn(11, 3, generator=g)}
+    shift = draws["w"].mean(-1, keepdim=True) if model is _mixing else 0.0  # each draw's own mean weight
+    expected = torch.sigmoid(draws["w"] @ X.T + shift).mean(0)
+    monkeypatch.setattr(predictive, "BLOCK_ELEMENTS", 4 * 20)  # blocks of 4 draws: 4 + 4 + 3
+    assert torch.allclose(bma_predict(model, draws, X), expected, atol=1e-6)
+
+
 def test_bma_on_fitted_model_beats_chance(fitted):
     mcmc, X, y = fitted
     probs = bma_predict(logistic, mcmc.get_samples(), X, use="both")
