@@ -205,7 +205,7 @@ def _read_idx_split(root: Path, split: str, verify: bool = True) -> Tuple[np.nda
     if verify:
         _verify_official(images_path, images_bytes, len(images), split)
         _verify_official(labels_path, labels_bytes, len(labels), split)
-    return images, labels
+    return _as_pixel_counts(images, str(images_path)), labels
 
 
 def _read_npz_split(path: Path, split: str) -> Tuple[np.ndarray, np.ndarray]:

@@ -208,6 +208,53 @@ def to_arviz(
     return _build(posterior, stats)
 
 
+def write_netcdf(idata, path) -> None:
+    """Write ``idata`` (:func:`to_arviz`'s result) to the netCDF file ``path``, as ``idata.to_netcdf``.
+
+    The file is built in memory and then written with plain file I/O: when the disk fills up, HDF5
+    writing straight to it prints its own tracebacks and then crashes the interpreter (a segfault)
+    as its half-written objects are freed. Here a full disk is one ``OSError`` naming ``path`` (its
+    ``errno`` ENOSPC), and no part of the file is left behind.
+    """
+    import io
+    import os
+
+    buffer = io.BytesIO()
+    try:
+        _netcdf_into(idata, buffer)
+    except (TypeError, ValueError, NotImplementedError):  # an xarray that cannot write to memory
+        idata.to_netcdf(str(path))
+        return
+    try:
+        with open(path, "wb") as file:
+            file.write(buffer.getbuffer())
+    except OSError as err:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+        raise OSError(err.errno, err.strerror or str(err), str(path)) from err
+
+
+def _netcdf_into(idata, target) -> None:
+    """``idata`` as one netCDF-4 file (h5netcdf) in the file-like ``target``: ArviZ's own layout, a
+    group per InferenceData group, numbers compressed."""
+    import xarray as xr
+
+    if isinstance(idata, getattr(xr, "DataTree", ())):  # pragma: no cover - ArviZ 1.x
+        idata.to_netcdf(target, engine="h5netcdf")
+        return
+    mode = "w"
+    if idata.attrs:
+        xr.Dataset(attrs=idata.attrs).to_netcdf(target, mode=mode, engine="h5netcdf", group="/")
+        mode = "a"
+    for group in idata.groups():
+        data = getattr(idata, group)
+        encoding = {name: {"zlib": True} for name, values in data.variables.items() if values.dtype.kind in "biufcS"}
+        data.to_netcdf(target, mode=mode, group=f"/{group}", engine="h5netcdf", encoding=encoding)
+        mode = "a"
+
+
 def _build(posterior: ArrayDict, stats: ArrayDict):
     import arviz as az
 

@@ -19,23 +19,55 @@ from typing import Dict, Optional
 import numpy as np
 import torch
 
+from .validation import check_positive_int
+
 _EPS = 1e-12
 
 
-def _as_classes(probs: torch.Tensor, y: torch.Tensor):
+#: How far a row of probabilities may sum from 1 (float32 softmax averaged over draws: ~1e-6).
+SUM_TOL = 1e-3
+
+
+def _as_probs(name: str, probs) -> torch.Tensor:
+    """``probs`` as ``(N, C)`` float64 rows (binary ``(N,)`` as ``[1 - p, p]``), or a ``ValueError``
+    naming ``name`` unless there is at least one row, every entry lies in [0, 1] (so is finite) and
+    every row sums to 1 within :data:`SUM_TOL`. A few vectorized reductions: cheap enough per draw."""
     probs = torch.as_tensor(probs, dtype=torch.float64)
-    y = torch.as_tensor(y).reshape(-1)
+    if probs.dim() not in (1, 2) or probs.numel() == 0:
+        raise ValueError(f"{name} must be (N,) probabilities of class 1 or (N, C) rows of class probabilities, "
+                         f"with N >= 1; got shape {tuple(probs.shape)}.")
+    inside = (probs >= 0) & (probs <= 1 + SUM_TOL)  # NaN fails both comparisons
+    if not bool(inside.all()):
+        raise ValueError(f"{name} must be probabilities in [0, 1], got an entry {probs[~inside][0].item():g}; "
+                         "pass probabilities, not logits or scores (e.g. torch.softmax(logits, -1)).")
     if probs.dim() == 1:
-        probs = torch.stack([1.0 - probs, probs], dim=-1)
-    if probs.dim() != 2 or probs.shape[0] != y.shape[0]:
+        return torch.stack([1.0 - probs, probs], dim=-1)
+    deviation = probs.sum(-1) - 1.0
+    worst = int(deviation.abs().argmax())
+    if abs(float(deviation[worst])) > SUM_TOL:
+        raise ValueError(f"{name} rows must sum to 1 (each row is one point's class probabilities), but row "
+                         f"{worst} sums to {1.0 + float(deviation[worst]):.6g}; normalise them, e.g. "
+                         "torch.softmax(logits, -1).")
+    return probs
+
+
+def _as_classes(probs: torch.Tensor, y: torch.Tensor):
+    probs = _as_probs("probs", probs)
+    y = torch.as_tensor(y).reshape(-1)
+    if probs.shape[0] != y.shape[0]:
         raise ValueError(
             f"probs must be (N,) or (N, C) with N = len(y); got probs {tuple(probs.shape)}, y {tuple(y.shape)}"
         )
-    if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()):
-        raise ValueError("probs must be finite and non-negative")
-    labels = y.round().long()
+    if y.dtype == torch.bool:
+        y = y.long()
+    if y.is_floating_point() and not bool((y == y.round()).all()):  # NaN != NaN: refused too
+        bad = y[y != y.round()][0].item()
+        raise ValueError(f"y must hold integer class labels 0..{probs.shape[1] - 1}, got {bad:g}; pass the "
+                         "labels (e.g. 0. and 1. for binary probs), not probabilities.")
+    labels = y.long()
     if bool((labels < 0).any()) or bool((labels >= probs.shape[1]).any()):
-        raise ValueError(f"labels must lie in 0..{probs.shape[1] - 1}")
+        raise ValueError(f"y must hold class labels 0..{probs.shape[1] - 1}, got {int(labels.min())}.."
+                         f"{int(labels.max())}")
     return probs, labels
 
 
@@ -66,8 +98,7 @@ def reliability_curve(probs: torch.Tensor, y: torch.Tensor, n_bins: int = 15,
     """The calibration curve of the top-class confidence: per non-empty bin, the mean confidence
     ``confidence``, the accuracy ``accuracy`` and the number of points ``count`` (the bins of
     :func:`ece`; ``binning="mass"``: equal numbers of points per bin)."""
-    if n_bins < 1:
-        raise ValueError(f"n_bins must be >= 1, got {n_bins}")
+    n_bins = check_positive_int("n_bins", n_bins, hint="It is the number of confidence bins, e.g. n_bins=15.")
     p, labels = _as_classes(probs, y)
     conf, pred = p.max(-1)
     correct = (pred == labels).double()
@@ -117,9 +148,11 @@ def classification_metrics(probs: torch.Tensor, y: torch.Tensor, n_bins: int = 1
 def predictive_entropy(probs: torch.Tensor) -> torch.Tensor:
     """The entropy of each row of ``(N, C)`` (or ``(N,)`` binary) probabilities, in nats: the
     usual out-of-distribution score of a Bayesian model average."""
-    probs = torch.as_tensor(probs, dtype=torch.float64)
-    if probs.dim() == 1:
-        probs = torch.stack([1.0 - probs, probs], dim=-1)
+    return _entropy("probs", probs)
+
+
+def _entropy(name: str, probs) -> torch.Tensor:
+    probs = _as_probs(name, probs)
     return -(probs * probs.clamp_min(_EPS).log()).sum(-1)
 
 
@@ -134,6 +167,10 @@ def auroc(positive_scores: torch.Tensor, negative_scores: torch.Tensor) -> float
     neg = torch.as_tensor(negative_scores, dtype=torch.float64).reshape(-1)
     if pos.numel() == 0 or neg.numel() == 0:
         raise ValueError("auroc needs at least one positive and one negative score")
+    for name, scores in (("positive_scores", pos), ("negative_scores", neg)):
+        if not bool(torch.isfinite(scores).all()):
+            raise ValueError(f"{name} holds NaN or inf (at index {int((~torch.isfinite(scores)).nonzero()[0])}); "
+                             "the scores must be finite numbers: drop or fix those points first.")
     scores = torch.cat([pos, neg])
     # average ranks (ties share their mean rank), then the Mann-Whitney U of the positives
     order = scores.argsort()
@@ -149,7 +186,7 @@ def auroc(positive_scores: torch.Tensor, negative_scores: torch.Tensor) -> float
 def ood_auroc(probs_in: torch.Tensor, probs_out: torch.Tensor) -> float:
     """AUROC of telling out-of-distribution inputs from in-distribution ones by the predictive
     entropy of their (model-averaged) probabilities; 0.5 is chance, 1 is perfect."""
-    return auroc(predictive_entropy(probs_out), predictive_entropy(probs_in))
+    return auroc(_entropy("probs_out", probs_out), _entropy("probs_in", probs_in))
 
 
 def running_bma(probs: torch.Tensor, y: torch.Tensor, *, warmup: int = 0, thin: int = 1,

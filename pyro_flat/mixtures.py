@@ -33,6 +33,7 @@ quadrature error, Gauss–Legendre in ``r`` and in each sector of ``φ``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Dict, Optional, Sequence, Tuple
@@ -42,6 +43,8 @@ import torch
 
 import pyro
 import pyro.distributions as dist
+
+from .validation import check_number
 
 #: Gauss–Legendre nodes per radial panel and per angular sector of the basin quadrature.
 RADIAL_NODES, ANGULAR_NODES = 8, 96
@@ -88,8 +91,10 @@ class SharpFlatMixture:
 
     def component_scales(self, eta: float = 0.0) -> np.ndarray:
         """The components' standard deviations after smoothing by ``N(0, ηI)``: ``√(σ_k² + η)``."""
-        if not eta >= 0:
-            raise ValueError(f"eta must be >= 0 (0 is the unsmoothed mixture), got {eta!r}")
+        eta = check_number("eta", eta, "1.0")
+        if not (eta >= 0 and math.isfinite(eta)):
+            raise ValueError(f"eta must be >= 0 and finite (0 is the unsmoothed mixture), got eta={eta!r}; "
+                             "it is the smoothing variance, e.g. eta=1.0.")
         return np.sqrt(np.asarray(self.scales, dtype=float) ** 2 + eta)
 
     def distribution(self, eta: float = 0.0) -> dist.MixtureSameFamily:

@@ -39,6 +39,11 @@ def logistic_regression(X: torch.Tensor, y: Optional[torch.Tensor] = None, *,
     ``Predictive(parallel=True)``; with per-chain minibatches the plate's indices are ``(C, B)``
     and the gathered data ``(C, B, d)``, one minibatch per chain.
     """
+    if not X.is_floating_point():
+        raise TypeError(f"logistic_regression: X must be a floating-point tensor, got dtype {X.dtype}; convert it "
+                        "and choose its scale, e.g. X.float() / 255 for 0..255 pixels.")
+    if y is not None and y.dtype != X.dtype:
+        y = _bernoulli_labels(y, X.dtype)
     zero = X.new_zeros(())
     with pyro.plate("features", X.shape[1]):
         w = pyro.sample("w", dist.Normal(zero, prior_scale))
@@ -61,6 +66,17 @@ def logistic_regression(X: torch.Tensor, y: Optional[torch.Tensor] = None, *,
         if y is not None and subsample is not None and subsample < X.shape[0]:
             y = take_rows(y, idx)
         pyro.sample("y", dist.Bernoulli(logits=logits), obs=y)
+
+
+def _bernoulli_labels(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Integer or bool 0/1 labels as ``dtype`` (a Bernoulli observation is a float); other floats
+    as they are; a ``ValueError`` for integers other than 0 and 1."""
+    if y.is_floating_point():
+        return y
+    if not bool(((y == 0) | (y == 1)).all()):
+        raise ValueError(f"logistic_regression: y must hold the labels 0 and 1 (Bernoulli), got the values "
+                         f"{y.unique()[:10].tolist()}; map the classes to 0 and 1, e.g. y = (labels == 9).")
+    return y.to(dtype)
 
 
 def take_rows(data: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

@@ -188,3 +188,148 @@ def test_initial_params_of_the_wrong_shape_or_type_are_named_in_the_users_shapes
         MCMC(SGLD(gaussian, step_size=0.1), num_samples=5, num_chains=2, initial_params=start).run()
     with pytest.raises(TypeError, match=r"initial_params\['x'\] must be a tensor"):
         MCMC(SGLD(gaussian, step_size=0.1), num_samples=5, initial_params={"x": "abc"})
+
+
+# ----------------------------------------------------------------------------- round 3 (the stress run)
+def test_a_chain_count_whose_state_cannot_fit_in_memory_is_refused_before_any_work(monkeypatch):
+    """``num_chains=10**9`` was accepted (and would fail or run for hours); now refused at once."""
+    with pytest.raises(ValueError, match=r"num_chains: the run would keep about .* GiB .* pass fewer chains"):
+        MCMC(SGLD(gaussian, step_size=0.1), num_samples=10, num_chains=10 ** 9)
+    # the model's real state size is checked before the model is traced for so many chains
+    calls = []
+
+    def wide():
+        calls.append(1)
+        pyro.sample("x", dist.Normal(torch.zeros(1000), 1.0).to_event(1))
+
+    from pyro_flat import validation
+
+    monkeypatch.setattr(validation, "machine_memory", lambda: 2 ** 27)  # a machine of 128 MiB
+    mcmc = MCMC(SGLD(wide, step_size=0.1), num_samples=100, num_chains=300, disable_progbar=True)
+    with pytest.raises(ValueError, match=r"num_chains=300 chains of 100 draws cannot be held in memory"):
+        mcmc.run()
+    assert len(calls) <= 2  # one chain's trace, not one per chain
+
+
+def test_setup_traces_the_model_a_fixed_number_of_times_whatever_the_chain_count():
+    """Setting up 10**6 chains took minutes: the vectorization probe and the initial point traced the
+    model once per chain, twice over. The initial points still are independent draws of the prior."""
+    calls = []
+
+    def model():
+        calls.append(1)
+        pyro.sample("x", dist.Normal(torch.zeros(2), 1.0).to_event(1))
+        pyro.sample("s", dist.LogNormal(0.0, 1.0))
+
+    pyro.set_rng_seed(0)
+    kernel = SGLD(model, step_size=1e-3)
+    mcmc = MCMC(kernel, num_samples=1, warmup_steps=0, num_chains=4000, disable_progbar=True)
+    mcmc.run()
+    assert mcmc.chain_method == "vectorized" and len(calls) < 20, len(calls)
+    start = kernel.initial_params
+    assert start["x"].shape == (4000, 2) and start["s"].shape == (4000,)
+    assert start["x"].unique(dim=0).shape[0] == 4000  # every chain its own point
+    for values in (start["x"].reshape(-1), start["s"]):  # s is unconstrained: log s ~ N(0, 1)
+        assert abs(float(values.mean())) < 0.06 and abs(float(values.std()) - 1) < 0.05
+
+
+def test_many_chains_drawn_in_one_trace_do_not_depend_on_the_split_over_ranks():
+    """Above ``TRACED_CHAINS_MAX`` chains the initial points come from one trace with a plate of chains;
+    a rank's block of them is the same rows of the one-process draw (so one seed, the same draws)."""
+    from pyro_flat.distributed import ChainShard, sharded
+    from pyro_flat.targets import ModelPotential
+    from pyro_flat.targets.potential import TRACED_CHAINS_MAX
+
+    def model():
+        with pyro.plate("features", 3):
+            pyro.sample("w", dist.Normal(0.0, 1.0))
+        pyro.sample("s", dist.Gamma(2.0, 1.0))
+
+    total = 2 * TRACED_CHAINS_MAX
+    pyro.set_rng_seed(1)
+    whole = ModelPotential(model, num_chains=total).initial_params()
+    pyro.set_rng_seed(1)
+    with sharded(ChainShard(total, TRACED_CHAINS_MAX, total)):
+        mine = ModelPotential(model, num_chains=TRACED_CHAINS_MAX).initial_params()
+    assert whole["w"].shape == (total, 3) and whole["s"].shape == (total,)
+    for name in whole:
+        assert torch.equal(mine[name], whole[name][TRACED_CHAINS_MAX:]), name
+
+
+def test_a_latent_site_the_model_stops_sampling_is_named_not_random_walked():
+    """A model that samples ``b`` at set-up and not afterwards: ``b`` got no potential, random-walked
+    and was returned as draws (one chain), or vanished from the draws (vectorized chains)."""
+    calls = []
+
+    def model():
+        calls.append(1)
+        pyro.sample("a", dist.Normal(0.0, 1.0))
+        if len(calls) <= 1:
+            pyro.sample("b", dist.Normal(0.0, 1.0))
+
+    for num_chains, method in [(1, "auto"), (4, "auto"), (4, "vectorized")]:
+        calls.clear()
+        mcmc = MCMC(SGLD(model, step_size=0.1), num_samples=20, warmup_steps=5, num_chains=num_chains,
+                    chain_method=method, disable_progbar=True)
+        with pytest.raises(ValueError, match="did not sample latent site 'b'") as caught:
+            mcmc.run()
+        assert type(caught.value).__name__ == "ChangedSitesError"
+
+
+def test_integer_initial_params_of_a_potential_fn_are_read_as_floats():
+    def potential(params):
+        return 0.5 * (params["x"] ** 2).sum(-1)
+
+    for kernel in (SGLD(potential_fn=potential, step_size=0.1),
+                   EntropyHMC(potential_fn=potential, eta=0.5, step_size=0.1, num_steps=3)):
+        for num_chains, start in [(1, {"x": torch.tensor([1, 2])}), (2, {"x": torch.tensor([[1, 2], [3, 4]])}),
+                                  (1, {"x": [1, 2]})]:
+            mcmc = MCMC(kernel, num_samples=5, warmup_steps=2, num_chains=num_chains, initial_params=start,
+                        disable_progbar=True)
+            mcmc.run()
+            assert mcmc.get_samples()["x"].dtype == torch.get_default_dtype()
+    with pytest.raises(TypeError, match=r"initial_params\['x'\] is complex"):
+        MCMC(SGLD(potential_fn=potential, step_size=0.1), num_samples=5, initial_params={"x": torch.ones(2) * 1j})
+
+
+@pytest.mark.parametrize("kernel, needle", [
+    ("sgld", r"kernel must be a kernel instance, got the string 'sgld'; .* MCMC\(SGLD\(model, step_size=1e-3\)"),
+    ("nuts", r"got the string 'nuts'; .*the kernels by name: sgld"),
+    (SGLD, r"got the class SGLD; pass one built with its model, e.g. MCMC\(SGLD\(model"),
+    (3, r"kernel must be an MCMC kernel such as pyro_flat.SGLD"),
+])
+def test_a_kernel_given_by_name_or_class_says_to_pass_an_instance(kernel, needle):
+    with pytest.raises(TypeError, match=needle):
+        MCMC(kernel, num_samples=5)
+
+
+def test_a_bad_dist_timeout_is_read_only_by_runs_across_ranks_and_named(monkeypatch):
+    from pyro_flat.distributed import init_from_env
+
+    monkeypatch.setenv("PYRO_FLAT_DIST_TIMEOUT", "abc")
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    assert init_from_env().world_size == 1  # one process: the variable is not needed, not read
+    mcmc = MCMC(SGLD(gaussian, step_size=0.1), num_samples=5, num_chains=2, chain_method="distributed",
+                disable_progbar=True)
+    mcmc.run()
+    assert mcmc.get_samples(group_by_chain=True)["x"].shape == (2, 5, 3)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "1")
+    with pytest.raises(ValueError, match=r"PYRO_FLAT_DIST_TIMEOUT='abc' is not a positive number of seconds .*"
+                                         r"set it to one, e.g. PYRO_FLAT_DIST_TIMEOUT=300, or unset it"):
+        init_from_env()
+
+
+def test_synthetic2d_chains_beyond_memory_are_one_line_before_any_work(tmp_path, monkeypatch, capsys):
+    """``pyro-flat synthetic2d --num-chains 1000000000`` ended in a 31-line MemoryError after 72 s."""
+    from pyro_flat.experiments import synthetic2d
+    from pyro_flat.experiments.cli import main
+
+    monkeypatch.setattr(synthetic2d, "run_synthetic2d", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran")))
+    assert main(["synthetic2d", "--num-chains", "1000000000", "--out", str(tmp_path / "run"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--num-chains x --num-steps: the run would keep about" in err and err.count("\n") == 1
+    assert not (tmp_path / "run").exists()

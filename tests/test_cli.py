@@ -170,7 +170,8 @@ def test_the_pull_verdict_follows_the_shares():
     config = Synthetic2DConfig(etas=(1.0, 2.0), coupling_metrics=("joint", "pulled"))
 
     def row(sampler, share, **settings):
-        return {"sampler": sampler, "variable": "theta", "settings": settings, "share": share, "se": 0.015}
+        return {"sampler": sampler, "variable": "theta", "settings": settings, "share": share, "se": 0.015,
+                "chains": 1000}
 
     ridge = [row("sgld", 0.31), row("entropy-sgld", 0.30, eta=1.0), row("entropy-sgld", 0.30, eta=2.0),
              row("entropy-sgld", 0.31, eta=1.0, coupling_metric="joint"),

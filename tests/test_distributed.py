@@ -203,6 +203,16 @@ def _bad_shard(rank):
          disable_progbar=True).run(X, y)
 
 
+def _overflowing_shard(rank):
+    """Finite data whose likelihood overflows on rank 1's shard alone: it was blamed on rank 0's initial point."""
+    X, y = data()
+    X, y = shard_rows(X, rank, 2).clone(), shard_rows(y, rank, 2)
+    if rank == 1:
+        X[5, 0] = 1e200
+    MCMC(SGLD(model, step_size=1e-3), num_samples=5, num_chains=2, chain_method="data_parallel",
+         disable_progbar=True).run(X, y, batch_size=None)
+
+
 def _other_data(rank):
     X, y = data(N + 10 * rank)
     MCMC(SGLD(model, step_size=1e-3), num_samples=5, num_chains=2, chain_method="distributed",
@@ -229,6 +239,8 @@ def _dies(rank):
 
 @pytest.mark.parametrize("worker, expected", [
     (_bad_shard, "rank 1: model argument 0 holds 1 NaN/inf value"),
+    (_overflowing_shard, "rank 1: SGLD: the potential energy of rank 1's data shard at the initial point of chain 0 "
+                         "is inf (the other ranks' shards give finite energies)"),
     (_other_data, "rank 1 has the model's arguments"),
     (_other_model, "rank 1 has latent sites"),
 ])

@@ -25,7 +25,7 @@ FILES = ("samples.nc", "summary.csv", "bma_vs_iterations.png", "reliability.png"
 def earlier_run(out: Path, command: str = "mnist79") -> dict:
     """A folder that looks like a complete earlier run; returns its files' contents."""
     out.mkdir(parents=True)
-    (out / MARKER).write_text(command + "\n")
+    (out / MARKER).write_text("\n".join([command, *FILES]) + "\n")  # the command, then the files it wrote
     for name in FILES:
         (out / name).write_text(f"earlier {name}")
     return snapshot(out)
@@ -179,6 +179,24 @@ def test_a_file_the_user_added_to_an_earlier_run_keeps_the_folder_from_being_rep
     assert (out / "my_notes.txt").read_text() == "precious" and (out / "report.md").read_text() == "run 2"
 
 
+def test_a_user_file_in_a_folder_marked_by_an_older_version_is_never_deleted(tmp_path, capsys):
+    """Older pyro-flat versions wrote a marker naming the command alone: it does not say which files
+    that run wrote, so a file the user added must keep the folder from being replaced."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / MARKER).write_text("mnist79\n")  # the old format: no file list
+    (out / "report.md").write_text("earlier report.md")
+    (out / "notes.txt").write_text("precious")
+    before = snapshot(out)
+    assert main(["mnist79", *SMALL, "--out", str(out)]) == 2
+    assert "holds files that run did not write); pass --overwrite" in capsys.readouterr().err
+    assert snapshot(out) == before and leftovers(tmp_path) == []
+    with pytest.raises(output.StudyError, match="holds files that run did not write"):
+        with staged_output(str(out), "mnist79") as staging:
+            (staging / "report.md").write_text("run 2")
+    assert snapshot(out) == before
+
+
 @pytest.mark.parametrize("out", ["", ".", ".."])
 def test_the_current_folder_cannot_be_out(tmp_path, monkeypatch, capsys, out):
     (tmp_path / "cwd").mkdir()
@@ -274,3 +292,65 @@ def test_study_output_runs_with_the_config_threads_and_restores_them(tmp_path, m
     with output.study_output(PathConfig(out=str(tmp_path / "run"), threads=2), lines.append):
         assert torch.get_num_threads() == 2
     assert len(lines) == 1  # an explicit count is not announced
+
+
+def test_a_reader_that_stops_reading_costs_no_files(tmp_path):
+    """``pyro-flat mnist79 ... | head -1``: the pipe closes after the first line; the finished run
+    must still write every file and exit 0 (it used to exit 1 on the next print, files thrown away)."""
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # each line reaches the pipe at once, as on a terminal
+    proc = subprocess.Popen([sys.executable, "-m", "pyro_flat", "mnist79", "--out", str(out), "--no-progress",
+                             "--reference", "none", "--baseline", "none", "--chains", "2", "--warmup", "20",
+                             "--num-samples", "20", "--thin", "1"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline()  # the first line (the data, or that the machine is busy)
+        proc.stdout.close()  # as `head -1` does: every later print meets a closed pipe
+        stderr = proc.stderr.read()
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr
+    assert "Broken pipe" not in stderr and "Traceback" not in stderr, stderr
+    for name in FILES:
+        assert (out / name).stat().st_size > 0, name
+    assert leftovers(tmp_path) == []
+
+
+def test_a_full_disk_while_writing_the_draws_is_one_line_and_keeps_out(tmp_path, monkeypatch, capsys):
+    """The disk filled up while samples.nc was written: h5py's tracebacks, then a segfault (exit 139)."""
+    import errno
+
+    out = tmp_path / "run"
+    before = earlier_run(out)
+
+    def full(idata, path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(mnist79, "write_netcdf", full)
+    assert main(["mnist79", *SMALL, "--baseline", "none", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"the disk is full: writing samples.nc for --out {out} failed (No space left on device)" in err
+    assert snapshot(out) == before and leftovers(tmp_path) == []
+
+
+def test_hdf5_failing_to_write_the_draws_does_not_crash_the_process(tmp_path):
+    """A real write failure inside HDF5 (a file-size limit stands in for the full disk: the same failed
+    write(2)): one line and exit 1, where writing through h5py crashed the interpreter (exit 139)."""
+    resource = pytest.importorskip("resource")
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, resource.RLIM_INFINITY))  # samples.nc needs more
+
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "pyro_flat", "mnist79", "--out", str(out), "--no-progress",
+                           "--reference", "none", "--baseline", "none", "--chains", "2", "--warmup", "20",
+                           "--num-samples", "20", "--thin", "1"],
+                          capture_output=True, text=True, timeout=300, preexec_fn=small_files)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()
+    assert len(last) == 1 and "samples.nc" in last[0] and "--out left as it was" in last[0], proc.stderr[-3000:]
+    assert not out.exists() and leftovers(tmp_path) == []

@@ -22,7 +22,7 @@ on the input, whose derivative is the sum over ranks; Hessians and Hessian-vecto
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import torch
 
@@ -73,6 +73,7 @@ class DataParallelTarget(TargetBase):
 
     def __init__(self, local, ranks: Ranks):
         self.local, self.ranks = local, ranks
+        self.local_energy: Optional[torch.Tensor] = None  # this shard's last energy (see nonfinite_ranks)
         self.sites, self.num_chains = local.sites, local.num_chains
         self.subsampled_plates, self.batches = local.subsampled_plates, local.batches
         for batcher in self.batches.batchers.values():
@@ -92,9 +93,18 @@ class DataParallelTarget(TargetBase):
     def evaluate(self, params: Params, indices: Optional[Dict[str, torch.Tensor]] = None) -> Evaluation:
         """Energy and gradient summed over the shards in one all-reduce; the statistics are this rank's."""
         energy, grads, stats = self.local.evaluate(params, indices)
+        self.local_energy = energy
         names = list(grads)
         energy, *summed = self.ranks.all_sum([energy, *(grads[n] for n in names)], "summing the gradient across ranks")
         return Evaluation(energy, dict(zip(names, summed)), stats)
+
+    def nonfinite_ranks(self) -> List[int]:
+        """The ranks whose own shard's energy was not finite at the last :meth:`evaluate` (a collective:
+        every rank calls it), to name the shard behind a non-finite sum."""
+        energy = self.local_energy
+        mine = energy is not None and not bool(torch.isfinite(energy).all())
+        flags = self.ranks.all_objects(mine, "finding the data shard whose energy is not finite")
+        return [rank for rank, bad in enumerate(flags) if bad]
 
     def __call__(self, params: Params, indices: Optional[Dict[str, torch.Tensor]] = None) -> torch.Tensor:
         """The energy of all shards, differentiable (the gradient is summed over ranks)."""

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import builtins
 import hashlib
+import math
 import os
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Dict, List, Optional
 
 import torch
+
+from ..validation import check_positive
 
 #: seconds a collective may wait for the other ranks before the run stops with an error
 DEFAULT_TIMEOUT = 300.0
@@ -57,11 +60,11 @@ def init_from_env(backend: Optional[str] = None, timeout: Optional[float] = None
 
     if not dist.is_available():
         return Ranks(0, 1, None, "none", 0.0)
-    if timeout is None:
-        timeout = float(os.environ.get("PYRO_FLAT_DIST_TIMEOUT", DEFAULT_TIMEOUT))
+    if not dist.is_initialized() and not launched_by_torchrun():  # one process: no collective waits
+        return Ranks(0, 1, None, "none", DEFAULT_TIMEOUT if timeout is None else timeout)
+    timeout = env_timeout() if timeout is None else check_positive(
+        "timeout", timeout, hint="It is the seconds a collective waits for the other ranks.")
     if not dist.is_initialized():
-        if not launched_by_torchrun():
-            return Ranks(0, 1, None, "none", timeout)
         backend = backend or default_backend(device)
         if backend == "nccl":
             torch.cuda.set_device(device if device is not None else int(os.environ.get("LOCAL_RANK", 0)))
@@ -70,8 +73,30 @@ def init_from_env(backend: Optional[str] = None, timeout: Optional[float] = None
     return Ranks(dist.get_rank(), dist.get_world_size(), None, dist.get_backend(), timeout)
 
 
+def env_timeout() -> float:
+    """The seconds of ``PYRO_FLAT_DIST_TIMEOUT`` (:data:`DEFAULT_TIMEOUT` when unset), read only when a
+    run spans ranks; a ``ValueError`` naming the variable when it holds no positive number."""
+    text = os.environ.get("PYRO_FLAT_DIST_TIMEOUT")
+    if text is None or not text.strip():
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"the environment variable PYRO_FLAT_DIST_TIMEOUT={text!r} is not a positive number of "
+                         f"seconds (how long a rank waits for the others); set it to one, e.g. "
+                         f"PYRO_FLAT_DIST_TIMEOUT={DEFAULT_TIMEOUT:g}, or unset it for that default.")
+    return value
+
+
 class RankLost(RuntimeError):
     """A collective failed: another rank died, or did not answer within the group's timeout."""
+
+
+class OtherRankFailed(RuntimeError):
+    """Raised by a rank whose own part is sound when another rank's is at fault (e.g. its data shard):
+    :meth:`Ranks.check` then hands every rank the failing rank's error, not this one."""
 
 
 @dataclass
@@ -140,10 +165,12 @@ class Ranks:
         self._collective("the error check", dist.all_reduce, flag, op=dist.ReduceOp.MAX)
         if not int(flag.item()):
             return None
-        report = None if error is None else _report(error)
+        report = None if error is None or isinstance(error, OtherRankFailed) else _report(error)
         reports = self.all_objects(report, "sharing an error")
-        rank, report = next((r, rep) for r, rep in enumerate(reports) if rep is not None)
-        return _rebuild(rank, report)
+        failed = [(r, rep) for r, rep in enumerate(reports) if rep is not None]
+        if not failed:  # every rank blamed another: its own words are all there is
+            return error if error is not None else RuntimeError("a rank failed without a report")
+        return _rebuild(*failed[0])
 
     def all_sum(self, tensors: List[torch.Tensor], what: str) -> List[torch.Tensor]:
         """Each tensor summed over the ranks, in one all-reduce of them all packed into one vector (one
@@ -254,5 +281,5 @@ def _rebuild(rank: int, report: tuple) -> BaseException:
     return RuntimeError(f"{message} ({module}.{name})")
 
 
-__all__ = ["init_from_env", "launched_by_torchrun", "default_backend", "Ranks", "RankLost", "fingerprint",
-           "shard_fingerprint", "DEFAULT_TIMEOUT"]
+__all__ = ["init_from_env", "launched_by_torchrun", "default_backend", "Ranks", "RankLost", "OtherRankFailed",
+           "fingerprint", "shard_fingerprint", "DEFAULT_TIMEOUT", "env_timeout"]

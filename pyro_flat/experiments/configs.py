@@ -13,8 +13,9 @@ value. This module imports neither torch nor Pyro, so ``pyro-flat --help`` answe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Dict, Optional, Tuple, Union
+from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
 
 from .output import StudyError, require_int, require_memory, require_positive, require_seed
 
@@ -250,6 +251,19 @@ class Synthetic2DConfig(StudyConfig):
             raise StudyError(f"--coupling-metric takes distinct names from {', '.join(COUPLING_METRICS)}; got "
                              f"{', '.join(map(str, self.coupling_metrics))}.")
         self.require_int(2, "line_points")
+        # each chain's 2-D state at every mark (float32), kept for the figures by the plain samplers
+        # (θ, and θa for EntropySGLD), with the copies one sampler's analysis makes of its run
+        kept = 4 + 2 * len(self.etas)
+        require_memory("--num-chains x --num-steps",
+                       len(self.marks()) * self.num_chains * 2 * 4 * (kept + 6)
+                       + 2 * 4 * (kept + 6) * self.line_points * self.line_chains)
+
+    def marks(self) -> List[int]:
+        """The steps at which the study keeps every chain's state: each of the first 100, then ~400
+        evenly spaced, and the last."""
+        stride = max(1, self.num_steps // 400)
+        return sorted(set(range(0, min(100, self.num_steps) + 1)) | set(range(0, self.num_steps + 1, stride))
+                      | {self.num_steps})
 
 @dataclass
 class BNNConfig(StudyConfig):
@@ -350,6 +364,10 @@ class BNNConfig(StudyConfig):
             raise StudyError("--trace-probes must be >= 2 (the trace's standard error needs two)")
         if any(not 0.0 <= s for s in self.noise_sds):
             raise StudyError(f"--noise-sds must be >= 0, got {', '.join(map(str, self.noise_sds))}")
+        if any(not math.isfinite(s) for s in self.noise_sds):
+            raise StudyError(f"--noise-sds must be finite, got {', '.join(map(str, self.noise_sds))}")
+        if any(not math.isfinite(a) for a in self.rotations):
+            raise StudyError(f"--rotations must be finite angles in degrees, got {', '.join(map(str, self.rotations))}")
 
 @dataclass
 class PathConfig(StudyConfig):

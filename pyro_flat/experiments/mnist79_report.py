@@ -10,6 +10,10 @@ from ..diagnostics import MAX_R_HAT, MIN_ESS
 from ..kernels.preconditioning import pull_strength
 from .configs import MNIST79Config
 
+#: the confidence bins of every calibration number of the study: the ECE of equal-width bins, the ECE of
+#: equal-count bins and the reliability diagram's (equal-count) bins
+ECE_BINS = 15
+
 
 def metric_text(config: MNIST79Config) -> str:
     """What EntropySGLD's preconditioned metric is and what it does to θ's dynamics."""
@@ -42,7 +46,7 @@ def metrics_text(report: dict) -> str:
     for name, per_use in report.get("bma", {}).items():
         for use, m in per_use.items():
             lines.append(f"  BMA {name:>12} over {use:>5}: accuracy {m['accuracy']:.4f}, NLL {m['nll']:.4f}, "
-                         f"ECE {m['ece']:.4f}, Brier {m['brier']:.4f}")
+                         f"ECE {m['ece']:.4f} ({ECE_BINS} equal-width bins), Brier {m['brier']:.4f}")
     for name, groups in report.get("diagnostics", {}).items():
         for group, d in groups.items():
             lines.append(f"  {name:>12} {group}: max R-hat {d['max_r_hat']:.4f}, min ESS bulk "
@@ -140,10 +144,12 @@ def report_markdown(report: dict, config: MNIST79Config) -> str:
         md += [""]
     md += [
            "## Bayesian model average on the test set", "",
-           "| sampler | draws | accuracy | NLL | ECE | Brier |", "|---|---|---|---|---|---|"]
+           f"| sampler | draws | accuracy | NLL | ECE ({ECE_BINS} equal-width bins) | ECE ({ECE_BINS} equal-count bins, "
+           "the reliability diagram's) | Brier |", "|---|---|---|---|---|---|---|"]
     for name, per_use in report["bma"].items():
         for use, m in per_use.items():
-            md.append(f"| {name} | {use} | {m['accuracy']:.4f} | {m['nll']:.4f} | {m['ece']:.4f} | {m['brier']:.4f} |")
+            md.append(f"| {name} | {use} | {m['accuracy']:.4f} | {m['nll']:.4f} | {m['ece']:.4f} | "
+                      f"{m['ece_mass']:.4f} | {m['brier']:.4f} |")
     md += ["", f"The test set has {report['data']['n_test']} images: one image is "
            f"{1 / report['data']['n_test']:.3f} of accuracy, and the bands of the running curves are ±1 "
            "standard error over the test points. Their x axis counts gradient evaluations per chain: "

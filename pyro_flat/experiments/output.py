@@ -60,29 +60,34 @@ def require_seed(value: int) -> None:
 
 def require_memory(option: str, num_bytes: float, share: float = 0.5) -> None:
     """A ``StudyError`` naming ``option`` when a run would keep more than ``share`` of this machine's
-    memory (``num_bytes``, estimated before any work)."""
+    memory (``num_bytes``, estimated before any work): :func:`pyro_flat.validation.check_memory`."""
+    from ..validation import check_memory  # imports no torch
+
     try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # not POSIX: no bound
-        return
-    if num_bytes > share * total:
-        raise StudyError(f"{option}: the run would keep about {num_bytes / 2 ** 30:.3g} GiB of draws, more than "
-                         f"{share:.0%} of this machine's {total / 2 ** 30:.3g} GiB; pass smaller values")
+        check_memory(option, num_bytes, share=share)
+    except ValueError as err:
+        raise StudyError(str(err)) from None
 
 
 def _replaceable(out: Path, command: str) -> bool:
-    """Empty, or an earlier run of ``command`` holding only the files it wrote (markers written
-    before the file list was kept name the command alone)."""
+    """Empty, or an earlier run of ``command`` holding only the files it wrote.
+
+    A marker written by an older pyro-flat names the command alone, not the files that run wrote:
+    nothing then says which files are the study's, so such a folder counts as holding files the run
+    did not write unless the marker is all it holds (``--overwrite`` replaces it)."""
     if not any(out.iterdir()):
         return True
     marker = out / MARKER
     if not marker.is_file():
         return False
-    lines = marker.read_text().split("\n")
+    try:
+        lines = marker.read_text().split("\n")
+    except (OSError, UnicodeDecodeError):  # unreadable: not provably ours
+        return False
     if lines[0].strip() != command:
         return False
     written = {line for line in lines[1:] if line}
-    return not written or {p.name for p in out.iterdir()} <= written | {MARKER}
+    return {p.name for p in out.iterdir()} <= written | {MARKER}
 
 
 def _nearest_existing(path: Path) -> Path:

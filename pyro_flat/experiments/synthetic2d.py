@@ -151,9 +151,7 @@ def run_synthetic2d(config: Synthetic2DConfig, *, log: Callable[[str], None] = p
     mixture = sharp_flat_2d()
     exact = exact_landscape(mixture, sorted({*config.etas, *landscape_etas}), config.sigma)
     saddle = mixture.saddle().float()
-    stride = max(1, config.num_steps // 400)
-    marks = sorted(set(range(0, min(100, config.num_steps) + 1)) | set(range(0, config.num_steps + 1, stride))
-                   | {config.num_steps})
+    marks = config.marks()
     sharp, flat = mixture.sharp_loc, mixture.flat_loc
     positions = torch.linspace(0.0, 1.0, config.line_points)
     starts = (sharp + positions[:, None] * (flat - sharp)).repeat_interleave(config.line_chains, 0)
@@ -200,7 +198,7 @@ def run_synthetic2d(config: Synthetic2DConfig, *, log: Callable[[str], None] = p
 
 def _compare(a: dict, b: dict) -> str:
     """``a``'s share against ``b``'s, by the studies' one rule (:mod:`.compare`)."""
-    return compare_text(a["share"], a["se"], b["share"], b["se"])
+    return compare_text(a["share"], a["se"], b["share"], b["se"], n=min(a["chains"], b["chains"]))
 
 
 def _share_text(row: dict) -> str:
@@ -278,7 +276,8 @@ def _pull_verdict(ridge: List[dict], config: Synthetic2DConfig) -> List[str]:
         return []
     pairs = [(eta, *(find_row(ridge, "entropy-sgld", "theta", eta=eta, coupling_metric=m) for m in ("pulled", "joint")))
              for eta in config.etas]
-    differs = [eta for eta, pulled, joint in pairs if differ(pulled["share"], pulled["se"], joint["share"], joint["se"])]
+    differs = [eta for eta, pulled, joint in pairs if differ(pulled["share"], pulled["se"], joint["share"], joint["se"],
+                                                                 n=min(pulled["chains"], joint["chains"]))]
     if not differs:
         return ["The pull does not change which basin θ ends in: under the pulled metric θ is in the flat basin as "
                 "often as under the joint metric, within Monte Carlo error, at every η (a chain picks its basin in "

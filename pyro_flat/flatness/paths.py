@@ -33,7 +33,6 @@ started on a path and reads the weights off as a position along it.
 
 from __future__ import annotations
 
-import numbers
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, Mapping, Optional, Tuple, Union
@@ -41,7 +40,8 @@ from typing import Callable, Dict, Mapping, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from ..validation import check_nonnegative_int, check_number, check_positive, check_positive_int, check_tensor
+from ..validation import (check_nonnegative_int, check_number, check_positive, check_positive_int, check_seed,
+                          check_tensor)
 from .loss import FlatLoss, LossFn, as_flat_loss
 from .spectrum import top_eigenvalues
 from .trace import hessian_trace
@@ -132,12 +132,6 @@ class EnergyPath:
 def check_positive_number(name: str, value, example: str) -> float:
     check_number(name, value, example)
     return check_positive(name, value)
-
-
-def check_seed(seed) -> Optional[int]:
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-        raise TypeError(f"seed must be an integer or None, got {type(seed).__name__} seed={seed!r}.")
-    return None if seed is None else int(seed)
 
 
 def check_callable(name: str, fn) -> None:

@@ -9,18 +9,11 @@ Each estimator takes a ``seed``: with one, its probes come from a private genera
 
 from __future__ import annotations
 
-import numbers
 from typing import Optional
 
 import torch
 
-
-def check_seed(seed) -> Optional[int]:
-    """``seed`` as an ``int``, or ``None``; a ``TypeError`` naming ``seed`` for anything else."""
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-        raise TypeError(f"seed must be an integer or None, got {type(seed).__name__} seed={seed!r}; "
-                        "pass e.g. seed=0, or seed=None to draw from torch's global stream.")
-    return None if seed is None else int(seed)
+from ..validation import check_seed
 
 
 def seeded_generator(seed: Optional[int]) -> Optional[torch.Generator]:

@@ -23,9 +23,11 @@ import torch
 from pyro.infer.autoguide.initialization import init_to_sample
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
-from ..targets import (CallablePotential, CoupledPotential, InitialShapeError, ModelPotential, Params, Target,
-                       check_minibatches, compile_target)
-from ..validation import check_nonnegative_int, check_positive_int, check_thinning
+from ..distributed.group import OtherRankFailed
+from ..targets import (CallablePotential, ChangedSitesError, CoupledPotential, InitialShapeError, ModelPotential,
+                       Params, Target, check_minibatches, compile_target, merge_overrides)
+from ..validation import (check_chain_memory, check_nonnegative_int, check_positive_int, check_real_tensor,
+                          check_thinning)
 from .recording import DrawRecording
 from .vectorization import vectorization_error
 
@@ -76,6 +78,7 @@ class TargetKernel(DrawRecording, MCMCKernel):
         self._pending_initial_params: Optional[Params] = None
         self._initial_params: Optional[Params] = None
         self.target = None
+        self._shard_target = None  # the DataParallelTarget of a data-parallel run (inside an Entropy joint too)
         self._num_setups = 0
         self._chain = 0
         self._forget_runs()
@@ -122,8 +125,9 @@ class TargetKernel(DrawRecording, MCMCKernel):
 
     @initial_params.setter
     def initial_params(self, params: Params) -> None:
-        # Pyro's driver sets this before each chain's setup (when MCMC got initial_params).
-        self._pending_initial_params = {k: torch.as_tensor(v) for k, v in params.items()}
+        # Pyro's driver sets this before each chain's setup (when MCMC got initial_params); integers
+        # become floats (a potential_fn's gradient flows through them)
+        self._pending_initial_params = {k: check_real_tensor(f"initial_params[{k!r}]", v) for k, v in params.items()}
 
     @property
     def transforms(self) -> Dict[str, torch.distributions.Transform]:
@@ -142,6 +146,7 @@ class TargetKernel(DrawRecording, MCMCKernel):
         energy, _ = self.target.potential_and_grad(params)
         bad = ~torch.isfinite(energy.reshape(-1))
         if bool(bad.any()):
+            self._check_shards()  # data-parallel: name the rank whose shard failed
             where = "" if self.num_chains is None else f" of chain {int(bad.nonzero()[0, 0])}"
             raise ValueError(
                 f"{type(self).__name__}: the potential energy at the initial point{where} is "
@@ -155,6 +160,30 @@ class TargetKernel(DrawRecording, MCMCKernel):
             self._compile_target(params)
         self._initial_params = params
         self.after_setup(params)
+
+    def _check_shards(self) -> None:
+        """A data-parallel energy that is not finite at the start: when some ranks' own shards gave it,
+        those ranks raise an error that names them, and the others :class:`OtherRankFailed`, so that
+        every rank reports the failing shard's rank (not rank 0 and its initial point). Every rank comes
+        here together: the summed energy is the same on all of them."""
+        shards = self._shard_target
+        if shards is None or not shards.ranks.distributed:
+            return
+        failing = shards.nonfinite_ranks()
+        if not failing:  # the shards' energies are finite, their sum is not
+            return
+        rank = shards.ranks.rank
+        if rank not in failing:
+            raise OtherRankFailed(f"rank {failing[0]}'s data shard gave a non-finite potential energy")
+        local = shards.local_energy.reshape(-1)
+        bad = ~torch.isfinite(local)
+        where = "" if self.num_chains is None else f" of chain {int(bad.nonzero()[0, 0])}"
+        also = [str(r) for r in failing if r != rank]
+        others = f"so is that of rank {', '.join(also)}" if also else "the other ranks' shards give finite energies"
+        raise ValueError(
+            f"{type(self).__name__}: the potential energy of rank {rank}'s data shard at the initial point{where} is "
+            f"{float(local[bad][0])} ({others}): rank {rank}'s data overflow or are invalid under the model there. "
+            "Check that shard's data (extreme or malformed values), or pass other initial_params or init_strategy.")
 
     def after_setup(self, params: Params) -> None:
         """Hook: per-chain state that needs the target and the initial point."""
@@ -211,6 +240,7 @@ class TargetKernel(DrawRecording, MCMCKernel):
         weighted ``1/R``) summed over the ranks: every rank builds its target, all learn whether one failed,
         and the targets' sites must agree."""
         ranks = self.data_parallel
+        self._shard_target = None
         if ranks is None:
             return build(1)
         from ..distributed import DataParallelTarget
@@ -225,7 +255,8 @@ class TargetKernel(DrawRecording, MCMCKernel):
         ranks.agree(f"{type(self).__name__}'s data-parallel target",
                     {"latent sites": {n: tuple(s.shape) for n, s in local.sites.items()},
                      "subsampled plates": {p: b for p, (_, b) in local.subsampled_plates.items()}})
-        return DataParallelTarget(local, ranks)
+        self._shard_target = DataParallelTarget(local, ranks)  # the data-parallel part, to name a failing shard
+        return self._shard_target
 
     def _build_local_target(self, args, kwargs, num_chains, initial_params, shards: int = 1) -> Target:
         if self.model is not None:
@@ -239,33 +270,44 @@ class TargetKernel(DrawRecording, MCMCKernel):
         return CallablePotential(self.potential_fn, initial_params, num_chains)
 
     def vectorization_error(self, num_chains: int, args: tuple, kwargs: dict,
-                            initial_params: Optional[Params] = None, minibatches: str = "per_chain") -> Optional[str]:
+                            initial_params: Optional[Params] = None, minibatches: str = "per_chain", *,
+                            num_draws: int = 0) -> Optional[str]:
         """``None`` if the target evaluates ``num_chains`` chains at once correctly, each on its own
         minibatch with ``minibatches="per_chain"``, else why not (see
         :func:`~pyro_flat.kernels.vectorization.vectorization_error`). ``initial_params`` has a
-        leading chain dimension."""
+        leading chain dimension. A ``ValueError`` naming ``num_chains`` when that many chains, each
+        keeping ``num_draws`` draws, cannot fit in memory (checked before any batched work)."""
         previous, self.minibatches = self.minibatches, check_minibatches(minibatches)
         try:
-            return self._vectorization_error(num_chains, args, kwargs, initial_params)
+            return self._vectorization_error(num_chains, args, kwargs, initial_params, num_draws)
         finally:
             self.minibatches = previous
 
     def _vectorization_error(self, num_chains: int, args: tuple, kwargs: dict,
-                             initial_params: Optional[Params]) -> Optional[str]:
+                             initial_params: Optional[Params], num_draws: int = 0) -> Optional[str]:
         first = None if initial_params is None else {k: v[0] for k, v in initial_params.items()}
         # one chain's target first, outside the `try`: its errors (bad data, a discrete latent, a
         # subsampled plate for HMC, ...) are the user's to see, not a reason to fall back
         single = self.build_target(args, kwargs, initial_params=first)
         try:
-            single.initial_params(first)  # a wrong initial value is the user's error too
+            one = single.initial_params(first)  # a wrong initial value is the user's error too
         except InitialShapeError as err:  # say it in the shapes the user passed: chains first
             raise InitialShapeError(err.name, (num_chains, *err.given), (num_chains, *err.expected)) from None
+        # a chain's state, and with its own minibatches a permutation of each subsampled plate per epoch
+        per_chain = self.minibatches == "per_chain"
+        permutations = sum(size for size, _ in single.subsampled_plates.values()) if per_chain else 0
+        check_chain_memory(num_chains, num_draws, sum(v.numel() * v.element_size() for v in one.values()),
+                           bytes_per_chain=16 * permutations)
         try:
             batched = self.build_target(args, kwargs, num_chains=num_chains, initial_params=initial_params)
-            start = batched.initial_params(
-                {k: v for k, v in (initial_params or {}).items() if k in batched.sites})
+            # chain 0's point for every chain (the probe moves each chain its own way), the user's values
+            # put in: the batched target need not draw an initial point per chain
+            start = merge_overrides({k: v.expand(num_chains, *v.shape).clone() for k, v in one.items()},
+                                    {k: v for k, v in (initial_params or {}).items() if k in batched.sites})
             return vectorization_error(single, batched, start)
-        except Exception as err:  # any failure of the batched run means: not broadcastable
+        except ChangedSitesError:  # the model's own error, whether or not chains are batched
+            raise
+        except Exception as err:  # any other failure of the batched run means: not broadcastable
             return f"{type(err).__name__}: {err}".split("\n")[0]
 
     # ----------------------------------------------------------------- helpers

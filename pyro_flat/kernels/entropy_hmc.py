@@ -171,10 +171,10 @@ class EntropyHMC(TargetKernel):
                                             hint="NUTS stops doubling after 2**max_tree_depth steps.")
         self.use_nuts, self.max_tree_depth = bool(use_nuts), max_tree_depth
 
-    def _vectorization_error(self, num_chains, args, kwargs, initial_params):
+    def _vectorization_error(self, num_chains, args, kwargs, initial_params, num_draws=0):
         if self.use_nuts:
             return "NUTS trees grow differently per chain: use_nuts=True runs one chain at a time"
-        return super()._vectorization_error(num_chains, args, kwargs, initial_params)
+        return super()._vectorization_error(num_chains, args, kwargs, initial_params, num_draws)
 
     # ----------------------------------------------------------------- target and state
     def build_target(self, args: tuple, kwargs: dict, *, num_chains: Optional[int] = None,

@@ -38,13 +38,16 @@ def vectorization_error(single: Target, batched: Target, start: Params) -> Optio
     def alone(points: Params, c: int) -> float:
         return float(single({k: v[c] for k, v in points.items()}, batched.batches.for_chain(fixed, c)))
 
+    batched_energies = {}  # each set of points evaluated once for all chains (its cost grows with C)
     with torch.no_grad():
         for c in range(min(num_chains, CHAINS_COMPARED)):
             # the moved point, unless it leaves the potential's domain (then the start)
-            energy, points = alone(moved, c), moved
+            energy, points, which = alone(moved, c), moved, "moved"
             if not math.isfinite(energy):
-                energy, points = alone(start, c), start
-            energies = batched(points, fixed)
+                energy, points, which = alone(start, c), start, "start"
+            if which not in batched_energies:
+                batched_energies[which] = batched(points, fixed)
+            energies = batched_energies[which]
             if energies.shape != (num_chains,):
                 return f"the potential returned shape {tuple(energies.shape)}, not ({num_chains},)"
             together = float(energies[c])

@@ -23,7 +23,7 @@ from .batching import EpochBatcher, Minibatches
 from .compiled import CompiledTarget, compile_target
 from .coupling import CoupledPotential, Coupling, CouplingTerms, coupling
 from .layout import ChainLayout, Params, SiteLayout
-from .log_joint import NotBroadcasting
+from .log_joint import ChangedSitesError, NotBroadcasting
 from .potential import (
     CallablePotential,
     InitialShapeError,
@@ -55,6 +55,7 @@ __all__ = [
     "EpochBatcher",
     "Minibatches",
     "NotBroadcasting",
+    "ChangedSitesError",
     "InitialShapeError",
     "support_transform",
     "is_subsample_site",

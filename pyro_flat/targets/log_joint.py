@@ -23,6 +23,10 @@ class NotBroadcasting(ValueError):
     """The model does not broadcast over a leading chain dimension (see :class:`~pyro_flat.targets.ModelPotential`)."""
 
 
+class ChangedSitesError(ValueError):
+    """The model sampled other latent sites than at set-up: the set a kernel samples must stay fixed."""
+
+
 class LogJoint(Messenger):
     """Substitute unconstrained values and minibatch indices; accumulate the log joint.
 
@@ -56,6 +60,7 @@ class LogJoint(Messenger):
         self.sites, self.params, self.indices, self.chains = sites, params, indices, chains
         self.block, self.observed_only = block, observed_only
         self.terms: list = []
+        self.seen: set = set()  # the latent sites the model sampled in this pass
         self._per_chain = any(i.dim() > 1 for i in indices.values())
         self._plate_check = None
 
@@ -65,10 +70,24 @@ class LogJoint(Messenger):
             SubsampleMessenger._subsample = staticmethod(_chain_subsample)
         return super().__enter__()
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc_value, traceback):
         if self._plate_check is not None:
             SubsampleMessenger._subsample, self._plate_check = self._plate_check, None
-        return super().__exit__(*exc)
+        result = super().__exit__(exc_type, exc_value, traceback)
+        if exc_type is None and len(self.seen) != len(self.sites):
+            self._missing_sites()
+        return result
+
+    def _missing_sites(self) -> None:
+        """A site sampled at set-up and not in this pass would get no potential: a kernel would move it
+        by its noise alone (a random walk) and return that as draws."""
+        missing = sorted(set(self.sites) - self.seen)
+        raise ChangedSitesError(
+            f"the model did not sample latent site {missing[0]!r} in this evaluation of its potential, though it "
+            f"did when the kernel was set up{f' (nor {missing[1:]})' if len(missing) > 1 else ''}: without its "
+            "density the site would random-walk and be returned as draws. A model must sample the same latent "
+            "sites on every call; sample it every time (to switch a term off, use poutine.mask or a scale), "
+            "and keep no state between calls that changes which sites it samples.")
 
     def _reduce(self, name: str, term: torch.Tensor) -> torch.Tensor:
         """Sum a log-density term over everything but the chain dimension."""
@@ -107,10 +126,11 @@ class LogJoint(Messenger):
         else:
             site = self.sites.get(name)
             if site is None:
-                raise KeyError(
+                raise ChangedSitesError(
                     f"the model sampled latent site {name!r}, which it did not sample during "
                     "setup; models must have a fixed set of latent sites."
                 )
+            self.seen.add(name)
             unconstrained = self._value(site)
             value = unconstrained if site.is_identity else site.transform(unconstrained)
             msg["value"] = value
@@ -161,4 +181,4 @@ def _chain_subsample(name, size=None, subsample_size=None, subsample=None, use_c
     return size, subsample_size, subsample
 
 
-__all__ = ["LogJoint", "NotBroadcasting"]
+__all__ = ["ChangedSitesError", "LogJoint", "NotBroadcasting"]

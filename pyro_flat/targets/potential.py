@@ -14,16 +14,23 @@ from __future__ import annotations
 import math
 from typing import Callable, Dict, Optional, Tuple
 
+import pyro
 import torch
 from pyro import poutine
 from pyro.infer.autoguide.initialization import InitMessenger, init_to_sample
 
-from ..distributed.sharding import chain_indices, owns
+from ..distributed.sharding import chain_indices, owns, shard_of
 from .batching import EpochBatcher, Minibatches
 from .layout import Params
-from .log_joint import LogJoint
+from .log_joint import ChangedSitesError, LogJoint
 from .protocol import Evaluation, TargetBase
 from .sites import SiteInfo, is_subsample_site, support_transform
+
+
+#: Up to this many vectorized chains, each chain's initial point comes from a trace of the model of
+#: its own, as Pyro's driver draws them (so the seeded runs of a few chains keep their draws); beyond,
+#: one trace draws them all (a Python loop of one trace per chain took minutes for 10**6 chains).
+TRACED_CHAINS_MAX = 256
 
 
 def check_finite_inputs(args: tuple, kwargs: dict) -> None:
@@ -238,14 +245,27 @@ class ModelPotential(AutogradTarget):
 
     def initial_params(self, overrides: Optional[Params] = None) -> Params:
         """Unconstrained values drawn by the init strategy (the setup trace, then fresh ones),
-        with the user's ``overrides`` put in."""
-        draws, count = [], self.num_chains or 1
+        with the user's ``overrides`` put in. Up to :data:`TRACED_CHAINS_MAX` vectorized chains each
+        chain's values come from a trace of its own; beyond, from one trace of all the chains
+        (:meth:`_chain_plate_draws`), so that set-up does not grow with the number of chains."""
+        count = self.num_chains or 1
+        if self.num_chains is not None and len(chain_indices(count)) > TRACED_CHAINS_MAX:
+            params = self._chain_plate_draws(count)
+            if params is not None:
+                return merge_overrides(params, overrides)
+        draws = []
         for chain in chain_indices(count):  # vectorized chains: one init-strategy draw each (all of a shard's)
             trace, self._initial_trace = self._initial_trace, None
             if trace is None:
                 trace = self._init_trace()
             if not owns(chain, count):
                 continue
+            missing = [name for name in self.sites if name not in trace.nodes]
+            if missing:
+                raise ChangedSitesError(
+                    f"the model did not sample latent site {missing[0]!r} when it drew chain {chain}'s initial "
+                    "point, though it did in its first run: a model must sample the same latent sites on every "
+                    "call (keep no state between calls that changes which sites it samples).")
             draws.append({
                 name: site.transform.inv(trace.nodes[name]["value"]).detach().clone()
                 for name, site in self.sites.items()
@@ -255,6 +275,39 @@ class ModelPotential(AutogradTarget):
         else:
             params = {name: torch.stack([d[name] for d in draws]) for name in self.sites}
         return merge_overrides(params, overrides)
+
+    def _chain_plate_draws(self, count: int) -> Optional[Params]:
+        """Every chain's initial values from one trace of the model inside a plate of chains, left of
+        its own plates (the layout of :meth:`__call__`): the init strategy draws them all at once.
+        Under a chain shard all the chains are drawn and this shard's rows kept, so that a chain's start
+        does not depend on the split. ``None`` if the model or the init strategy does not broadcast so
+        (the caller then traces one chain at a time)."""
+        self._initial_trace = None  # one chain's draw: the plate draws them all
+        shard = shard_of(count)
+        total = count if shard is None else shard.total
+
+        def chains(*args, **kwargs):
+            with pyro.plate("_pyro_flat_chains", total, dim=-(self.max_plate_nesting + 1)):
+                return self.model(*args, **kwargs)
+
+        try:
+            with torch.no_grad():
+                trace = poutine.trace(InitMessenger(self.init_strategy)(chains)).get_trace(
+                    *self.model_args, **self.model_kwargs)
+            params = {}
+            for name, site in self.sites.items():
+                value = site.transform.inv(trace.nodes[name]["value"]).detach()
+                size = math.prod(site.shape)
+                if value.numel() == total * size:  # (C, 1, ..., *shape): one value per chain
+                    value = value.reshape(total, *site.shape)
+                elif value.numel() == size:  # a value for every chain (e.g. init_to_value)
+                    value = value.reshape(site.shape).expand(total, *site.shape)
+                else:
+                    return None
+                params[name] = (value if shard is None else shard.rows(value)).clone()
+            return params
+        except Exception:  # noqa: BLE001 - a model that does not broadcast: one trace per chain
+            return None
 
     def __call__(self, params: Params, indices: Optional[Dict[str, torch.Tensor]] = None) -> torch.Tensor:
         if indices is None:

@@ -100,6 +100,10 @@ class SAM_ELBO(ELBO):
                    if site["type"] == "sample" and not site["is_observed"]]
         if not latents:
             raise ValueError("SAM_ELBO: the model has no latent sample site to perturb")
+        if not any(model_trace.nodes[name]["value"].requires_grad for name in latents):
+            raise ValueError(f"SAM_ELBO: the guide has no parameters to optimise: its draws of {latents} depend on "
+                             "no pyro.param. Use a guide with parameters, e.g. AutoNormal(model), or sample from "
+                             "distributions whose arguments are pyro.param sites.")
         nll = -sum(site["log_prob_sum"] for site in model_trace.nodes.values()
                    if site["type"] == "sample" and site["is_observed"])
         if not torch.is_tensor(nll) or not nll.requires_grad:
@@ -148,8 +152,8 @@ class SAM_ELBO(ELBO):
         return self.base._get_trace(model, guide, args, kwargs)
 
     def loss(self, model, guide, *args, **kwargs) -> float:
-        # not under no_grad: the ascent direction is itself a gradient
-        return float(self.differentiable_loss(model, guide, *args, **kwargs).detach())
+        with torch.enable_grad():  # even under SVI.evaluate_loss's no_grad: the ascent direction is a gradient
+            return float(self.differentiable_loss(model, guide, *args, **kwargs).detach())
 
     def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
         total, params = 0.0, {}
