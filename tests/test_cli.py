@@ -38,6 +38,7 @@ def test_mnist79_writes_every_file_and_classifies(tmp_path):
     distance = float(idata.sample_stats["coupling_distance"].mean())
     assert abs(distance / (1.19 * math.sqrt(785 * 0.01)) - 1) < 0.06
     report = json.loads((out / "report.json").read_text())
+    assert report["threads"]["count"] >= 1 and report["threads"]["why"]  # what ran, not null
     bma = report["bma"]["entropy-sgld"]
     # The MAP reaches 94.5% on this split. Accuracy alone is blind to the posterior's spread (a
     # noise x 2 mutant still scores 94%); the NLL less so: this short run (chains far from mixed)
@@ -107,6 +108,7 @@ def test_ctrl_c_keeps_the_draws(tmp_path, interrupt_study_at):
     idata = az.from_netcdf(str(out / "samples.nc"))
     assert idata.posterior["w"].shape == (2, 50, 784)  # both chains, every draw made
     report = json.loads((out / "report.json").read_text())
+    assert report["threads"]["count"] >= 1 and report["threads"]["why"]  # what ran, not null
     assert report["interrupted"] and "sgld" not in report["seconds"]
     assert "interrupted" in (out / "report.md").read_text()
 
@@ -119,6 +121,7 @@ def test_synthetic2d_writes_report_and_figures(tmp_path, capsys):
     for name in ("paths.png", "shares.png", "line.png", "landscape.png", "metrics.png", "report.md"):
         assert (out / name).stat().st_size > 0
     report = json.loads((out / "report.json").read_text())
+    assert report["threads"]["count"] >= 1 and report["threads"]["why"]  # what ran, not null
     labels = [row["label"] for row in report["ridge"]]
     assert "EntropySGLD θa (η = 2)" in labels and "FlatSGLD (σ = 0.3) θ" in labels
     assert report["exact"]["smoothed"]["0.5"]["flat_basin_of_U"] == pytest.approx(0.79, abs=0.01)
@@ -251,6 +254,7 @@ def test_batch_size_above_the_data_is_said_and_recorded(tmp_path, capsys):
     assert main(["mnist79", *SMALL, "--baseline", "none", "--batch-size", "5000", "--out", str(out)]) == 0
     assert "--batch-size 5000 is above the 800 training images: using the full batch (800)" in capsys.readouterr().out
     report = json.loads((out / "report.json").read_text())
+    assert report["threads"]["count"] >= 1 and report["threads"]["why"]  # what ran, not null
     assert report["batch_size_used"] == 800 and report["config"]["batch_size"] == 5000
     assert "minibatch 800" in (out / "report.md").read_text()
 

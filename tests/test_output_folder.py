@@ -354,3 +354,22 @@ def test_hdf5_failing_to_write_the_draws_does_not_crash_the_process(tmp_path):
     last = proc.stderr.strip().splitlines()
     assert len(last) == 1 and "samples.nc" in last[0] and "--out left as it was" in last[0], proc.stderr[-3000:]
     assert not out.exists() and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("threads, load, count, why", [
+    (None, 5.0, 1, "the machine is busy"), (None, 0.0, None, "torch's count"), (2, 5.0, 2, "set by --threads")])
+def test_the_report_records_the_threads_that_ran_and_why(tmp_path, monkeypatch, threads, load, count, why):
+    """A busy machine drops a study to one thread, which changes its draws: the report says so (it
+    recorded threads: null)."""
+    import torch
+
+    from pyro_flat.experiments.configs import MNIST79Config
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    before = torch.get_num_threads()
+    config = MNIST79Config(out=str(tmp_path / "o"), threads=threads)
+    with output.study_output(config, log=lambda text: None):
+        record = output.threads_record()
+    assert record["count"] == (before if count is None else count) and why in record["why"]
+    assert torch.get_num_threads() == before and output.threads_record()["why"] == ""

@@ -42,7 +42,7 @@ from ..shift import shifted_test_sets
 from .bnn_families import Fit, fit_method, loss_trend, make_bnn_kernel, sampler_label
 from .bnn_report import findings, plot_families, plot_shift, report_markdown, row_text, summarize
 from .configs import BNN_SAMPLERS, BNNConfig
-from .output import across_ranks, hold_signals, lead_output, torch_threads
+from .output import across_ranks, hold_signals, lead_output, threads_record, torch_threads
 
 
 def row_label(fit: Fit, use: str) -> str:
@@ -155,7 +155,7 @@ def _run_bnn_study(config: BNNConfig, out, log: Callable[[str], None], ranks: Ra
         log(f"{ranks.world_size} ranks (torch.distributed, {ranks.backend}): the seeds split over them, "
             f"{config.threads} thread(s) per rank; rank 0 gathers the rows and writes")
     runs, ensembles = _fit_all_seeds(config, ranks, data, log)
-    report = {"config": asdict(config), "n_train": len(data.X_train), "n_test": len(data.X_test),
+    report = {"config": asdict(config), "threads": threads_record(), "n_train": len(data.X_train), "n_test": len(data.X_test),
               "n_ood": len(data.X_ood), "runs": runs, "ensembles": ensembles,
               "ranks": {"world_size": ranks.world_size, "backend": ranks.backend if ranks.distributed else None},
               **summarize(runs)}

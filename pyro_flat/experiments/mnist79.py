@@ -38,7 +38,7 @@ from ..models import logistic_probs, logistic_regression
 from .configs import MNIST79Config
 from .mnist79_report import (ECE_BINS, chains_text, metric_text, metrics_text, reference_worth, report_markdown,
                              schedule_text)
-from .output import Terminated, across_ranks, hold_signals, lead_output
+from .output import Terminated, across_ranks, hold_signals, lead_output, threads_record
 
 #: The pixel shown in the trace and rank plots: the image's centre.
 CENTRE_PIXEL = pixel_index(14, 14)
@@ -297,7 +297,7 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None], r
             break
     main = runs[config.sampler]
     files = {}
-    report = {"config": asdict(config), "batch_size_used": batch_size,
+    report = {"config": asdict(config), "threads": threads_record(), "batch_size_used": batch_size,
               "data": {"source": source, "n_train": len(X), "n_test": len(X_test)},
               "interrupted": any(r.interrupted for r in runs.values()),
               "interrupted_by": next((r.interrupted_by for r in runs.values() if r.interrupted), None),

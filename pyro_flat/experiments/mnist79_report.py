@@ -40,6 +40,15 @@ def schedule_text(config: MNIST79Config) -> str:
             f"{config.num_samples // config.thin} draws per chain)")
 
 
+def threads_text(report: dict) -> str:
+    """" Ran on 1 torch thread (why)." from ``report["threads"]`` (the thread count changes the draws)."""
+    threads = report.get("threads") or {}
+    if not threads:
+        return ""
+    count = threads["count"]
+    return f" Ran on {count} torch thread{'s' if count > 1 else ''} ({threads['why']}); another count changes the draws."
+
+
 def metrics_text(report: dict) -> str:
     """The lines the study prints at its end: BMA metrics, diagnostics, verdicts, the reference."""
     lines = []
@@ -114,7 +123,7 @@ def report_markdown(report: dict, config: MNIST79Config) -> str:
            f"{config.preconditioner}, minibatch {report['batch_size_used']}), {config.chains} chain(s) × "
            f"{schedule_text(config)}, "
            f"seed {config.seed}. Seconds: "
-           + ", ".join(f"{k} {v}" for k, v in report["seconds"].items()) + ".", ""]
+           + ", ".join(f"{k} {v}" for k, v in report["seconds"].items()) + "." + threads_text(report), ""]
     ranks = report.get("ranks") or {}
     if ranks.get("world_size", 1) > 1:
         md += [f"Ran on {ranks['world_size']} ranks (torch.distributed, {ranks['backend']} backend): each sampler's "

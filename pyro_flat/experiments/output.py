@@ -24,6 +24,7 @@ import signal
 import sys
 import tempfile
 import threading
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional, Tuple
 
@@ -243,18 +244,35 @@ def _publish(staging: Path, out: Path, command: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+#: why the study in progress runs on its thread count (:func:`study_output` sets it; :func:`threads_record` reads it)
+_THREADS_WHY: ContextVar[str] = ContextVar("pyro_flat_threads_why", default="")
+
+
 @contextlib.contextmanager
 def study_output(config, log: Callable[[str], None] = print) -> Iterator[Path]:
     """:func:`staged_output` for a study's config (``out``, ``COMMAND``, ``overwrite``), run with
     torch's thread count set to ``config.threads``; ``None`` is :func:`auto_threads`' choice (said
-    through ``log`` when it is one thread)."""
-    threads = config.threads
+    through ``log`` when it is one thread). :func:`threads_record` says inside which count ran and why."""
+    threads, why = config.threads, "set by --threads (under torchrun: each rank's share of the machine's cores)"
     if threads is None:
-        threads, why = auto_threads()
-        if why:
-            log(why)
+        threads, busy = auto_threads()
+        why = busy or "torch's count in this process, by default one per core"
+        if busy:
+            log(busy)
     with staged_output(config.out, config.COMMAND, config.overwrite) as staging, torch_threads(threads):
-        yield staging
+        token = _THREADS_WHY.set(why)
+        try:
+            yield staging
+        finally:
+            _THREADS_WHY.reset(token)
+
+
+def threads_record() -> dict:
+    """``{"count", "why"}``: the torch threads the study in progress runs on (inside :func:`study_output`),
+    for its report: a busy machine drops a study to one thread, which changes its draws."""
+    import torch
+
+    return {"count": torch.get_num_threads(), "why": _THREADS_WHY.get()}
 
 
 #: a machine whose 1-minute load average is at least its core count minus this is busy (its cores are taken)

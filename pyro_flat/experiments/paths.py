@@ -41,7 +41,7 @@ from ..models import BayesianMLP
 from ..predictive import iter_draws
 from .compare import best_text, mean_and_se, t_critical
 from .configs import PathConfig
-from .output import hold_signals, study_output
+from .output import hold_signals, study_output, threads_record
 from .path_dynamics import dynamics_findings, plot_dynamics, run_path_dynamics
 
 
@@ -161,7 +161,7 @@ def _run_path_study(config: PathConfig, staging: Optional[Path], log: Callable[[
     dynamics = run_path_dynamics(config, model, loss.blocks, path, top, data.X_train, data.y_train, log)
     dynamics_seconds = time.perf_counter() - start
     log(f"dynamics: done in {dynamics_seconds:.1f} s")
-    report = {"config": asdict(config), "n_train": n, "dim": loss.dim, "decay_trace": 2 * decay * loss.dim,
+    report = {"config": asdict(config), "threads": threads_record(), "n_train": n, "dim": loss.dim, "decay_trace": 2 * decay * loss.dim,
               "endpoints_loss": [float(loss.fn(e)) for e in ends], "endpoints_gradient": end_gradients,
               "path": {"converged": path.converged, "max_force": path.max_force, "iterations": path.iterations,
                        "images": len(path.points), "seconds": path_seconds},

@@ -46,7 +46,7 @@ from ..kernels import make_kernel
 from ..mixtures import SharpFlatMixture, sharp_flat_2d
 from .compare import compare_text, differ
 from .configs import Synthetic2DConfig
-from .output import hold_signals, study_output
+from .output import hold_signals, study_output, threads_record
 
 #: Sample paths drawn per panel of ``paths.png``.
 PATHS_SHOWN = 3
@@ -186,7 +186,7 @@ def run_synthetic2d(config: Synthetic2DConfig, *, log: Callable[[str], None] = p
             log(f"{label}: {share:.3f} ± {se:.3f} of chains in the flat basin after {config.num_steps} steps"
                 f"{saddle_text} ({exact_text}: {law})")
     saddle_position = float((mixture.saddle().float() - sharp) @ (flat - sharp) / ((flat - sharp) ** 2).sum())
-    report = {"config": asdict(config), "mixture": asdict(mixture), "exact": exact, "marks": marks,
+    report = {"config": asdict(config), "threads": threads_record(), "mixture": asdict(mixture), "exact": exact, "marks": marks,
               "ridge": ridge, "line": {"position": [round(x, 4) for x in positions.tolist()], "saddle_position": saddle_position,
                                        "share": line},
               "findings": findings(ridge, exact, config)}
