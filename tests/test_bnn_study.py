@@ -176,6 +176,65 @@ def test_a_family_s_two_methods_start_from_the_same_weights(family, small_data):
     assert (plain.grad_evals, sharp.grad_evals) == (plain.steps, 2 * sharp.steps)
 
 
+def test_the_sabma_row_is_swag_then_sabma_from_its_posterior_within_the_budget(small_data, monkeypatch):
+    """``sabma`` runs the SA-BMA paper's pipeline: the SWAG row's fit (the same SGD trajectory, moments and
+    rank) for S1 steps, then SABMA_ELBO(sabma_gamma) for S2 steps from ``low_rank_guide()``: with a vanishing
+    Adam step it ends at the SWAG posterior. The gradient evaluations actually made (backward passes and
+    ``autograd.grad`` calls, counted) are S1 + 2 S2 = grad_evals, and the records are the SA-BMA phase's."""
+    from dataclasses import replace
+
+    from pyro.infer.autoguide import AutoLowRankMultivariateNormal
+
+    import pyro_flat.variational
+    from pyro_flat.experiments.bnn_families import sabma_split, steps_for
+    from pyro_flat.variational import AutoSWAG, SABMA_ELBO
+
+    config = BNNConfig(hidden=(4,), batch_size=20, grad_evals=43, num_chains=2, num_draws=2, swag_rank=2,
+                       svi_lr=1e-9, progress=False)
+    swag_steps, sabma_steps = sabma_split(config)
+    assert (swag_steps, sabma_steps) == (23, 10) and steps_for("sabma", config) == 33
+
+    losses = []
+
+    class CountedSABMA(SABMA_ELBO):
+        def loss_and_grads(self, *args, **kwargs):
+            losses.append(self)
+            return super().loss_and_grads(*args, **kwargs)
+
+    evaluations = [0]
+
+    def counted(fn):
+        def wrapper(*args, **kwargs):
+            evaluations[0] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(pyro_flat.variational, "SABMA_ELBO", CountedSABMA)
+    monkeypatch.setattr(torch.autograd, "backward", counted(torch.autograd.backward))
+    monkeypatch.setattr(torch.autograd, "grad", counted(torch.autograd.grad))
+    net = BayesianMLP(16, (4,), 2)
+    fit = fit_method("sabma", config, net, small_data, seed=3)
+    assert evaluations[0] == fit.grad_evals == swag_steps + 2 * sabma_steps == config.grad_evals
+    assert len(losses) == sabma_steps and {e.gamma for e in losses} == {config.sabma_gamma}
+    assert fit.steps == swag_steps + sabma_steps
+    assert fit.records.shape == (1, sabma_steps - sabma_steps // 2)  # the SWAG phase's second half: 12
+    assert isinstance(fit.guide, AutoLowRankMultivariateNormal) and isinstance(fit.swag, AutoSWAG)
+    assert fit.swag.iterations_seen == swag_steps
+
+    monkeypatch.undo()
+    swag = fit_method("swag", replace(config, grad_evals=swag_steps), net, small_data, seed=3).guide
+    expected = swag.posterior()  # the SWAG row's own fit on S1 evaluations: the same law
+    torch.testing.assert_close(fit.swag.posterior().loc, expected.loc, rtol=0, atol=0)
+    torch.testing.assert_close(fit.swag.posterior().covariance_matrix, expected.covariance_matrix, rtol=0, atol=0)
+    assert fit.swag.rank == swag.rank == 2 and expected.cov_factor.abs().sum() > 0
+    with torch.no_grad():
+        final = fit.guide.get_posterior()
+        torch.testing.assert_close(final.loc, expected.loc, rtol=0, atol=1e-6)
+        torch.testing.assert_close(final.cov_diag, expected.cov_diag, rtol=1e-4, atol=0)  # 5e-10 to 3e-5
+        torch.testing.assert_close(final.covariance_matrix, expected.covariance_matrix, rtol=1e-4, atol=1e-11)
+    assert {k: v.shape[0] for k, v in fit.samples.items()} == {k: 4 for k in fit.samples}
+
+
 def test_plus_minus_rounds_both_to_the_error_s_second_digit():
     from pyro_flat.experiments.bnn_report import plus_minus
 

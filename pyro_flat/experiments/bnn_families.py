@@ -23,11 +23,18 @@ and, against a baseline, ``entropy-sgld`` and ``flat-sgld`` (SGLD's) and ``sabma
 BBB's). The SGD-based methods share ``step_size`` and ρ, so the sharpness-aware versions differ from
 their baselines in the SAM step (and so make half as many steps).
 
+``sabma`` is the SA-BMA paper's pipeline within the same budget (:func:`sabma_split`): half of the
+gradient evaluations go to a SWAG fit (``AutoSWAG`` by SGD, the ``swag`` row's settings on its
+shorter run), and the other half to :class:`~pyro_flat.SABMA_ELBO` from
+``AutoSWAG.low_rank_guide()`` (Adam, as the BBB rows), two evaluations a step.
+
 >>> from pyro_flat.experiments.configs import BNNConfig, BNN_FAMILIES
 >>> [pair for pair in BNN_FAMILIES.values()][:2]
 [('sgld', 'sasgld'), ('bbb', 'sa-bbb')]
 >>> METHOD_LABELS["sa-dropout"], steps_for("sa-dropout", BNNConfig(grad_evals=1000))
 ('SA-MC-dropout', 500)
+>>> sabma_split(BNNConfig(grad_evals=1000)), steps_for("sabma", BNNConfig(grad_evals=1000))  # 500 + 2 x 250
+((500, 250), 750)
 """
 
 from __future__ import annotations
@@ -53,8 +60,9 @@ METHOD_LABELS = {"sgld": "SGLD", "sasgld": "SASGLD", "entropy-sgld": "EntropySGL
                  "bbb": "BBB", "sa-bbb": "SA-BBB", "sabma": "SA-BMA", "swag": "SWAG", "sa-swag": "SA-SWAG",
                  "dropout": "MC-dropout", "sa-dropout": "SA-MC-dropout", "ensemble": "ensemble",
                  "sa-ensemble": "SA-ensemble"}
-#: the methods that take SAM's two gradient evaluations per step
-TWO_GRADIENT_METHODS = ("sasgld", "sa-bbb", "sabma", "sa-swag", "sa-dropout", "sa-ensemble")
+#: the methods that take SAM's two gradient evaluations per step (``sabma`` takes one per step of its
+#: SWAG phase and two per step of its SA-BMA phase: :func:`sabma_split`)
+TWO_GRADIENT_METHODS = ("sasgld", "sa-bbb", "sa-swag", "sa-dropout", "sa-ensemble")
 
 
 @dataclass
@@ -67,7 +75,11 @@ class Fit:
         point of MC-dropout, measured without dropout).
     :ivar uses: the variables evaluated: ``("theta",)``, or ``("theta", "aux")`` for EntropySGLD.
     :ivar records: ``(trajectories, R)``, the objective per training image (the minibatch potential,
-        or the negative ELBO) at R evenly spaced steps of the second half of each trajectory.
+        or the negative ELBO) at R evenly spaced steps of the second half of each trajectory (SA-BMA's:
+        of its SA-BMA phase).
+    :ivar guide: the SVI fits' guide (``AutoNormal``, ``AutoSWAG``, ``AutoDelta``, or SA-BMA's
+        ``AutoLowRankMultivariateNormal``); ``None`` for the samplers and ensembles.
+    :ivar swag: SA-BMA's SWAG fit, the ``AutoSWAG`` its guide started from; ``None`` otherwise.
     """
 
     method: str
@@ -79,6 +91,8 @@ class Fit:
     grad_evals: int
     seconds: float
     records: torch.Tensor
+    guide: Optional[object] = None
+    swag: Optional[object] = None
 
     @property
     def label(self) -> str:
@@ -110,13 +124,32 @@ def loss_trend(records) -> Tuple[float, float]:
     return float(drops[0]), float(se[0])
 
 
+#: the share of SA-BMA's gradient evaluations that goes to its SWAG phase
+SABMA_SWAG_SHARE = 0.5
+
+
+def sabma_split(config: BNNConfig) -> Tuple[int, int]:
+    """SA-BMA's ``(SWAG steps, SA-BMA steps)`` within ``config.grad_evals``: ``SABMA_SWAG_SHARE`` of the
+    evaluations (rounded so that the rest is even) to SWAG's SGD steps at one evaluation each, the rest
+    to SABMA_ELBO's steps at two each, so ``swag + 2 * sabma == grad_evals`` exactly (the study
+    requires ``grad_evals >= 16``: at least 4 SA-BMA steps and 8 SWAG steps)."""
+    sabma = int(config.grad_evals * (1 - SABMA_SWAG_SHARE)) // 2
+    return config.grad_evals - 2 * sabma, sabma
+
+
 def steps_for(method: str, config: BNNConfig) -> int:
-    """Steps per trajectory within the budget of ``config.grad_evals`` gradient evaluations."""
+    """Steps per trajectory within the budget of ``config.grad_evals`` gradient evaluations (SA-BMA's:
+    those of its two phases together)."""
+    if method == "sabma":
+        return sum(sabma_split(config))
     return config.grad_evals // (2 if method in TWO_GRADIENT_METHODS else 1)
 
 
 def _spent(method: str, config: BNNConfig) -> int:
     """The gradient evaluations an SVI fit of ``method`` makes: its steps times their cost."""
+    if method == "sabma":
+        swag, sabma = sabma_split(config)
+        return swag + 2 * sabma
     return steps_for(method, config) * (2 if method in TWO_GRADIENT_METHODS else 1)
 
 
@@ -185,17 +218,18 @@ def _fit_ensemble(method: str, config: BNNConfig, net: BayesianMLP, data) -> Fit
                ensemble.potential / len(data.X_train))
 
 
-def _svi(method: str, config: BNNConfig, model, guide, optim, loss, data) -> Tuple[torch.Tensor, float]:
-    """Run SVI for the method's steps; the loss per training image at up to 100 evenly spaced steps
-    of the second half (each the mean over its stretch of steps) and the seconds taken."""
+def _svi(method: str, config: BNNConfig, model, guide, optim, loss, data,
+         steps: Optional[int] = None, desc: Optional[str] = None) -> Tuple[torch.Tensor, float]:
+    """Run SVI for ``steps`` (the method's by default); the loss per training image at up to 100 evenly
+    spaced steps of the second half (each the mean over its stretch of steps) and the seconds taken."""
     from pyro.infer import SVI
     from tqdm.auto import tqdm
 
-    steps = steps_for(method, config)
+    steps = steps_for(method, config) if steps is None else steps
     svi = SVI(model, guide, optim, loss)
     start = time.perf_counter()
     losses = [svi.step(data.X_train, data.y_train, batch_size=config.batch_size)
-              for _ in tqdm(range(steps), desc=METHOD_LABELS[method], disable=not config.progress)]
+              for _ in tqdm(range(steps), desc=desc or METHOD_LABELS[method], disable=not config.progress)]
     seconds = time.perf_counter() - start
     half = np.asarray(losses[steps // 2:], dtype=float) / len(data.X_train)
     stretches = np.array_split(half, min(100, len(half)))
@@ -216,38 +250,77 @@ def _sam_or_plain(method: str, rho: float):
     return SAM_ELBO(rho) if method.startswith("sa-") else Trace_ELBO()
 
 
+def _adam(config: BNNConfig, steps: int):
+    """The BBB-type fits' optimiser: Adam from ``svi_lr``, its step falling tenfold over ``steps``."""
+    return pyro.optim.ClippedAdam({"lr": config.svi_lr, "lrd": 0.1 ** (1.0 / steps)})
+
+
 def _fit_bbb(method: str, config: BNNConfig, net: BayesianMLP, data) -> Fit:
     from pyro.infer.autoguide import AutoNormal
     from pyro.infer.autoguide.initialization import init_to_sample
 
-    from ..variational import SABMA_ELBO
-
     guide = AutoNormal(net, init_loc_fn=init_to_sample, init_scale=config.svi_init_scale)
-    loss = SABMA_ELBO(config.sabma_gamma) if method == "sabma" else _sam_or_plain(method, config.sam_rho)
-    decay = 0.1 ** (1.0 / steps_for(method, config))  # the step falls tenfold over the run
-    optim = pyro.optim.ClippedAdam({"lr": config.svi_lr, "lrd": decay})
-    records, seconds = _svi(method, config, net, guide, optim, loss, data)
+    steps = steps_for(method, config)
+    records, seconds = _svi(method, config, net, guide, _adam(config, steps), _sam_or_plain(method, config.sam_rho),
+                            data)
     samples = _guide_draws(guide, config.num_chains * config.num_draws, data, config)
-    return Fit(method, net, samples, samples, ("theta",), steps_for(method, config), _spent(method, config),
-               seconds, records)
+    return Fit(method, net, samples, samples, ("theta",), steps, _spent(method, config), seconds, records, guide)
 
 
-def _fit_swag(method: str, config: BNNConfig, net: BayesianMLP, data) -> Fit:
+def _swag_run(method: str, config: BNNConfig, net, data, steps: int, desc: Optional[str] = None):
+    """AutoSWAG trained by SGD at ``step_size`` for ``steps`` (SAM iterates for ``sa-swag``): the
+    iterates of the second half are collected, at least once an epoch. ``(guide, records, seconds)``."""
     from pyro.infer.autoguide.initialization import init_to_sample
 
     from ..variational import AutoSWAG
 
-    steps = steps_for(method, config)
     window = steps - steps // 2  # the second half is collected, at least once an epoch
     epoch = -(-len(data.X_train) // config.batch_size)
     rank = min(config.swag_rank, max(2, window // 2))
     every = max(1, min(epoch, window // (2 * rank)))
     guide = AutoSWAG(net, rank=rank, collect_start=steps // 2, collect_every=every, init_loc_fn=init_to_sample)
     records, seconds = _svi(method, config, net, guide, pyro.optim.SGD({"lr": config.step_size}),
-                            _sam_or_plain(method, config.rho), data)
+                            _sam_or_plain(method, config.rho), data, steps=steps, desc=desc)
+    return guide, records, seconds
+
+
+def _fit_swag(method: str, config: BNNConfig, net: BayesianMLP, data) -> Fit:
+    steps = steps_for(method, config)
+    guide, records, seconds = _swag_run(method, config, net, data, steps)
     guide.eval()
     samples = _guide_draws(guide, config.num_chains * config.num_draws, data, config)
-    return Fit(method, net, samples, samples, ("theta",), steps, _spent(method, config), seconds, records)
+    return Fit(method, net, samples, samples, ("theta",), steps, _spent(method, config), seconds, records, guide)
+
+
+def _fit_sabma(method: str, config: BNNConfig, net: BayesianMLP, data) -> Fit:
+    """SA-BMA as its paper runs it: a SWAG fit, its posterior as the starting guide, then SABMA_ELBO.
+
+    The trajectory's ``config.grad_evals`` gradient evaluations are split by :func:`sabma_split`: half
+    (``S1 = grad_evals - 2 * S2`` evaluations) to a SWAG fit of ``S1`` SGD steps with the ``swag`` row's
+    settings (``step_size``, ``swag_rank``, the second half collected, at least once an epoch; plain
+    SGD iterates, not SAM's), and the rest to ``S2 = grad_evals // 4`` steps of
+    ``SABMA_ELBO(sabma_gamma)`` at two evaluations each, from ``AutoSWAG.low_rank_guide()`` (an
+    ``AutoLowRankMultivariateNormal`` whose law is the SWAG posterior, SWAG's rank), by Adam from
+    ``svi_lr`` falling tenfold over the ``S2`` steps (the BBB rows' optimiser): ``S1 + 2 S2 = grad_evals``
+    exactly. ``steps`` is ``S1 + S2``; the records (the "still falling" check) are the SA-BMA phase's
+    negative ELBO, at the perturbed parameters φ + δ.
+
+    The paper also takes its prior from the SWAG fit; pyro-flat keeps the model's own prior (the
+    ``BayesianMLP``'s ``Normal(0, prior_scale)``), so that SA-BMA's posterior is the same posterior the
+    other rows approximate. Only the starting guide comes from SWAG.
+    """
+    from ..variational import SABMA_ELBO
+
+    swag_steps, sabma_steps = sabma_split(config)
+    swag, _, swag_seconds = _swag_run(method, config, net, data, swag_steps, desc="SA-BMA's SWAG")
+    start = time.perf_counter()
+    guide = swag.low_rank_guide(data.X_train, data.y_train, batch_size=config.batch_size)
+    seconds = swag_seconds + time.perf_counter() - start
+    records, sabma_seconds = _svi(method, config, net, guide, _adam(config, sabma_steps),
+                                  SABMA_ELBO(config.sabma_gamma), data, steps=sabma_steps)
+    samples = _guide_draws(guide, config.num_chains * config.num_draws, data, config)
+    return Fit(method, net, samples, samples, ("theta",), swag_steps + sabma_steps, _spent(method, config),
+               seconds + sabma_seconds, records, guide, swag)
 
 
 def _fit_dropout(method: str, config: BNNConfig, net: BayesianMLP, data) -> Fit:
@@ -262,12 +335,12 @@ def _fit_dropout(method: str, config: BNNConfig, net: BayesianMLP, data) -> Fit:
     point = _guide_draws(guide, 1, data, config)
     samples = {k: v.expand(config.num_chains * config.num_draws, *v.shape[1:]) for k, v in point.items()}
     return Fit(method, dropout_net, samples, point, ("theta",), steps_for(method, config), _spent(method, config),
-               seconds, records)
+               seconds, records, guide)
 
 
 _FITTERS: Dict[str, Callable[..., Fit]] = {
     "sgld": _fit_sampler, "sasgld": _fit_sampler, "entropy-sgld": _fit_sampler, "flat-sgld": _fit_sampler,
-    "bbb": _fit_bbb, "sa-bbb": _fit_bbb, "sabma": _fit_bbb, "swag": _fit_swag, "sa-swag": _fit_swag,
+    "bbb": _fit_bbb, "sa-bbb": _fit_bbb, "sabma": _fit_sabma, "swag": _fit_swag, "sa-swag": _fit_swag,
     "dropout": _fit_dropout, "sa-dropout": _fit_dropout, "ensemble": _fit_ensemble, "sa-ensemble": _fit_ensemble}
 
 
@@ -282,5 +355,5 @@ def fit_method(method: str, config: BNNConfig, net: BayesianMLP, data, seed: Opt
     return _FITTERS[method](method, config, net, data)
 
 
-__all__ = ["Fit", "fit_method", "loss_trend", "steps_for", "make_bnn_kernel", "sample_chains", "sampler_label",
-           "METHOD_LABELS"]
+__all__ = ["Fit", "fit_method", "loss_trend", "steps_for", "sabma_split", "make_bnn_kernel", "sample_chains",
+           "sampler_label", "METHOD_LABELS"]

@@ -248,7 +248,9 @@ def report_markdown(report: dict) -> str:
         f"{', '.join(map(str, seeds))}. SGD and SGLD step {c['step_size']:g}; SAM radius ρ = {c['rho']:g} in weight "
         f"space (SASGLD, SA-SWAG, SA-MC-dropout, SA-ensemble), SA-BBB's ρ = {c['sam_rho']:g} (in weight space at "
         f"each draw of q), SA-BMA's KL ball γ = {c['sabma_gamma']:g} (on q's parameters); BBB fits: AutoNormal (init scale {c['svi_init_scale']:g}), Adam from "
-        f"{c['svi_lr']:g} falling tenfold; SWAG rank {c['swag_rank']}, MC-dropout p = {c['dropout']:g}; "
+        f"{c['svi_lr']:g} falling tenfold; SWAG rank {c['swag_rank']}, MC-dropout p = {c['dropout']:g}; SA-BMA as its "
+        f"paper runs it: half the evaluations to a SWAG fit (SGD, SWAG's settings), the other half to SABMA_ELBO from "
+        f"SWAG's low-rank posterior (Adam as the BBB fits; the model's own prior, not one from SWAG); "
         f"{c['num_chains']} chains per sampler and members per ensemble; EntropySGLD η = {c['eta']:g}, "
         f"FlatSGLD σ = {c['sigma']:g}.",
         "",
@@ -286,8 +288,8 @@ def report_markdown(report: dict) -> str:
               "The objective per training image over the second half of each run: the minibatch potential U(θ) of the "
               "samplers (SASGLD's and the SA-ensemble's at θ, not at the perturbed point) and ensembles, the negative "
               "ELBO of the SVI fits (SA-BBB's, SA-SWAG's and SA-MC-dropout's at the perturbed weights θ + ε*, SA-BMA's "
-              "at the perturbed parameters φ + δ). Its drop from the second-to-last fifth to the last, mean over seeds "
-              "± standard error; a positive drop beyond 2 standard errors: still falling.",
+              "over its SA-BMA phase, at the perturbed parameters φ + δ). Its drop from the second-to-last fifth to the "
+              "last, mean over seeds ± standard error; a positive drop beyond 2 standard errors: still falling.",
               "", "| method | steps | gradient evaluations per trajectory | seconds per fit | loss drop per image | "
               "still falling |",
               "|---|---|---|---|---|---|"]
