@@ -67,8 +67,8 @@ from pyro.infer.mcmc.logger import DIAGNOSTIC_MSG, ProgressBar, initialize_logge
 from pyro.util import optional
 
 from .targets import Params, check_minibatches
-from .validation import (check_chain_memory, check_nonnegative_int, check_positive_int, check_real_tensor,
-                         check_thinning)
+from .mcmc_arguments import check_initial_params, check_kernel
+from .validation import check_chain_memory, check_nonnegative_int, check_positive_int, check_thinning
 
 CHAIN_METHODS = ("auto", "vectorized", "sequential", "parallel", "distributed", "data_parallel")
 #: the chain methods that span the ranks of a torch.distributed process group
@@ -151,7 +151,7 @@ class MCMC(pyro.infer.MCMC):
     def __init__(self, kernel, num_samples: int, warmup_steps: Optional[int] = None,
                  initial_params: Optional[Dict[str, torch.Tensor]] = None, num_chains: int = 1,
                  chain_method: str = "auto", thinning: int = 1, minibatches: str = "per_chain", **kwargs):
-        _check_kernel(kernel)
+        check_kernel(kernel)
         num_samples = check_positive_int("num_samples", num_samples,
                                          hint="It is the number of draws kept per chain.")
         if warmup_steps is not None:
@@ -172,7 +172,7 @@ class MCMC(pyro.infer.MCMC):
             )
         check_thinning(kernel, thinning)
         if initial_params is not None:
-            initial_params = _check_initial_params(initial_params, num_chains)
+            initial_params = check_initial_params(initial_params, num_chains)
         # before any work: at least one float per chain and draw (initial_params: the state itself); the
         # kernel checks the model's real state size before it traces the model for so many chains
         state = 4 if initial_params is None else sum(
@@ -455,52 +455,6 @@ def require_draws(mcmc, what: str) -> None:
         raise ValueError(f"{what}: this MCMC has no draws: call mcmc.run(...) first. A run that stopped "
                          "with an error has none either; after a DivergenceError its draws are in "
                          "err.samples and err.completed_chains (also kernel.partial_samples).")
-
-
-def _check_kernel(kernel) -> None:
-    """A ``TypeError`` naming ``kernel`` unless it is a kernel instance (Pyro's contract: ``setup``
-    and ``sample``), not a sampler's name or class."""
-    if isinstance(kernel, (type, str)):
-        from .kernels import KERNELS, kernel_class
-
-        by_name = ""
-        if isinstance(kernel, type):
-            name, given = kernel.__name__, f"the class {kernel.__name__}"
-        else:
-            given = f"the string {kernel!r}"
-            try:
-                name = kernel_class(kernel).__name__
-                by_name = f" (pyro_flat.kernels.make_kernel({kernel!r}, model, step_size=1e-3) builds one by name)"
-            except ValueError:  # no kernel of that name
-                name, by_name = "SGLD", f" (the kernels by name: {', '.join(KERNELS)})"
-        raise TypeError(f"kernel must be a kernel instance, got {given}; pass one built with its model, e.g. "
-                        f"MCMC({name}(model, step_size=1e-3), num_samples=...){by_name}.")
-    if not (callable(getattr(kernel, "setup", None)) and callable(getattr(kernel, "sample", None))):
-        raise TypeError(f"kernel must be an MCMC kernel such as pyro_flat.SGLD(model, step_size=1e-3) or "
-                        f"pyro.infer.NUTS(model), got {type(kernel).__name__} {kernel!r:.80}.")
-
-
-def _check_initial_params(initial_params, num_chains: int) -> Dict[str, torch.Tensor]:
-    """``initial_params`` as a dict of floating-point tensors (integers converted), with a leading
-    chain dim for several chains; else an error naming the value."""
-    if not isinstance(initial_params, dict):
-        raise ValueError(f"initial_params must be a dict {{site name: tensor}}, got "
-                         f"{type(initial_params).__name__}.")
-    initial_params = {name: check_real_tensor(f"initial_params[{name!r}]", value)
-                      for name, value in initial_params.items()}
-    for name, value in initial_params.items():
-        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-            bad = ~torch.isfinite(value.reshape(len(value), -1)).all(-1) if num_chains > 1 and value.dim() else None
-            where = "" if bad is None else f" (chain {int(bad.nonzero()[0, 0])})"
-            raise ValueError(f"initial_params[{name!r}] holds NaN or inf{where}; pass finite starting values.")
-    if num_chains > 1:
-        for name, value in initial_params.items():
-            shape = tuple(torch.as_tensor(value).shape)
-            if not shape or shape[0] != num_chains:
-                raise ValueError(
-                    f"initial_params[{name!r}] has shape {shape}; with num_chains={num_chains} each "
-                    f"value needs a leading chain dimension of {num_chains} (one row per chain).")
-    return initial_params
 
 
 def _split_diagnostics(diagnostics: dict, num_chains: int) -> list:

@@ -20,10 +20,13 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 # torch and numpy are imported where they are used: the memory check below serves the CLI's option
 # checks too, which must not import torch (``pyro-flat --help`` answers at once)
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 
 def _hinted(message: str, hint: str) -> str:

@@ -1,0 +1,63 @@
+"""The arguments of :class:`pyro_flat.MCMC`, checked before any work: a kernel instance (not a
+sampler's name or class) and ``initial_params`` as floating-point tensors with a chain dimension.
+
+>>> check_initial_params({"x": [[0, 1], [2, 3]]}, num_chains=2)["x"].dtype
+torch.float32
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+from .validation import check_real_tensor
+
+
+def check_kernel(kernel) -> None:
+    """A ``TypeError`` naming ``kernel`` unless it is a kernel instance (Pyro's contract: ``setup``
+    and ``sample``), not a sampler's name or class."""
+    if isinstance(kernel, (type, str)):
+        from .kernels import KERNELS, kernel_class  # here: the kernels sit above the driver's checks
+
+        by_name = ""
+        if isinstance(kernel, type):
+            name, given = kernel.__name__, f"the class {kernel.__name__}"
+        else:
+            given = f"the string {kernel!r}"
+            try:
+                name = kernel_class(kernel).__name__
+                by_name = f" (pyro_flat.kernels.make_kernel({kernel!r}, model, step_size=1e-3) builds one by name)"
+            except ValueError:  # no kernel of that name
+                name, by_name = "SGLD", f" (the kernels by name: {', '.join(KERNELS)})"
+        raise TypeError(f"kernel must be a kernel instance, got {given}; pass one built with its model, e.g. "
+                        f"MCMC({name}(model, step_size=1e-3), num_samples=...){by_name}.")
+    if not (callable(getattr(kernel, "setup", None)) and callable(getattr(kernel, "sample", None))):
+        raise TypeError(f"kernel must be an MCMC kernel such as pyro_flat.SGLD(model, step_size=1e-3) or "
+                        f"pyro.infer.NUTS(model), got {type(kernel).__name__} {kernel!r:.80}.")
+
+
+def check_initial_params(initial_params, num_chains: int) -> Dict[str, torch.Tensor]:
+    """``initial_params`` as a dict of floating-point tensors (integers converted), with a leading
+    chain dim for several chains; else an error naming the value."""
+    if not isinstance(initial_params, dict):
+        raise ValueError(f"initial_params must be a dict {{site name: tensor}}, got "
+                         f"{type(initial_params).__name__}.")
+    initial_params = {name: check_real_tensor(f"initial_params[{name!r}]", value)
+                      for name, value in initial_params.items()}
+    for name, value in initial_params.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            bad = ~torch.isfinite(value.reshape(len(value), -1)).all(-1) if num_chains > 1 and value.dim() else None
+            where = "" if bad is None else f" (chain {int(bad.nonzero()[0, 0])})"
+            raise ValueError(f"initial_params[{name!r}] holds NaN or inf{where}; pass finite starting values.")
+    if num_chains > 1:
+        for name, value in initial_params.items():
+            shape = tuple(torch.as_tensor(value).shape)
+            if not shape or shape[0] != num_chains:
+                raise ValueError(
+                    f"initial_params[{name!r}] has shape {shape}; with num_chains={num_chains} each "
+                    f"value needs a leading chain dimension of {num_chains} (one row per chain).")
+    return initial_params
+
+
+__all__ = ["check_kernel", "check_initial_params"]
