@@ -36,7 +36,7 @@ from ..kernels import EntropyHMC, kernel_class, make_kernel
 from ..mcmc import MCMC
 from ..models import logistic_probs, logistic_regression
 from .configs import MNIST79Config
-from .mnist79_report import (ECE_BINS, chains_text, metric_text, metrics_text, reference_worth, report_markdown,
+from .mnist79_report import (ECE_BINS, RELIABILITY_BINS, chains_text, metric_text, metrics_text, reference_worth, report_markdown,
                              schedule_text)
 from .output import Terminated, across_ranks, hold_signals, lead_output, threads_record
 
@@ -153,7 +153,7 @@ def evaluate(run: SamplerRun, X_test: torch.Tensor, y_test: torch.Tensor, *, war
     final = {u: metrics.classification_metrics(p.mean((0, 1)), y_test, n_bins=ECE_BINS) for u, p in per_use.items()}
     cost = _gradient_cost(run, warmup)
     curves = {u: metrics.running_bma(p, y_test, warmup=warmup, thin=thin, cost=cost) for u, p in per_use.items()}
-    reliability = {u: metrics.reliability_curve(p.mean((0, 1)), y_test, n_bins=ECE_BINS, binning="mass")
+    reliability = {u: metrics.reliability_curve(p.mean((0, 1)), y_test, n_bins=RELIABILITY_BINS, binning="mass")
                    for u, p in per_use.items()}
     return final, curves, reliability
 
@@ -361,11 +361,9 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None], r
     figures = {
         "bma_curves": ("bma_vs_iterations.png", plot_bma_curves(
             curves, title=f"MNIST 7 vs 9: running Bayesian model average on {n_test} test images",
-            xlabel="gradient evaluations per chain (warm-up and the preconditioner's full-data\n"
-                   "Hessian-vector products included, two evaluations each)")),
+            xlabel="gradient evaluations per chain\n(warm-up and full-data Hessian-vector products included)")),
         "reliability": ("reliability.png", plot_reliability(
-            reliability, title=f"reliability of the BMA\n({n_test} test images, {ECE_BINS} bins of equal count, "
-                               "those of the report's equal-count ECE)")),
+            reliability, title=f"reliability of the BMA\n({n_test} test images, {RELIABILITY_BINS} bins of equal count)")),
         "trace": ("trace.png", plot_trace_panels(idata, var_names, sampler=config.sampler, thin=config.thin,
                                                  pixel=CENTRE_PIXEL)),
         "rank": ("rank.png", plot_rank_panels(idata, var_names, sampler=config.sampler, pixel=CENTRE_PIXEL)),

@@ -10,9 +10,10 @@ from ..diagnostics import MAX_R_HAT, MIN_ESS
 from ..kernels.preconditioning import pull_strength
 from .configs import MNIST79Config
 
-#: the confidence bins of every calibration number of the study: the ECE of equal-width bins, the ECE of
-#: equal-count bins and the reliability diagram's (equal-count) bins
+#: the confidence bins of the study's two ECEs (equal-width and equal-count bins)
 ECE_BINS = 15
+#: the reliability diagram's bins, of equal count (fewer than the ECE's: 20 test images a point)
+RELIABILITY_BINS = 10
 
 
 def metric_text(config: MNIST79Config) -> str:
@@ -153,8 +154,8 @@ def report_markdown(report: dict, config: MNIST79Config) -> str:
         md += [""]
     md += [
            "## Bayesian model average on the test set", "",
-           f"| sampler | draws | accuracy | NLL | ECE ({ECE_BINS} equal-width bins) | ECE ({ECE_BINS} equal-count bins, "
-           "the reliability diagram's) | Brier |", "|---|---|---|---|---|---|---|"]
+           f"| sampler | draws | accuracy | NLL | ECE ({ECE_BINS} equal-width bins) | ECE ({ECE_BINS} equal-count bins) "
+           "| Brier |", "|---|---|---|---|---|---|---|"]
     for name, per_use in report["bma"].items():
         for use, m in per_use.items():
             md.append(f"| {name} | {use} | {m['accuracy']:.4f} | {m['nll']:.4f} | {m['ece']:.4f} | "
@@ -164,7 +165,8 @@ def report_markdown(report: dict, config: MNIST79Config) -> str:
            "standard error over the test points. Their x axis counts gradient evaluations per chain: "
            f"EntropyHMC's and the preconditioner's Hessian-vector products (two each) are on all "
            f"{report['data']['n_train']} training images, the stochastic-gradient steps' on minibatches of "
-           f"{report['batch_size_used']}.", "",
+           f"{report['batch_size_used']}. The reliability diagram bins the test images into {RELIABILITY_BINS} bins of "
+           f"equal count; the table's ECEs use {ECE_BINS} bins, of equal width and of equal count.", "",
            f"![running BMA]({files['bma_curves']})", "", f"![reliability diagram]({files['reliability']})", "",
            "## Convergence diagnostics (ArviZ)", "",
            f"Verdict by ArviZ's thresholds (rank-normalised split R-hat ≤ {MAX_R_HAT}, bulk and tail ESS ≥ "
