@@ -271,8 +271,9 @@ def _write(report, profiles, staging: Path) -> None:
 
 def plot_draws(report: dict):
     """Left: each sampler's last draws in the (training NLL, top eigenvalue) plane, beside both
-    paths. Right: the draws alone, on linear axes, each sampler's mean with ± 2 standard errors, so
-    that the samplers can be ranked (they sit far from the paths, in one corner of the left panel)."""
+    paths. Right: the draws alone, on linear axes, each sampler's mean with its 95 % t interval (the
+    t critical value for its number of draws times the standard error: the rule of the findings' ranking),
+    so that the samplers can be ranked (they sit far from the paths, in one corner of the left panel)."""
     import matplotlib.pyplot as plt
 
     fig, (wide, near) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [1, 1.15]})
@@ -286,12 +287,17 @@ def plot_draws(report: dict):
         wide.scatter(loss, top, s=60, label=label, **style)
         near.scatter(loss, top, s=50, alpha=0.6, **style)
         (mx, sx), (my, sy) = mean_and_se(loss), mean_and_se(top)
-        near.errorbar(mx, my, xerr=2 * sx, yerr=2 * sy, color=style["color"], capsize=3, lw=1.5)
-        near.scatter([mx], [my], s=140, label=f"{label}: mean of {len(pair)} draws ± 2 SE", **style)
+        t = t_critical(len(pair))
+        near.errorbar(mx, my, xerr=t * sx, yerr=t * sy, color=style["color"], capsize=3, lw=1.5)
+        near.scatter([mx], [my], s=140, label=f"{label}: mean of {len(pair)} draws ± {t:.3g} SE (95 %)", **style)
+    points = np.array([(d["loss"], d["top_eigenvalue"]) for pair in report["draws"].values() for d in pair])
+    low, high = points.min(0), points.max(0)
+    margin = 0.3 * np.maximum(high - low, 1e-3 * np.abs(high))  # the draws spread out; wide bars run off
+    near.set(xlim=(low[0] - margin[0], high[0] + margin[0]), ylim=(low[1] - margin[1], high[1] + margin[1]))
     wide.set(xscale="log", yscale="log", xlabel="loss per image", ylabel="top Hessian eigenvalue",
              title="the samplers' last draws against the paths between two minima")
     near.set(xlabel="loss per image", ylabel="top Hessian eigenvalue",
-             title="the draws alone (small markers: each draw)")
+             title="the draws alone (small markers: each draw; bars beyond the frame run off it)")
     for ax in (wide, near):
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7, loc="best")
