@@ -18,10 +18,41 @@
 - :mod:`pyro_flat.datasets` (MNIST 7-vs-9), :mod:`pyro_flat.mixtures` (sharp/flat mixtures and
   their basins, exactly), :mod:`pyro_flat.models`, and the studies behind the ``pyro-flat``
   command (:mod:`pyro_flat.experiments`).
+
+The package is built in layers; a module imports only from its own layer and those below
+(``tests/test_layers.py`` reads every import, those inside functions too, and fails on one that
+points up or closes a cycle). From the ground up (:data:`LAYERS`):
+
+1. foundations: the errors that cross layers, argument checks, tracing helpers, per-chain random
+   numbers (:mod:`pyro_flat.chains`), step-size schedules;
+2. targets: a model or potential as the energy a kernel samples (:mod:`pyro_flat.targets`);
+3. models and measures: the Entropy-MCMC joint, SAM's perturbation, the models, the datasets,
+   predictions and their metrics, the exact mixtures;
+4. kernels (:mod:`pyro_flat.kernels`), whose contract with the driver is
+   :mod:`pyro_flat.kernels.protocol`;
+5. ranks: :mod:`pyro_flat.distributed` (process groups, data-parallel targets, the across-ranks driver);
+6. the driver: :class:`MCMC` and ArviZ diagnostics;
+7. built on the driver: flatness measures, theory and convergence checks, ensembles, variational inference;
+8. the studies (:mod:`pyro_flat.experiments`).
 """
 
 import importlib
 from typing import TYPE_CHECKING, Any, List
+
+#: The layers of the package, from the ground up (see the module docstring): each module or subpackage
+#: imports only from its own layer and those below.
+LAYERS = (
+    ("errors", "validation", "tracing", "chains", "schedules"),
+    ("targets",),
+    ("flat", "sam", "models", "mnist_files", "datasets", "predictive", "metrics", "shift", "mixture_basins",
+     "mixtures"),
+    ("kernels",),
+    ("distributed",),
+    ("mcmc_arguments", "mcmc", "diagnostics"),
+    ("flatness", "theory", "references", "ensemble_runner", "convergence_result", "convergence", "ensembles",
+     "variational"),
+    ("experiments",),
+)
 
 #: Each public name and the module that defines it: imported on first use (PEP 562), so that
 #: ``import pyro_flat.experiments.cli`` and ``pyro-flat --help`` do not import torch and Pyro.

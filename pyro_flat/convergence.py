@@ -3,7 +3,8 @@ r"""Check a sampler's convergence against its 2-Wasserstein bound, on a problem 
 :func:`check_convergence` runs many independent chains from one starting point, estimates
 :math:`W_2(\nu_k, \pi)` from the ensemble at checkpoints :math:`k` (the ensemble *is* a sample of
 :math:`\nu_k`), evaluates the bound of :mod:`pyro_flat.theory.bounds` with the problem's constants,
-and says whether the estimate stays below it. :func:`run_ensemble` is the loop underneath.
+and says whether the estimate stays below it. :func:`~pyro_flat.ensemble_runner.run_ensemble` is
+the loop underneath; :class:`~pyro_flat.convergence_result.ConvergenceResult` holds the outcome.
 """
 
 from __future__ import annotations
@@ -11,16 +12,15 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Union
+from typing import List, Optional, Union
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
+from .convergence_result import ConvergenceError, ConvergenceResult
+from .ensemble_runner import run_ensemble
 from .kernels import KERNELS, SGD, SGLD, EntropySGLD, LocalEntropySGLD, kernel_class
 from .kernels.stochastic_gradient import StochasticGradientKernel
-from .mcmc import run_chains
 from .theory import joint_hessian, preconditioned_constants
 from .theory import bounds as B
 from .flatness.probes import check_seed
@@ -29,124 +29,13 @@ from .validation import check_positive_int
 from .references import exact_chain, reference_law
 from .theory.problems import SITE, GaussianProblem, Problem
 
+__all__ = ["check_convergence", "TARGET_OF", "MIN_CHAINS", "FEW_CHAINS",
+           # from pyro_flat.convergence_result and pyro_flat.ensemble_runner, where they moved
+           "ConvergenceResult", "ConvergenceError", "run_ensemble"]
+
 #: the law each kernel targets (EntropySGLD: its bound is on the joint)
 TARGET_OF = {SGLD: "posterior", EntropySGLD: "joint", LocalEntropySGLD: "flat", SGD: "mode"}
 MIN_CHAINS, FEW_CHAINS = 10, 100
-
-
-class ConvergenceError(AssertionError):
-    """The empirical :math:`W_2` exceeded the bound beyond its error bar (``result`` attached)."""
-
-    def __init__(self, message: str, result: "ConvergenceResult"):
-        super().__init__(message)
-        self.result = result
-
-
-@dataclass
-class ConvergenceResult:
-    """What :func:`check_convergence` measured, and the verdict.
-
-    ``w2[i]`` (with ``w2_stderr[i]``, bootstrap) estimates :math:`W_2(\\nu_k, \\pi)` at
-    ``iterations[i]`` (``grad_evals[i]`` gradient evaluations per chain); ``w2_floor`` is the
-    estimator's finite-sample floor (its value on exact draws of :math:`\\pi`); ``bound[i]`` the
-    theoretical bound (``None`` where it does not apply: see ``warnings``), ``bound_terms`` its
-    parts; ``exact_w2`` the exact distance where known (Gaussian problems, full batch).
-    ``passed`` is ``True`` when no checkpoint has
-    :math:`\\sqrt{w_2^2 - \\text{floor}^2} - 3\\,\\text{stderr} > \\text{bound}`, ``None`` without a bound.
-    """
-
-    sampler: str
-    target: str
-    estimator: str
-    num_chains: int
-    iterations: np.ndarray
-    grad_evals: np.ndarray
-    w2: np.ndarray
-    w2_stderr: np.ndarray
-    w2_floor: float
-    bound: Optional[np.ndarray]
-    bound_terms: Dict[str, float]
-    constants: Dict[str, float]
-    exact_w2: Optional[np.ndarray] = None
-    violations: List[int] = field(default_factory=list)
-    warnings: List[str] = field(default_factory=list)
-    wall_time: Dict[str, float] = field(default_factory=dict)
-
-    @property
-    def w2_debiased(self) -> np.ndarray:
-        return np.sqrt(np.clip(self.w2**2 - self.w2_floor**2, 0.0, None))
-
-    @property
-    def passed(self) -> Optional[bool]:
-        return None if self.bound is None else not self.violations
-
-    def __str__(self) -> str:
-        verdict = {True: "within the bound", False: "VIOLATES the bound", None: "no bound"}[self.passed]
-        lines = [f"{self.sampler} ({self.num_chains} chains, target {self.target}, "
-                 f"{self.estimator} W2): {verdict}",
-                 f"  iterations {self.iterations[0]}..{self.iterations[-1]}: W2 {self.w2[0]:.4g} -> "
-                 f"{self.w2[-1]:.4g} ± {self.w2_stderr[-1]:.2g} (floor {self.w2_floor:.3g})"]
-        if self.bound is not None:
-            lines.append(f"  bound {self.bound[0]:.4g} -> {self.bound[-1]:.4g} "
-                         f"(bound / W2 at the end: {self.bound[-1] / max(self.w2[-1], 1e-300):.3g})")
-        if self.exact_w2 is not None:
-            lines.append(f"  exact W2 at the end: {self.exact_w2[-1]:.4g}")
-        if self.violations:
-            lines.append(f"  violations at iterations {self.violations}")
-        lines += [f"  warning: {w}" for w in self.warnings]
-        return "\n".join(lines)
-
-    def plot(self, ax=None, *, x: str = "iterations"):
-        """Empirical :math:`W_2` (± 2 stderr), its floor, the exact value and the bound against
-        ``x`` (``"iterations"`` or ``"grad_evals"``), log scale. Returns the figure."""
-        import matplotlib.pyplot as plt
-
-        if ax is None:
-            fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        else:
-            fig = ax.figure
-        xs = self.grad_evals if x == "grad_evals" else self.iterations
-        ax.errorbar(xs, self.w2, yerr=2 * self.w2_stderr, fmt="o-", ms=3, capsize=2,
-                    label=f"empirical W2 ({self.estimator}, {self.num_chains} chains)")
-        ax.axhline(self.w2_floor, color="gray", ls=":", label="estimator floor (exact draws)")
-        if self.exact_w2 is not None:
-            ax.plot(xs, self.exact_w2, "k--", lw=1, label="exact W2")
-        if self.bound is not None:
-            ax.plot(xs, self.bound, "r-", label="theoretical bound")
-        ax.set_yscale("log")
-        ax.set_xlabel("gradient evaluations per chain" if x == "grad_evals" else "iteration")
-        ax.set_ylabel(f"W2 to the {self.target} law")
-        verdict = {True: "passed", False: "VIOLATED", None: "no bound"}[self.passed]
-        ax.set_title(f"{self.sampler}: {verdict}")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        return fig
-
-
-def run_ensemble(kernel: StochasticGradientKernel, initial_point: torch.Tensor, num_chains: int,
-                 checkpoints, *, progress_bar: bool = True) -> Dict[int, Dict[str, torch.Tensor]]:
-    """Run ``num_chains`` vectorized chains of ``kernel`` (built with ``potential_fn=``) from
-    ``initial_point`` (twins too) and return ``{k: params}`` at each checkpoint iteration ``k``
-    (0 is the start). Nothing else is stored: the run's memory does not grow with its length.
-
-    ``initial_point`` is one point ``(dim,)`` for every chain, or one per chain ``(num_chains, dim)``.
-    """
-    marks = {int(k) for k in checkpoints}
-    last = max(marks)
-    if initial_point.dim() == 2 and initial_point.shape[0] != num_chains:
-        raise ValueError(f"initial_point has {initial_point.shape[0]} rows for {num_chains} chains: give "
-                         "one point (dim,) or one per chain (num_chains, dim)")
-    kernel.configure(num_chains=num_chains)
-    kernel.initial_params = {SITE: initial_point.detach().expand(num_chains, -1).clone()}
-    out: Dict[int, Dict[str, torch.Tensor]] = {}
-    with tqdm(total=last, disable=not progress_bar, desc=type(kernel).__name__) as bar:
-        # every iteration counts as warm-up: the kernel keeps no draws or statistics
-        for phase, i, params in run_chains(kernel, last, 0):
-            k = 0 if phase == "Initial" else i + 1
-            if k in marks:
-                out[k] = {name: v.detach().clone() for name, v in params.items()}
-            bar.update(k > 0)
-    return out
 
 
 def _kernel(sampler, problem: Problem, batch_size, kernel_kwargs) -> StochasticGradientKernel:

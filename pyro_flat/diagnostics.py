@@ -28,6 +28,9 @@ def mcmc_sample_stats(mcmc) -> Dict[str, torch.Tensor]:
     pyro-flat kernels hand them to Pyro's driver through ``diagnostics()``, which keeps them per
     chain; kernels without them give ``{}``.
     """
+    # Pyro keeps each chain's kernel diagnostics in MCMC._diagnostics and has no public reader for them (its
+    # diagnostics() gives R-hat and ESS instead); tests/test_arviz_bma_metrics.py reads them through
+    # pyro.infer.MCMC, so a Pyro release that moves them fails there
     per_chain = [d.get("sample_stats") for d in (mcmc._diagnostics or []) if isinstance(d, dict)]
     if not (per_chain and all(per_chain)):
         return {}

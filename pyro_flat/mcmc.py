@@ -66,8 +66,11 @@ from pyro import poutine
 from pyro.infer.mcmc.logger import DIAGNOSTIC_MSG, ProgressBar, initialize_logger
 from pyro.util import optional
 
-from .targets import Params, check_minibatches
+from .chains import sharded
+from .distributed.driver import RankRun, RanksFailed, checked, gather_draws, start_rank_run, with_draws
+from .kernels.protocol import ChainKernel
 from .mcmc_arguments import check_initial_params, check_kernel
+from .targets import Params, check_minibatches
 from .validation import check_chain_memory, check_nonnegative_int, check_positive_int, check_thinning
 
 CHAIN_METHODS = ("auto", "vectorized", "sequential", "parallel", "distributed", "data_parallel")
@@ -164,7 +167,7 @@ class MCMC(pyro.infer.MCMC):
         if thinning > 1 and num_samples < thinning:
             raise ValueError(f"num_samples={num_samples} keeps no draw with thinning={thinning}; "
                              "pass num_samples >= thinning.")
-        can_vectorize = hasattr(kernel, "vectorization_error")
+        can_vectorize = isinstance(kernel, ChainKernel)
         if chain_method in ("vectorized",) + RANK_METHODS and not can_vectorize:
             raise ValueError(
                 f"chain_method={chain_method!r} needs a pyro-flat kernel; {type(kernel).__name__} "
@@ -246,7 +249,7 @@ class MCMC(pyro.infer.MCMC):
 
     def _run_pyro(self, args: tuple, kwargs: dict) -> None:
         self.minibatches = "per_chain"  # one chain per setup: each draws its own
-        if hasattr(self.kernel, "configure"):  # one chain per setup; forget any earlier run
+        if isinstance(self.kernel, ChainKernel):  # one chain per setup; forget any earlier run
             self.kernel.configure(steps_per_draw=self.thinning)
         return super().run(*args, **kwargs)
 
@@ -267,64 +270,34 @@ class MCMC(pyro.infer.MCMC):
 
     def _run_across_ranks(self, num_chains: int, initial_params, args, kwargs) -> None:
         """``chain_method="distributed"`` or ``"data_parallel"``: this rank's part of the run (see
-        :mod:`pyro_flat.distributed`)."""
-        from .distributed import ChainShard, init_from_env
-        from .distributed.group import fingerprint, shard_fingerprint
+        :mod:`pyro_flat.distributed.driver`)."""
+        settings = {"the kernel": type(self.kernel).__name__, "num_chains": num_chains, "num_samples": self.num_samples,
+                    "warmup_steps": self.warmup_steps, "thinning": self.thinning, "minibatches": self.minibatches}
+        run = start_rank_run(self.chain_method, num_chains, initial_params, settings, args, kwargs,
+                             _cuda_devices(args, kwargs),
+                             lambda chains, params: self._probe(chains, args, kwargs, params))
+        self.rank, self.world_size, self.backend = run.ranks.rank, run.ranks.world_size, run.ranks.backend
+        self._run_vectorized(run.num_chains, run.initial_params, args, kwargs, run)
 
-        method = self.chain_method
-        devices = _cuda_devices(args, kwargs)
-        ranks = init_from_env(device=devices[0] if devices else None)
-        self.rank, self.world_size, self.backend = ranks.rank, ranks.world_size, ranks.backend
-        data_parallel = method == "data_parallel"
-        summary = shard_fingerprint if data_parallel else fingerprint
-        ranks.agree(f"MCMC(chain_method={method!r})", {
-            "the kernel": type(self.kernel).__name__, "num_chains": num_chains, "num_samples": self.num_samples,
-            "warmup_steps": self.warmup_steps, "thinning": self.thinning, "minibatches": self.minibatches,
-            "the model's arguments": summary(args), "the model's keyword arguments": summary(kwargs),
-            "initial_params": summary(initial_params)})
-        ranks.sync_random_state(devices[0] if devices else None)
-        shard = None if data_parallel else ChainShard.split(num_chains, ranks.rank, ranks.world_size, ranks.group)
-        local = num_chains if shard is None else shard.count
-        if initial_params is not None and shard is not None:
-            initial_params = {k: shard.rows(torch.as_tensor(v)) for k, v in initial_params.items()}
-        try:
-            reason, error = self._probe(local, args, kwargs, initial_params), None
-        except Exception as err:  # the user's error (bad data, a discrete latent, ...): every rank stops
-            reason, error = None, err
-        failure = ranks.check(error)
-        if failure is not None:
-            raise failure from error
-        reasons = [r for r in ranks.all_objects(reason, "comparing the vectorization probes") if r is not None]
-        if reasons:
-            raise ValueError(
-                f"chain_method={method!r} runs each rank's chains as one batched kernel, and this model does not "
-                f"broadcast over a leading chain dimension ({reasons[0]}). Write it so that every latent may carry "
-                "a leading batch dim and gather its data as X[idx] (or pass minibatches='shared'), or pass a "
-                "batched potential_fn.")
-        self._run_vectorized(local, initial_params, args, kwargs, ranks=ranks, shard=shard)
-
-    def _run_vectorized(self, num_chains: int, initial_params, args, kwargs, ranks=None, shard=None) -> None:
-        """Pyro's sampling loop for one kernel that holds every chain (this rank's, with ``ranks``); draws go
+    def _run_vectorized(self, num_chains: int, initial_params, args, kwargs, run: Optional[RankRun] = None) -> None:
+        """Pyro's sampling loop for one kernel that holds every chain (this rank's, with ``run``); draws go
         straight into preallocated ``(chain, draw, ...)`` buffers."""
-        from .distributed import sharded
-
         kernel, warmup, num_samples = self.kernel, self.warmup_steps, self.num_samples
-        data_parallel = ranks if self.chain_method == "data_parallel" else None
         kernel.configure(num_chains=num_chains, steps_per_draw=self.thinning, minibatches=self.minibatches,
-                         data_parallel=data_parallel)
+                         data_parallel=None if run is None else run.data_parallel)
         if initial_params is not None:
             kernel.initial_params = initial_params
         self._args, self._kwargs = args, kwargs
         args = tuple(a.detach() if torch.is_tensor(a) else a for a in args)
-        quiet = self.sampler.disable_progbar or (ranks is not None and not ranks.is_main)
+        quiet = self.sampler.disable_progbar or (run is not None and not run.ranks.is_main)
         progress_bar = ProgressBar(warmup, num_samples * self.thinning, disable=quiet)
         logger = initialize_logger(logging.getLogger("pyro.infer.mcmc"), "", progress_bar)
         hook = _LoggingHook(logger, progress_bar, self.sampler.hook, iterations_per_draw=self.thinning)
         steps = run_chains(kernel, warmup, num_samples, args, kwargs)
         try:
-            with sharded(shard), poutine.block(), optional(pyro.validation_enabled(not self.disable_validation),
-                                                           self.disable_validation is not None):
-                for phase, i, params in _checked(steps, ranks, self.thinning):
+            with sharded(None if run is None else run.shard), poutine.block(), \
+                    optional(pyro.validation_enabled(not self.disable_validation), self.disable_validation is not None):
+                for phase, i, params in checked(steps, run, self.thinning):
                     if phase == "Initial":
                         names = getattr(kernel, "save_params", None) or sorted(params)
                         draws = {n: params[n].new_empty((num_samples,) + params[n].shape)
@@ -340,104 +313,17 @@ class MCMC(pyro.infer.MCMC):
             draws = {n: v.transpose(0, 1) for n, v in draws.items()}  # (chain, draw, ...) views
             self._samples = {n: self.transforms[n].inv(v) if n in self.transforms else v
                              for n, v in draws.items()}
-        except _RanksFailed as failed:
+        except RanksFailed as failed:
             steps.close()  # this rank's kernel cleans up: its draws so far are in kernel.partial_samples
-            raise _with_draws(failed.error, ranks, shard, kernel.partial_samples) from failed.cause
+            raise with_draws(failed.error, run, kernel.partial_samples) from failed.cause
         finally:
             progress_bar.close()
-        if ranks is None:
+        if run is None:
             self.chain_method = "vectorized"
-        self.num_chains = num_chains if shard is None else shard.total
+        self.num_chains = num_chains if run is None else run.total_chains
         self._diagnostics = _split_diagnostics(diagnostics, num_chains)
-        if shard is not None and ranks.distributed:
-            self._gather(ranks)
-
-    def _gather(self, ranks) -> None:
-        """Every rank's chains to rank 0, in chain order; the other ranks keep none."""
-        device = next(iter(self._samples.values())).device
-        mine = ({n: v.cpu() for n, v in self._samples.items()}, _cpu(self._diagnostics))
-        everyone = ranks.gather(mine, "gathering the draws to rank 0")
-        if everyone is None:
-            self._samples, self._diagnostics = None, None
-            return
-        self._samples = {n: torch.cat([s[n] for s, _ in everyone]).to(device) for n in self._samples}
-        self._diagnostics = [chain for _, diagnostics in everyone for chain in diagnostics]
-
-
-class _RanksFailed(Exception):
-    """A rank raised: ``error`` is the same on every rank, ``cause`` is this rank's own error (or None)."""
-
-    def __init__(self, error: BaseException, cause: Optional[BaseException]):
-        super().__init__(str(error))
-        self.error, self.cause = error, cause
-
-
-#: iterations between two collective error checks of a run across ranks (each costs one all-reduce:
-#: about 1 ms on the 2-core test machine, 50-100 us on a usual host)
-CHECK_ITERATIONS = 128
-
-
-def _checked(steps, ranks, iterations_per_draw: int = 1):
-    """``steps``, with the collective error check when the run spans ranks: after set-up, every
-    :data:`CHECK_ITERATIONS` iterations, at the end, and at once on a rank that raised. Every rank then
-    raises the same error (see :meth:`pyro_flat.distributed.Ranks.check`), at most
-    :data:`CHECK_ITERATIONS` iterations after the failure."""
-    if ranks is None or not ranks.distributed:
-        yield from steps
-        return
-    since = 0
-    while True:
-        try:
-            item, error = next(steps), None
-        except StopIteration:
-            item, error = None, None
-        except Exception as err:  # a KeyboardInterrupt is not caught: torchrun stops every rank
-            item, error = None, err
-        if item is not None:
-            since += iterations_per_draw if item[0] == "Sample" else 1
-        if item is None or item[0] == "Initial" or since >= CHECK_ITERATIONS:
-            since = 0
-            failure = ranks.check(error)
-            if failure is not None:
-                raise _RanksFailed(failure, error)
-        if item is None:
-            return
-        yield item
-
-
-def _with_draws(error: BaseException, ranks, shard, partial: list) -> BaseException:
-    """``error`` with the draws every chain made before it: on rank 0 for chains split over ranks (every
-    rank for data-parallel chains, which are the same on every rank). A
-    :class:`~pyro_flat.DivergenceError`'s failing chain goes to ``.samples``, the others to
-    ``.completed_chains``; any other error carries them all as ``.partial_samples``."""
-    from .kernels.errors import DivergenceError
-
-    if shard is not None:
-        everyone = ranks.gather([{n: v.cpu() for n, v in chain.items()} for chain in partial],
-                                "gathering the draws made before the error to rank 0")
-        chains = None if everyone is None else [chain for rank in everyone for chain in rank]
-    else:
-        chains = partial
-    if chains is None:  # not rank 0
-        return error
-    if isinstance(error, DivergenceError) and 0 <= error.chain < len(chains):
-        error.samples = chains[error.chain]
-        error.completed_chains = [c for i, c in enumerate(chains) if i != error.chain]
-    else:
-        error.partial_samples = chains
-    return error
-
-
-def _cpu(diagnostics: list) -> list:
-    """Per-chain diagnostics with their tensors on the CPU (to be sent to rank 0)."""
-    def move(value):
-        if torch.is_tensor(value):
-            return value.cpu()
-        if isinstance(value, dict):
-            return {k: move(v) for k, v in value.items()}
-        return value
-
-    return [move(chain) for chain in diagnostics]
+        if run is not None and run.shard is not None and run.ranks.distributed:
+            self._samples, self._diagnostics = gather_draws(run, self._samples, self._diagnostics)
 
 
 def _cuda_devices(args: tuple, kwargs: dict) -> list:

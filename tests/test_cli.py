@@ -11,6 +11,7 @@ import pytest
 from pyro_flat.experiments import mnist79
 from pyro_flat.experiments.output import MARKER
 from pyro_flat.experiments.cli import main
+from pyro_flat.experiments.registry import STUDIES
 
 SMALL = ["--chains", "2", "--warmup", "200", "--num-samples", "300", "--thin", "1", "--no-progress",
          "--reference", "none"]
@@ -259,7 +260,7 @@ def test_batch_size_above_the_data_is_said_and_recorded(tmp_path, capsys):
     assert "minibatch 800" in (out / "report.md").read_text()
 
 
-@pytest.mark.parametrize("command", ["mnist79", "synthetic2d", "bnn", "paths"])
+@pytest.mark.parametrize("command", list(STUDIES))
 def test_an_unknown_flag_points_to_the_commands_own_help_and_seed_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([command, "--bogus", "1"])
@@ -282,14 +283,13 @@ def test_help_imports_neither_torch_nor_pyro():
     assert result.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("command", ["mnist79", "synthetic2d", "bnn", "paths"])
+@pytest.mark.parametrize("command", list(STUDIES))
 def test_every_option_reaches_its_config(command):
     """Each option of a command lands in a field of its config (none is dropped on the way): the
     parsed value of every option, set away from its default, is the config's."""
-    from pyro_flat.experiments import cli, configs
+    from pyro_flat.experiments import cli
 
-    cls = {"mnist79": configs.MNIST79Config, "synthetic2d": configs.Synthetic2DConfig,
-           "bnn": configs.BNNConfig, "paths": configs.PathConfig}[command]
+    cls = STUDIES[command].config
     parser = cli.build_parser().commands[command]
     args = parser.parse_args([])
     args.command = command

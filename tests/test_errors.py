@@ -207,3 +207,23 @@ def test_initial_params_naming_an_unknown_site(chain_method):
                     disable_progbar=True)
     with pytest.raises(ValueError, match=r"initial_params names \['tehta'\], which are not latent sites"):
         mcmc.run()
+
+
+def test_make_kernel_refuses_a_setting_the_kernel_does_not_take_and_names_it():
+    from pyro_flat.kernels import kernel_settings, make_kernel
+
+    potential = lambda p: (p["x"] ** 2).sum()  # noqa: E731
+    with pytest.raises(TypeError) as refused:
+        make_kernel("entropy-sgld", potential_fn=potential, step_size=0.01, eta=0.1, setp_size=0.02)
+    text = str(refused.value)
+    assert "EntropySGLD takes no setting 'setp_size' (did you mean 'step_size'?)" in text
+    assert "its settings: " + ", ".join(kernel_settings("entropy-sgld")) in text
+    with pytest.raises(TypeError, match=r"SGLD takes no settings 'eta', 'rho'; its settings: step_size, "):
+        make_kernel("sgld", potential_fn=potential, step_size=0.01, eta=0.1, rho=0.5)
+    with pytest.raises(TypeError, match=r"SGD takes no setting 'temperature' \(SGD fixes it itself\)"):
+        make_kernel("sgd", potential_fn=potential, step_size=0.01, temperature=1.0)
+    assert "temperature" not in kernel_settings("sam-sgd") and "rho" in kernel_settings("sam-sgd")
+    assert {"eta", "full_mass", "step_size"} <= set(kernel_settings("entropy-hmc"))
+    assert "model" not in kernel_settings("sgld") and "potential_fn" not in kernel_settings("sgld")
+    kernel = make_kernel("sasgld", potential_fn=potential, step_size=0.01, rho=0.3, temperature=0.5)
+    assert (kernel.rho, kernel.temperature) == (0.3, 0.5)

@@ -6,7 +6,7 @@ Two ways to spread a run over the ranks of a process group (started by ``torchru
 - ``pyro_flat.MCMC(..., chain_method="distributed")``: each rank runs its share of the chains
   (:class:`ChainShard`), vectorized inside the rank; draws and statistics are gathered to rank 0.
   Random numbers are drawn so that chain ``c`` gets the same ones on any number of ranks
-  (:mod:`~pyro_flat.distributed.sharding`): one seed, the same draws, up to round-off.
+  (:mod:`pyro_flat.chains`): one seed, the same draws, up to round-off.
 - ``pyro_flat.MCMC(..., chain_method="data_parallel")``: every rank runs every chain on its shard of
   the data; energies and gradients are summed over ranks (:class:`DataParallelTarget`) and the noise
   is drawn from one stream, so the chains stay bit-identical across ranks.
@@ -21,17 +21,10 @@ Example (``torchrun --nproc-per-node 2 script.py``)::
         print(mcmc.summary())           # all 8 chains
 """
 
-from .group import DEFAULT_TIMEOUT, RankLost, Ranks, init_from_env, launched_by_torchrun
-from .sharding import ChainShard, current_shard, sharded
+from ..chains import ChainShard, current_shard, sharded
+from ..errors import OtherRankFailed, RankLost
+from .data_parallel import DataParallelShards, DataParallelTarget, shard_rows
+from .group import DEFAULT_TIMEOUT, Ranks, init_from_env, launched_by_torchrun
 
-
-def __getattr__(name: str):
-    if name in ("DataParallelTarget", "shard_rows"):  # imports the targets: not at package import
-        from . import data_parallel
-
-        return getattr(data_parallel, name)
-    raise AttributeError(f"module 'pyro_flat.distributed' has no attribute {name!r}")
-
-
-__all__ = ["init_from_env", "launched_by_torchrun", "Ranks", "RankLost", "DEFAULT_TIMEOUT", "ChainShard",
-           "current_shard", "sharded", "DataParallelTarget", "shard_rows"]
+__all__ = ["init_from_env", "launched_by_torchrun", "Ranks", "RankLost", "OtherRankFailed", "DEFAULT_TIMEOUT",
+           "ChainShard", "current_shard", "sharded", "DataParallelTarget", "DataParallelShards", "shard_rows"]

@@ -22,11 +22,12 @@ on the input, whose derivative is the sum over ranks; Hessians and Hessian-vecto
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 
-from ..targets import Params
+from ..errors import OtherRankFailed
+from ..targets import Params, Target
 from ..targets.protocol import Evaluation, TargetBase
 from .group import Ranks
 
@@ -39,7 +40,7 @@ class _SumOverRanks(torch.autograd.Function):
         import torch.distributed as dist
 
         y = x.clone()
-        ranks._collective("summing the energy across ranks", dist.all_reduce, y)
+        ranks.collective("summing the energy across ranks", dist.all_reduce, y)
         return y
 
     @staticmethod
@@ -118,6 +119,58 @@ class DataParallelTarget(TargetBase):
         return _SumOverRanks.apply(self.local.full_data(shared, likelihood_only=likelihood_only), self.ranks)
 
 
+class DataParallelShards:
+    """How a kernel's target spans the ranks of a data-parallel run (the kernel's side of it is
+    :class:`~pyro_flat.kernels.protocol.DataParallelism`): each rank builds its shard's target, all
+    learn whether one failed, their sites must agree, and :class:`DataParallelTarget` sums them.
+    ``pyro_flat.MCMC(..., chain_method="data_parallel")`` hands one to the kernel."""
+
+    def __init__(self, ranks: Ranks):
+        self.ranks = ranks
+        self.target: Optional[DataParallelTarget] = None  # the last one assembled (inside an Entropy joint too)
+
+    def assemble(self, build: Callable[[int], Target], who: str) -> Target:
+        """The target of all shards from this rank's ``build(R)``, for kernel ``who``."""
+        ranks = self.ranks
+        self.target = None
+        try:
+            local, error = build(ranks.world_size), None
+        except Exception as err:
+            local, error = None, err
+        failure = ranks.check(error)
+        if failure is not None:
+            raise failure from error
+        ranks.agree(f"{who}'s data-parallel target",
+                    {"latent sites": {n: tuple(s.shape) for n, s in local.sites.items()},
+                     "subsampled plates": {p: b for p, (_, b) in local.subsampled_plates.items()}})
+        self.target = DataParallelTarget(local, ranks)
+        return self.target
+
+    def check_start(self, who: str, num_chains: Optional[int]) -> None:
+        """The summed energy at the initial point is not finite: when some ranks' own shards gave it, those
+        ranks raise an error that names them, and the others :class:`~pyro_flat.errors.OtherRankFailed`,
+        so that every rank reports the failing shard's rank (not rank 0 and its initial point). Every rank
+        comes here together: the summed energy is the same on all of them."""
+        shards = self.target
+        if shards is None or not self.ranks.distributed:
+            return
+        failing = shards.nonfinite_ranks()
+        if not failing:  # the shards' energies are finite, their sum is not
+            return
+        rank = self.ranks.rank
+        if rank not in failing:
+            raise OtherRankFailed(f"rank {failing[0]}'s data shard gave a non-finite potential energy")
+        local = shards.local_energy.reshape(-1)
+        bad = ~torch.isfinite(local)
+        where = "" if num_chains is None else f" of chain {int(bad.nonzero()[0, 0])}"
+        also = [str(r) for r in failing if r != rank]
+        others = f"so is that of rank {', '.join(also)}" if also else "the other ranks' shards give finite energies"
+        raise ValueError(
+            f"{who}: the potential energy of rank {rank}'s data shard at the initial point{where} is "
+            f"{float(local[bad][0])} ({others}): rank {rank}'s data overflow or are invalid under the model there. "
+            "Check that shard's data (extreme or malformed values), or pass other initial_params or init_strategy.")
+
+
 def shard_rows(data: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     """Rank ``rank``'s contiguous block of the rows of ``data`` (the first ``N % R`` ranks get one more):
     the shard a rank holds in a data-parallel run.
@@ -130,4 +183,4 @@ def shard_rows(data: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     return data[start: start + base + (rank < extra)]
 
 
-__all__ = ["DataParallelTarget", "shard_rows"]
+__all__ = ["DataParallelTarget", "DataParallelShards", "shard_rows"]

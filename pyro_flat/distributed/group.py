@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from ..errors import DivergenceError, OtherRankFailed, RankLost
 from ..validation import check_positive
 
 #: seconds a collective may wait for the other ranks before the run stops with an error
@@ -90,15 +91,6 @@ def env_timeout() -> float:
     return value
 
 
-class RankLost(RuntimeError):
-    """A collective failed: another rank died, or did not answer within the group's timeout."""
-
-
-class OtherRankFailed(RuntimeError):
-    """Raised by a rank whose own part is sound when another rank's is at fault (e.g. its data shard):
-    :meth:`Ranks.check` then hands every rank the failing rank's error, not this one."""
-
-
 @dataclass
 class Ranks:
     """This process's place in the group: ``rank`` of ``world_size`` on ``backend``."""
@@ -122,7 +114,9 @@ class Ranks:
     def _device(self) -> torch.device:
         return torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
 
-    def _collective(self, what: str, fn, *args, **kwargs):
+    def collective(self, what: str, fn, *args, **kwargs):
+        """``fn(*args, group=..., **kwargs)``, a ``torch.distributed`` collective on this group; a failure
+        (a peer died, the timeout passed) becomes :class:`~pyro_flat.errors.RankLost`, which says ``what``."""
         try:
             return fn(*args, group=self.group, **kwargs)
         except RuntimeError as err:  # a peer died (connection closed) or the timeout passed
@@ -139,7 +133,7 @@ class Ranks:
         if not self.distributed:
             return [value]
         out: List[Any] = [None] * self.world_size
-        self._collective(what, dist.all_gather_object, out, value)
+        self.collective(what, dist.all_gather_object, out, value)
         return out
 
     def agree(self, what: str, settings: Dict[str, Any]) -> None:
@@ -162,7 +156,7 @@ class Ranks:
         if not self.distributed:
             return error
         flag = torch.tensor([0 if error is None else 1], dtype=torch.int32, device=self._device())
-        self._collective("the error check", dist.all_reduce, flag, op=dist.ReduceOp.MAX)
+        self.collective("the error check", dist.all_reduce, flag, op=dist.ReduceOp.MAX)
         if not int(flag.item()):
             return None
         report = None if error is None or isinstance(error, OtherRankFailed) else _report(error)
@@ -189,7 +183,7 @@ class Ranks:
         if not self.distributed or not tensors:
             return list(tensors)
         flat = torch.cat([t.reshape(-1) for t in tensors])
-        self._collective(what, collective, flat, **kwargs)
+        self.collective(what, collective, flat, **kwargs)
         return [part.reshape(t.shape) for part, t in zip(flat.split([t.numel() for t in tensors]), tensors)]
 
     def sync_random_state(self, device: Optional[torch.device] = None) -> None:
@@ -202,7 +196,7 @@ class Ranks:
         cuda = device is not None and torch.device(device).type == "cuda"
         if cuda:
             states.append(torch.cuda.get_rng_state(device))
-        self._collective("sharing the random state", dist.broadcast_object_list, states, src=0)
+        self.collective("sharing the random state", dist.broadcast_object_list, states, src=0)
         torch.set_rng_state(states[0])
         if cuda:
             torch.cuda.set_rng_state(states[1], device)
@@ -213,7 +207,7 @@ class Ranks:
         import torch.distributed as dist
 
         if self.distributed and wait:
-            self._collective("waiting for the other ranks to finish", dist.barrier)
+            self.collective("waiting for the other ranks to finish", dist.barrier)
         if self.owns_group and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -224,7 +218,7 @@ class Ranks:
         if not self.distributed:
             return [value]
         out = [None] * self.world_size if self.is_main else None
-        self._collective(what, dist.gather_object, value, out, dst=0)
+        self.collective(what, dist.gather_object, value, out, dst=0)
         return out
 
 
@@ -257,8 +251,6 @@ def shard_fingerprint(value: Any) -> Any:
 
 def _report(error: BaseException) -> tuple:
     """What other ranks need to raise ``error`` again: its type, message and scalar attributes."""
-    from ..kernels.errors import DivergenceError
-
     attrs = {}
     if isinstance(error, DivergenceError):
         attrs = {"site": error.site, "iteration": error.iteration, "chain": error.chain, "step_size": error.step_size}
@@ -266,8 +258,6 @@ def _report(error: BaseException) -> tuple:
 
 
 def _rebuild(rank: int, report: tuple) -> BaseException:
-    from ..kernels.errors import DivergenceError
-
     module, name, message, attrs = report
     message = f"rank {rank}: {message}"
     if name == "DivergenceError":

@@ -42,7 +42,7 @@ from ..shift import shifted_test_sets
 from .bnn_families import Fit, fit_method, loss_trend, make_bnn_kernel, sampler_label
 from .bnn_report import findings, plot_families, plot_shift, report_markdown, row_text, summarize
 from .configs import BNN_SAMPLERS, BNNConfig
-from .output import across_ranks, hold_signals, lead_output, threads_record, torch_threads
+from .output import across_ranks, hold_signals, threads_record
 
 
 def row_label(fit: Fit, use: str) -> str:
@@ -79,25 +79,13 @@ def run_bnn_study(config: BNNConfig, *, log: Callable[[str], None] = print) -> d
     its share of the cores); every fit is the one-process fit of its seed, rank 0 gathers the rows
     and alone writes, and the report names the ranks and the backend."""
     config.validate()
-    return across_ranks(config, lambda config, ranks: _lead(config, ranks, log), _follow)
+    return across_ranks(config, lambda config, staging, ranks: _run_bnn_study(config, staging, log, ranks),
+                        _follow, log)
 
 
-def _lead(config: BNNConfig, ranks: Ranks, log: Callable[[str], None]) -> dict:
-    """Rank 0 (or the only process): its seeds, the others' rows, and the output folder."""
-    with lead_output(config, ranks, log) as staging:
-        report = _run_bnn_study(config, staging, log, ranks)
-    log(f"wrote {config.out}: report.md, report.json, families.png, shift.png and bma_vs_models.png")
-    return report
-
-
-def _follow(config: BNNConfig, ranks: Ranks) -> dict:
+def _follow(config: BNNConfig, ranks: Ranks) -> None:
     """A rank other than 0: fit its seeds and hand the rows to rank 0."""
-    failure = ranks.check(None)  # rank 0's output folder is ready, or its error
-    if failure is not None:
-        raise failure
-    with torch_threads(config.threads):
-        _fit_all_seeds(config, ranks, load_mnist_ood(config.data_dir, in_digits=config.in_digits), lambda text: None)
-    return {"rank": ranks.rank}
+    _fit_all_seeds(config, ranks, load_mnist_ood(config.data_dir, in_digits=config.in_digits), lambda text: None)
 
 
 def _my_seeds(config: BNNConfig, ranks: Ranks) -> List[int]:
@@ -196,7 +184,7 @@ def run_toy_study(config: BNNConfig, *, log: Callable[[str], None] = print) -> d
     ends at the flat mode), and the mean top Hessian eigenvalue of the energy at the final states
     (the sharp mode's is 44, the flat one's 1.6). ``pyro-flat synthetic2d`` is the full study.
     """
-    from ..convergence import run_ensemble
+    from ..ensemble_runner import run_ensemble
 
     mixture = sharp_flat_2d()
     potential = lambda p: -mixture.log_prob(p["theta"])  # noqa: E731

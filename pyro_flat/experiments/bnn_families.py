@@ -52,7 +52,7 @@ from ..diagnostics import mcmc_sample_stats
 from ..kernels import kernel_class, make_kernel
 from ..mcmc import MCMC
 from ..models import BayesianMLP
-from .configs import BNN_METHODS, BNNConfig
+from .configs import BNN_METHODS, BNN_OWN_SETTING, BNNConfig
 from .output import StudyError
 
 #: the rows' names of the methods
@@ -154,16 +154,18 @@ def _spent(method: str, config: BNNConfig) -> int:
 
 
 def make_bnn_kernel(name: str, config: BNNConfig, model_or_potential, toy: bool = False):
-    """The sampler ``name`` with the study's settings, on the MLP or (``toy``) the 2-D energy."""
+    """The sampler ``name`` with the study's settings, on the MLP or (``toy``) the 2-D energy: the step size,
+    the temperature, its own setting (:data:`~pyro_flat.experiments.configs.BNN_OWN_SETTING`) and on the MLP
+    the preconditioner."""
     target = ({"model": model_or_potential} if isinstance(model_or_potential, BayesianMLP)
               else {"potential_fn": model_or_potential})
-    if toy:
-        settings = dict(eta=config.toy_eta, rho=config.toy_rho, sigma=config.toy_sigma)
-    else:
-        settings = dict(eta=config.eta, rho=config.rho, sigma=config.sigma,
-                        preconditioner=None if config.preconditioner == "none" else config.preconditioner)
-    return make_kernel(name, **target, step_size=config.step(toy), temperature=config.temperature,
-                       **settings)
+    settings = dict(step_size=config.step(toy), temperature=config.temperature)
+    own = BNN_OWN_SETTING[name]
+    if own is not None:
+        settings[own] = getattr(config, f"toy_{own}" if toy else own)
+    if not toy:
+        settings["preconditioner"] = None if config.preconditioner == "none" else config.preconditioner
+    return make_kernel(name, **target, **settings)
 
 
 def sampler_label(name: str) -> str:

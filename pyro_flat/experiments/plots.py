@@ -152,6 +152,13 @@ def plot_smoothing_1d(mixture: SharpFlatMixture, etas: Sequence[float], *, grid:
 
 
 _LIMITS_2D = ((-5.0, 6.0), (-4.0, 5.0))
+#: A chain nearer the saddle than this has not left the ridge (SGD: the gradient vanishes there).
+AT_SADDLE = 1e-3
+
+
+def at_saddle(mixture: SharpFlatMixture, points) -> torch.Tensor:
+    """Which ``(..., 2)`` points sit at the saddle (within :data:`AT_SADDLE`): in neither basin."""
+    return (torch.as_tensor(points) - mixture.saddle().float()).norm(dim=-1) < AT_SADDLE
 
 
 def _contours_2d(ax, mixture: SharpFlatMixture, limits=_LIMITS_2D) -> None:
@@ -176,8 +183,6 @@ def plot_basin_endpoints(mixture: SharpFlatMixture, states: Mapping[str, np.ndar
     ``states[label]`` is ``(steps, chains, 2)``; ``rows`` are the study's rows (label, share, se,
     exact, at_saddle) for the panel titles; ``start`` says where the chains started (legend).
     """
-    from .synthetic2d import at_saddle
-
     plt = _plt()
     by_label = {r["label"]: r for r in rows}
     n = len(states)

@@ -44,6 +44,7 @@ import pyro
 
 from ..kernels import make_kernel
 from ..mixtures import SharpFlatMixture, sharp_flat_2d
+from . import plots
 from .compare import compare_text, differ
 from .configs import Synthetic2DConfig
 from .output import hold_signals, study_output, threads_record
@@ -52,8 +53,6 @@ from .output import hold_signals, study_output, threads_record
 PATHS_SHOWN = 3
 #: The η of the exact landscape figure's right panel.
 LANDSCAPE_ETAS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.44, 0.6, 0.8, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 3.0, 4.0, 6.0)
-#: A chain nearer the saddle than this has not left the ridge (SGD: the gradient vanishes there).
-AT_SADDLE = 1e-3
 
 
 @dataclass
@@ -111,11 +110,6 @@ def _share(flat: torch.Tensor) -> Tuple[float, float]:
     return p, math.sqrt(max(p * (1 - p), 0.0) / flat.numel())
 
 
-def at_saddle(mixture: SharpFlatMixture, points: torch.Tensor) -> torch.Tensor:
-    """Which ``(..., 2)`` points sit at the saddle (within :data:`AT_SADDLE`): in neither basin."""
-    return (torch.as_tensor(points) - mixture.saddle().float()).norm(dim=-1) < AT_SADDLE
-
-
 def exact_landscape(mixture: SharpFlatMixture, etas, sigma: float) -> dict:
     """The exact facts of the study: for each η the saddle and barriers of ``U_η``, which peak is
     highest, and the mass of ``p_η`` in the flat basin of U and in its own flat basin."""
@@ -145,7 +139,7 @@ def run_synthetic2d(config: Synthetic2DConfig, *, log: Callable[[str], None] = p
     ``report["states"]`` (label -> ``(marks, chains, 2)`` array) for the figures. The exact
     landscape is computed at ``config.etas`` and ``landscape_etas`` (the study's figure passes
     :data:`LANDSCAPE_ETAS`; each η costs a few seconds of quadrature)."""
-    from ..convergence import run_ensemble
+    from ..ensemble_runner import run_ensemble
 
     config.validate()
     mixture = sharp_flat_2d()
@@ -167,7 +161,7 @@ def run_synthetic2d(config: Synthetic2DConfig, *, log: Callable[[str], None] = p
                                 progress_bar=False)[config.line_steps]
         for site, label in sampler.variables():
             path = torch.stack([run[k][site] for k in marks])  # (marks, chains, 2)
-            stuck = at_saddle(mixture, path)  # in neither basin
+            stuck = plots.at_saddle(mixture, path)  # in neither basin
             flat_path = mixture.in_flat_basin(path) & ~stuck
             share, se = _share(flat_path[-1])
             by_step = flat_path.double().mean(1).tolist()
@@ -313,8 +307,6 @@ def run_synthetic2d_study(config: Synthetic2DConfig, *, log: Callable[[str], Non
     import matplotlib
 
     matplotlib.use("Agg")
-    from . import plots
-
     config.validate()
     with study_output(config, log) as staging:  # --out checked first
         report = run_synthetic2d(config, log=log, landscape_etas=LANDSCAPE_ETAS)

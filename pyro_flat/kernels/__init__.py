@@ -1,23 +1,27 @@
 """Pyro ``MCMCKernel``s for flat posteriors: one small module per algorithm.
 
 :data:`KERNELS` is the one registry of them by name; :func:`kernel_class` accepts any spelling
-(``"entropy-sgld"``, ``"entropy_sgld"``, ``"EntropySGLD"``) and :func:`make_kernel` builds one from
-settings shared by several samplers, each taking those its constructor accepts.
+(``"entropy-sgld"``, ``"entropy_sgld"``, ``"EntropySGLD"``) and :func:`make_kernel` builds one by
+name, refusing a setting the kernel does not take (:func:`kernel_settings`), so a typo never vanishes.
 
 >>> kernel_class("entropy_sgld") is kernel_class("EntropySGLD") is EntropySGLD
 True
->>> k = make_kernel("sgld", potential_fn=lambda p: (p["x"] ** 2).sum(), eta=0.1, step_size=0.01)
+>>> k = make_kernel("sgld", potential_fn=lambda p: (p["x"] ** 2).sum(), step_size=0.01)
 >>> type(k).__name__, k.step_size
 ('SGLD', 0.01)
+>>> make_kernel("entropy-sgld", potential_fn=lambda p: (p["x"] ** 2).sum(), etta=0.1)  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+TypeError: make_kernel('entropy-sgld'): EntropySGLD takes no setting 'etta' (did you mean 'eta'?); its settings: eta, ...
 """
 
+import difflib
 import inspect
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 from .base import TargetKernel
 from .entropy_hmc import EntropyHMC
 from .entropy_sgld import EntropySGLD
-from .errors import DivergenceError
+from ..errors import DivergenceError
 from .flat_sgld import FlatSGLD
 from .local_entropy import LocalEntropySGD, LocalEntropySGLD
 from .sam_sgd import SAMSGD
@@ -54,31 +58,55 @@ def kernel_class(name: str) -> type:
 
 def make_kernel(name: str, model: Optional[Callable] = None, *,
                 potential_fn: Optional[Callable] = None, **settings) -> TargetKernel:
-    """``kernel_class(name)(model or potential_fn, **settings)``, passing each kernel only the
-    settings its constructor takes (``eta`` reaches EntropySGLD, not SGLD)."""
+    """``kernel_class(name)(model, potential_fn=potential_fn, **settings)``.
+
+    A setting the kernel does not take (not in :func:`kernel_settings`: ``eta`` for SGLD, a typo,
+    SGD's ``temperature``, which the class fixes itself) is a ``TypeError`` that names it, the
+    kernel and the settings it takes."""
     cls = kernel_class(name)
-    accepted = _settings_of(cls) - set(getattr(cls, "fixed_settings", ()))
-    kwargs = {k: v for k, v in settings.items() if k in accepted}
-    return cls(model, potential_fn=potential_fn, **kwargs)
+    accepted = kernel_settings(cls)
+    unknown = [k for k in settings if k not in accepted]
+    if unknown:
+        raise TypeError(f"make_kernel({name!r}): {cls.__name__} takes no setting{'s' * (len(unknown) > 1)} "
+                        f"{', '.join(_why_not(cls, k, accepted) for k in unknown)}; its settings: "
+                        f"{', '.join(accepted)}.")
+    return cls(model, potential_fn=potential_fn, **settings)
 
 
-def _settings_of(cls: type) -> set:
-    """Keyword arguments ``cls(...)`` accepts, following ``**kwargs`` up to the base classes."""
-    names: set = set()
+def kernel_settings(kernel) -> Tuple[str, ...]:
+    """The settings :func:`make_kernel` passes to ``kernel`` (a name or a class), in its constructor's
+    order: the keyword arguments ``cls(...)`` accepts, following ``**kwargs`` up to the base classes,
+    less ``model``, ``potential_fn`` and the settings the class fixes itself (``fixed_settings``).
+
+    >>> kernel_settings("sgd")
+    ('step_size', 'schedule', 'preconditioner', 'init_strategy', 'record_draws', 'jit_compile')
+    """
+    cls = kernel_class(kernel) if isinstance(kernel, str) else kernel
+    names: Dict[str, None] = {}
     for klass in cls.__mro__:
         if "__init__" not in vars(klass):
             continue
         params = inspect.signature(klass.__init__).parameters.values()
-        names |= {p.name for p in params if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD}
+        names.update((p.name, None) for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             break
-    return names - {"self"}
+    left_out = {"self", "model", "potential_fn", *getattr(cls, "fixed_settings", ())}
+    return tuple(n for n in names if n not in left_out)
+
+
+def _why_not(cls: type, setting: str, accepted: Tuple[str, ...]) -> str:
+    """``'setting'``, with why the kernel does not take it or the setting meant."""
+    if setting in getattr(cls, "fixed_settings", ()):
+        return f"{setting!r} ({cls.__name__} fixes it itself)"
+    close = difflib.get_close_matches(setting, accepted, n=1)
+    return f"{setting!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
 
 
 __all__ = [
     "KERNELS",
     "kernel_class",
     "make_kernel",
+    "kernel_settings",
     "TargetKernel",
     "StochasticGradientKernel",
     "SGLD",

@@ -23,11 +23,11 @@ import torch
 from pyro.infer.autoguide.initialization import init_to_sample
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
-from ..distributed.group import OtherRankFailed
 from ..targets import (CallablePotential, ChangedSitesError, CoupledPotential, InitialShapeError, ModelPotential,
                        Params, Target, check_minibatches, compile_target, merge_overrides)
 from ..validation import (check_chain_memory, check_nonnegative_int, check_positive_int, check_real_tensor,
                           check_thinning)
+from .protocol import DataParallelism
 from .recording import DrawRecording
 from .vectorization import vectorization_error
 
@@ -74,11 +74,10 @@ class TargetKernel(DrawRecording, MCMCKernel):
         self._reset_jit()
         self.num_chains: Optional[int] = None  # vectorized chains (set by pyro_flat.MCMC)
         self.minibatches = "per_chain"  # how vectorized chains draw minibatches (set by pyro_flat.MCMC)
-        self.data_parallel = None  # the Ranks whose data shards the potential sums (set by pyro_flat.MCMC)
+        self.data_parallel: Optional[DataParallelism] = None  # a data-parallel run's shards (set by pyro_flat.MCMC)
         self._pending_initial_params: Optional[Params] = None
         self._initial_params: Optional[Params] = None
         self.target = None
-        self._shard_target = None  # the DataParallelTarget of a data-parallel run (inside an Entropy joint too)
         self._num_setups = 0
         self._chain = 0
         self._forget_runs()
@@ -91,7 +90,7 @@ class TargetKernel(DrawRecording, MCMCKernel):
 
     # ----------------------------------------------------------------- driver settings
     def configure(self, *, num_chains: Optional[int] = None, steps_per_draw: int = 1,
-                  minibatches: str = "per_chain", data_parallel=None) -> None:
+                  minibatches: str = "per_chain", data_parallel: Optional[DataParallelism] = None) -> None:
         """Settings a driver hands the kernel before a run; forgets every earlier run.
 
         :param num_chains: ``C`` chains advanced together as one batched tensor (a leading
@@ -103,9 +102,9 @@ class TargetKernel(DrawRecording, MCMCKernel):
         :param minibatches: for vectorized chains of a subsampled model, ``"per_chain"`` (each
             chain its own minibatches: independent chains) or ``"shared"`` (one minibatch per step
             for all chains, which correlates them); see :class:`~pyro_flat.targets.ModelPotential`.
-        :param data_parallel: ``None``, or the :class:`~pyro_flat.distributed.Ranks` of a data-parallel
-            run: this process's data are one shard, and the potential is summed over the ranks
-            (:class:`~pyro_flat.distributed.DataParallelTarget`).
+        :param data_parallel: ``None``, or how a data-parallel run assembles the target from this
+            process's shard of the data (a :class:`~pyro_flat.kernels.protocol.DataParallelism`, such as
+            :class:`~pyro_flat.distributed.DataParallelShards`): the potential is summed over the ranks.
         """
         if num_chains is not None:
             num_chains = check_positive_int("num_chains", num_chains)
@@ -135,7 +134,6 @@ class TargetKernel(DrawRecording, MCMCKernel):
 
     def setup(self, warmup_steps: int, *args, **kwargs) -> None:
         warmup_steps = check_nonnegative_int("warmup_steps", warmup_steps)
-        _check_driver_num_samples()
         self._chain = self._num_setups
         self._num_setups += 1
         self._state_chains = self.num_chains  # how the recorded draws are laid out
@@ -146,7 +144,8 @@ class TargetKernel(DrawRecording, MCMCKernel):
         energy, _ = self.target.potential_and_grad(params)
         bad = ~torch.isfinite(energy.reshape(-1))
         if bool(bad.any()):
-            self._check_shards()  # data-parallel: name the rank whose shard failed
+            if self.data_parallel is not None:  # name the rank whose data shard failed, on every rank
+                self.data_parallel.check_start(type(self).__name__, self.num_chains)
             where = "" if self.num_chains is None else f" of chain {int(bad.nonzero()[0, 0])}"
             raise ValueError(
                 f"{type(self).__name__}: the potential energy at the initial point{where} is "
@@ -160,30 +159,6 @@ class TargetKernel(DrawRecording, MCMCKernel):
             self._compile_target(params)
         self._initial_params = params
         self.after_setup(params)
-
-    def _check_shards(self) -> None:
-        """A data-parallel energy that is not finite at the start: when some ranks' own shards gave it,
-        those ranks raise an error that names them, and the others :class:`OtherRankFailed`, so that
-        every rank reports the failing shard's rank (not rank 0 and its initial point). Every rank comes
-        here together: the summed energy is the same on all of them."""
-        shards = self._shard_target
-        if shards is None or not shards.ranks.distributed:
-            return
-        failing = shards.nonfinite_ranks()
-        if not failing:  # the shards' energies are finite, their sum is not
-            return
-        rank = shards.ranks.rank
-        if rank not in failing:
-            raise OtherRankFailed(f"rank {failing[0]}'s data shard gave a non-finite potential energy")
-        local = shards.local_energy.reshape(-1)
-        bad = ~torch.isfinite(local)
-        where = "" if self.num_chains is None else f" of chain {int(bad.nonzero()[0, 0])}"
-        also = [str(r) for r in failing if r != rank]
-        others = f"so is that of rank {', '.join(also)}" if also else "the other ranks' shards give finite energies"
-        raise ValueError(
-            f"{type(self).__name__}: the potential energy of rank {rank}'s data shard at the initial point{where} is "
-            f"{float(local[bad][0])} ({others}): rank {rank}'s data overflow or are invalid under the model there. "
-            "Check that shard's data (extreme or malformed values), or pass other initial_params or init_strategy.")
 
     def after_setup(self, params: Params) -> None:
         """Hook: per-chain state that needs the target and the initial point."""
@@ -226,6 +201,20 @@ class TargetKernel(DrawRecording, MCMCKernel):
     def logging(self) -> Dict[str, str]:
         return {}
 
+    def diagnostics(self) -> dict:
+        """The run's statistics (see :class:`~pyro_flat.kernels.recording.DrawRecording`); refuses a run that
+        made no draw after warm-up, as ``pyro.infer.MCMC(kernel, num_samples=0)`` does.
+
+        Pyro's driver checks no ``num_samples`` and hands it to no kernel, and offers no public way to
+        read it: with 0 it runs the warm-up, then calls this and fails on an empty stack. The check
+        rests on that order (``tests/test_bad_inputs.py`` fails if a Pyro release changes it).
+        """
+        if self.target is not None and self._iteration <= self._warmup_steps:
+            raise ValueError("num_samples must be a positive integer, got num_samples=0 (no draw was made after "
+                             f"the {self._warmup_steps} warm-up iterations). It is the number of draws kept per "
+                             "chain: pass num_samples >= 1.")
+        return super().diagnostics()
+
     # ----------------------------------------------------------------- subclass hooks
     def build_target(self, args: tuple, kwargs: dict, *, num_chains: Optional[int] = None,
                      initial_params: Optional[Params] = None) -> Target:
@@ -236,27 +225,12 @@ class TargetKernel(DrawRecording, MCMCKernel):
                                                                          shards))
 
     def across_ranks(self, build: Callable[[int], Target]) -> Target:
-        """``build(1)``, or for a data-parallel run over ``R`` ranks this shard's ``build(R)`` (its latent terms
-        weighted ``1/R``) summed over the ranks: every rank builds its target, all learn whether one failed,
-        and the targets' sites must agree."""
-        ranks = self.data_parallel
-        self._shard_target = None
-        if ranks is None:
+        """``build(1)``, or for a data-parallel run over ``R`` ranks the sum over the ranks of each
+        shard's ``build(R)`` (its latent terms weighted ``1/R``; see
+        :meth:`~pyro_flat.kernels.protocol.DataParallelism.assemble`)."""
+        if self.data_parallel is None:
             return build(1)
-        from ..distributed import DataParallelTarget
-
-        try:
-            local, error = build(ranks.world_size), None
-        except Exception as err:
-            local, error = None, err
-        failure = ranks.check(error)
-        if failure is not None:
-            raise failure from error
-        ranks.agree(f"{type(self).__name__}'s data-parallel target",
-                    {"latent sites": {n: tuple(s.shape) for n, s in local.sites.items()},
-                     "subsampled plates": {p: b for p, (_, b) in local.subsampled_plates.items()}})
-        self._shard_target = DataParallelTarget(local, ranks)  # the data-parallel part, to name a failing shard
-        return self._shard_target
+        return self.data_parallel.assemble(build, type(self).__name__)
 
     def _build_local_target(self, args, kwargs, num_chains, initial_params, shards: int = 1) -> Target:
         if self.model is not None:
@@ -315,22 +289,6 @@ class TargetKernel(DrawRecording, MCMCKernel):
         self._warmup_steps = warmup_steps
         self._iteration = 0
         self._reset_records()
-
-
-def _check_driver_num_samples() -> None:
-    """Refuse ``pyro.infer.MCMC(kernel, num_samples=0)`` before any work.
-
-    Pyro's driver does not check ``num_samples`` and hands it to no kernel: with 0 it runs the
-    warm-up, then fails on an empty stack. Its generator ``_gen_samples(kernel, warmup_steps,
-    num_samples, ...)`` calls :meth:`TargetKernel.setup` directly, so the value is read there;
-    any other caller (``pyro_flat.MCMC`` checks it itself) is left alone.
-    """
-    import sys
-
-    caller = sys._getframe(2)  # setup's caller
-    if caller.f_code.co_name == "_gen_samples" and "num_samples" in caller.f_locals:
-        check_positive_int("num_samples", caller.f_locals["num_samples"],
-                           hint="It is the number of draws kept per chain.")
 
 
 def coupled_target(kernel: TargetKernel, args: tuple, kwargs: dict, *, num_chains: Optional[int],

@@ -12,8 +12,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from ..targets import Params
-from ..distributed.sharding import global_chain
-from .errors import DivergenceError
+from ..chains import global_chain
+from ..errors import DivergenceError
 
 
 def _growth(params: Params, new_params: Params, num_chains: Optional[int], max_growth: float

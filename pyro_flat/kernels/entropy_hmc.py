@@ -8,7 +8,7 @@ from typing import Callable, Dict, Iterable, NamedTuple, Optional, Union
 import torch
 from pyro.infer.autoguide.initialization import init_to_sample
 
-from ..distributed.sharding import chain_rand_like, chain_randn_like, chains_all, chains_min
+from ..chains import chain_rand_like, chain_randn_like, chains_all, chains_min
 from ..targets import ChainLayout, CoupledPotential, Params, coupling
 from ..validation import check_eta, check_number, check_positive, check_positive_int
 from .adaptation import StepSizeAdapter, WelfordCovariance, adaptation_windows

@@ -6,7 +6,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..distributed.sharding import chain_randn_like
+from ..chains import chain_randn_like
 from ..validation import check_positive
 from ..targets import Params
 from .integrators import Transition

@@ -11,7 +11,7 @@ from typing import Callable, Dict, NamedTuple, Tuple
 
 import torch
 
-from ..distributed.sharding import chain_randn_like
+from ..chains import chain_randn_like
 from ..targets import Params
 
 

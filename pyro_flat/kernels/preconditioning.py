@@ -110,8 +110,8 @@ from typing import Optional, Union
 
 import torch
 
-from ..distributed.sharding import chain_randn_like
-from ..targets import ChainLayout, Params
+from ..chains import chain_randn_like
+from ..targets import ChainLayout, FullDataTarget, Params
 from .curvature import (EXACT_DIAGONAL_DIM, absolute_curvature, absolute_spectrum, hessian, hessian_diagonal,
                         inverse_diagonal)
 from .mass_matrix import BlockFactor, CoupledFactor, PrecisionFactor, PulledFactor, factor_from_covariance
@@ -231,8 +231,7 @@ class Preconditioner:
         self.aux = (ChainLayout({n: target.sites[n].shape for n in link.twins}, link.twins, batched)
                     if self.coupled else None)
         self.eta = link.eta if self.coupled else None
-        full = getattr(base, "full_data", None)
-        evaluate = full if full is not None else base
+        evaluate = base.full_data if isinstance(base, FullDataTarget) else base
         self._energy = lambda x: evaluate(self.theta.unpack(x)).reshape(-1)
         dim = self.theta.dim
         if self.spec == "dense" and dim > MAX_DENSE_DIM:

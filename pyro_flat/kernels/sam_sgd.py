@@ -45,7 +45,7 @@ class SAMSGD(SASGLD):
     """
 
     allow_zero_temperature = True
-    #: settings the class fixes itself (``make_kernel`` does not pass them)
+    #: settings the class fixes itself (``kernel_settings`` leaves them out; ``make_kernel`` refuses them)
     fixed_settings = ("temperature",)
 
     def __init__(self, model: Optional[Callable] = None, *, rho: float,

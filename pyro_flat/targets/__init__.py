@@ -34,11 +34,13 @@ from .potential import (
     merge_overrides,
     potential_and_grad,
 )
-from .protocol import Evaluation, Target
+from .protocol import CoupledTarget, Evaluation, FullDataTarget, Target
 from .sites import SiteInfo, is_subsample_site, support_transform
 
 __all__ = [
     "Target",
+    "CoupledTarget",
+    "FullDataTarget",
     "Evaluation",
     "ModelPotential",
     "CompiledTarget",

@@ -66,6 +66,8 @@ class LogJoint(Messenger):
 
     def __enter__(self):
         if self._per_chain:  # let pyro.plate take (C, B) indices while the model runs
+            # Pyro offers no public way for a plate to take them; the per-chain minibatch tests
+            # (tests/test_minibatch.py) fail if a Pyro release changes SubsampleMessenger._subsample
             self._plate_check = SubsampleMessenger.__dict__["_subsample"]
             SubsampleMessenger._subsample = staticmethod(_chain_subsample)
         return super().__enter__()

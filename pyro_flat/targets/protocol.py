@@ -14,7 +14,10 @@ return their new state.
 
 A coupled target says so through :attr:`Target.coupling` (a
 :class:`~pyro_flat.targets.Coupling`: :math:`\eta` and the twin names), never through its class;
-it then also has ``base``, the target of :math:`\theta` alone.
+it is then a :class:`CoupledTarget`, whose ``base`` is the target of :math:`\theta` alone. A target
+that can evaluate its potential on all its data at once (a model's, summed over ranks or not) is a
+:class:`FullDataTarget`; the curvature estimates of the preconditioners and of
+:mod:`pyro_flat.flatness` use it when they can, a minibatch otherwise.
 """
 
 from __future__ import annotations
@@ -81,6 +84,23 @@ class Target(Protocol):
         """The first minibatch of every subsampled plate (for deterministic comparisons)."""
 
 
+@runtime_checkable
+class CoupledTarget(Target, Protocol):
+    """A target whose ``coupling`` is not ``None`` (the Entropy-MCMC joint): ``base`` is the target of
+    :math:`\theta` alone, whose sites the joint's are plus the twins."""
+
+    base: Target
+
+
+@runtime_checkable
+class FullDataTarget(Target, Protocol):
+    """A target that also evaluates its potential on all its data (every subsampled plate whole)."""
+
+    def full_data(self, params: Params, *, likelihood_only: bool = False) -> torch.Tensor:
+        """The potential on all the data, differentiable; ``likelihood_only``: the negative
+        log-likelihood alone (no prior, no Jacobian)."""
+
+
 class TargetBase:
     """What every target derives from :meth:`evaluate` and :attr:`batches` alone:
     :meth:`potential_and_grad`, :meth:`draw_indices` and :meth:`fixed_batch`."""
@@ -105,4 +125,4 @@ class TargetBase:
         return self.batches.fixed()
 
 
-__all__ = ["Target", "TargetBase", "Evaluation"]
+__all__ = ["Target", "CoupledTarget", "FullDataTarget", "TargetBase", "Evaluation"]

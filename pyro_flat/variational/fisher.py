@@ -60,21 +60,21 @@ def gaussian_parameters(guide) -> GaussianParameters:
         raise ValueError(f"SABMA_ELBO needs a Gaussian autoguide ({', '.join(c.__name__ for c in SUPPORTED)}); "
                          f"got {type(guide).__name__}. Use e.g. AutoNormal(model) or "
                          "AutoLowRankMultivariateNormal(model, rank=K).")
-    store = pyro.get_param_store()
-    prefix = guide._pyro_name
     if isinstance(guide, AutoNormal):
         sites = _autonormal_sites(guide)
-        names = [f"{prefix}.{kind}.{site}" for site in sites for kind in ("locs", "scales")]
+        names = [f"{kind}.{site}" for site in sites for kind in ("locs", "scales")]
         roles = ["loc", "scale"] * len(sites)
     elif isinstance(guide, AutoDiagonalNormal):
-        names, roles = [f"{prefix}.loc", f"{prefix}.scale"], ["loc", "scale"]
+        names, roles = ["loc", "scale"], ["loc", "scale"]
     else:
-        names, roles = [f"{prefix}.loc", f"{prefix}.scale", f"{prefix}.cov_factor"], ["loc", "scale", "cov_factor"]
-    missing = [n for n in names if n not in store]
+        names, roles = ["loc", "scale", "cov_factor"], ["loc", "scale", "cov_factor"]
+    params = dict(guide.named_pyro_params())  # constrained values, each with its unconstrained leaf
+    missing = [n for n in names if n not in params]
     if missing:
-        raise ValueError(f"the guide's parameters {missing} are not in Pyro's param store: run the guide "
+        raise ValueError(f"the guide's parameters {missing} are not set up: run the guide "
                          "(or one SVI step) before asking for its Fisher information")
-    tensors = [store.get_param(n).unconstrained() for n in names]
+    tensors = [params[n].unconstrained() for n in names]
+    names = [pyro.get_param_store().param_name(t) for t in tensors]  # the param store's names (prefixed)
     if isinstance(guide, AutoLowRankMultivariateNormal):
         return GaussianParameters(names, tensors, roles, *_low_rank_solver(tensors))
     return GaussianParameters(names, tensors, roles, *_diagonal_solver(tensors, roles))

@@ -161,6 +161,7 @@ class SABMA_ELBO(ELBO):
         return loss
 
     def _get_trace(self, model, guide, args, kwargs):
+        # the abstract hook every subclass of Pyro's ELBO implements (Pyro's own ELBOs do): the base ELBO's
         return self.base._get_trace(model, guide, args, kwargs)
 
     def loss(self, model, guide, *args, **kwargs) -> float:

@@ -149,6 +149,7 @@ class SAM_ELBO(ELBO):
         return sum(self._particle(model, guide, args, kwargs) for _ in range(self.num_particles)) / self.num_particles
 
     def _get_trace(self, model, guide, args, kwargs):
+        # the abstract hook every subclass of Pyro's ELBO implements (Pyro's own ELBOs do): the base ELBO's
         return self.base._get_trace(model, guide, args, kwargs)
 
     def loss(self, model, guide, *args, **kwargs) -> float:

@@ -52,6 +52,7 @@ import torch
 from torch import nn
 
 import pyro.distributions as dist
+from pyro import poutine
 from pyro.infer.autoguide import AutoContinuous, AutoLowRankMultivariateNormal
 from pyro.infer.autoguide.initialization import init_to_median
 from pyro.nn import PyroParam
@@ -175,7 +176,8 @@ class AutoSWAG(AutoContinuous):
         q = self.posterior()
         guide = AutoLowRankMultivariateNormal(self.model, rank=self.rank)
         try:
-            guide._setup_prototype(*args, **kwargs)
+            with torch.random.fork_rng(), poutine.block():  # one run sets it up; it draws no number of the user's
+                guide(*args, **kwargs)
         except TypeError as err:
             raise TypeError(f"AutoSWAG.low_rank_guide(*args, **kwargs) runs the model once to set the new guide up: "
                             f"pass the model's arguments, those of an SVI step (e.g. low_rank_guide(X, y)); {err}") from err

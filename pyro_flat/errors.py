@@ -1,4 +1,11 @@
-"""Errors raised by pyro-flat kernels."""
+"""The errors that cross pyro-flat's layers: raised low (a kernel, a rank), caught high (the driver, a study).
+
+- :class:`DivergenceError`: a chain's potential, gradient or state became NaN/inf (kernels);
+- :class:`RankLost` and :class:`OtherRankFailed`: a run across ranks lost a rank, or failed on another
+  rank (:mod:`pyro_flat.distributed`).
+
+The errors of one layer alone stay with it (:class:`~pyro_flat.targets.ChangedSitesError` with the targets).
+"""
 
 from __future__ import annotations
 
@@ -49,3 +56,15 @@ def _rebuild_divergence(message, site, iteration, chain, step_size, samples, com
         message, site=site, iteration=iteration, chain=chain, step_size=step_size,
         samples=samples, completed_chains=completed,
     )
+
+
+class RankLost(RuntimeError):
+    """A collective failed: another rank died, or did not answer within the group's timeout."""
+
+
+class OtherRankFailed(RuntimeError):
+    """Raised by a rank whose own part is sound when another rank's is at fault (e.g. its data shard):
+    :meth:`pyro_flat.distributed.Ranks.check` then hands every rank the failing rank's error, not this one."""
+
+
+__all__ = ["DivergenceError", "RankLost", "OtherRankFailed"]

@@ -1,0 +1,167 @@
+r"""The across-ranks part of :class:`pyro_flat.MCMC`: start a rank's share of a run, check the ranks as it
+goes, and bring the draws to rank 0.
+
+:class:`pyro_flat.MCMC` runs one batched kernel per process either way; with
+``chain_method="distributed"`` or ``"data_parallel"`` it asks this module for:
+
+- :func:`start_rank_run`: join the group, agree on the run's settings, split the chains
+  (:class:`~pyro_flat.chains.ChainShard`) or hand the kernel its data shards
+  (:class:`~pyro_flat.distributed.DataParallelShards`), and check on every rank that the model batches;
+- :func:`checked`: the sampling loop with the collective error check, so that every rank raises the
+  same error within :data:`CHECK_ITERATIONS` iterations of a failure;
+- :func:`with_draws` and :func:`gather_draws`: the draws made so far (after an error) and at the end,
+  gathered to rank 0 in chain order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator, List, Optional, Tuple
+
+import torch
+
+from ..chains import ChainShard
+from ..errors import DivergenceError
+from ..targets import Params
+from .data_parallel import DataParallelShards
+from .group import Ranks, fingerprint, init_from_env, shard_fingerprint
+
+#: iterations between two collective error checks of a run across ranks (each costs one all-reduce:
+#: about 1 ms on the 2-core test machine, 50-100 us on a usual host)
+CHECK_ITERATIONS = 128
+
+
+@dataclass
+class RankRun:
+    """This rank's part of a run across ranks: its ``ranks``, its ``shard`` of the chains (``None`` for
+    data-parallel chains, which every rank runs whole), how many chains it runs and from where."""
+
+    ranks: Ranks
+    shard: Optional[ChainShard]
+    num_chains: int
+    initial_params: Optional[Params]
+    data_parallel: Optional[DataParallelShards]
+
+    @property
+    def total_chains(self) -> int:
+        return self.num_chains if self.shard is None else self.shard.total
+
+
+def start_rank_run(method: str, num_chains: int, initial_params: Optional[Params], settings: dict,
+                   args: tuple, kwargs: dict, devices: list,
+                   probe: Callable[[int, Optional[Params]], Optional[str]]) -> RankRun:
+    """Join the group and prepare this rank's part of ``method`` (``"distributed"`` or
+    ``"data_parallel"``). Every rank must pass the same ``settings`` (checked, named in the error) and
+    the same model arguments (their shapes, for data-parallel shards); ``probe(chains, initial_params)``
+    says why the model cannot batch this rank's chains, or ``None``."""
+    ranks = init_from_env(device=devices[0] if devices else None)
+    data_parallel = method == "data_parallel"
+    summary = shard_fingerprint if data_parallel else fingerprint
+    ranks.agree(f"MCMC(chain_method={method!r})", {
+        **settings, "the model's arguments": summary(args),
+        "the model's keyword arguments": summary(kwargs), "initial_params": summary(initial_params)})
+    ranks.sync_random_state(devices[0] if devices else None)
+    shard = None if data_parallel else ChainShard.split(num_chains, ranks.rank, ranks.world_size, ranks.group)
+    local = num_chains if shard is None else shard.count
+    if initial_params is not None and shard is not None:
+        initial_params = {k: shard.rows(torch.as_tensor(v)) for k, v in initial_params.items()}
+    try:
+        reason, error = probe(local, initial_params), None
+    except Exception as err:  # the user's error (bad data, a discrete latent, ...): every rank stops
+        reason, error = None, err
+    failure = ranks.check(error)
+    if failure is not None:
+        raise failure from error
+    reasons = [r for r in ranks.all_objects(reason, "comparing the vectorization probes") if r is not None]
+    if reasons:
+        raise ValueError(
+            f"chain_method={method!r} runs each rank's chains as one batched kernel, and this model does not "
+            f"broadcast over a leading chain dimension ({reasons[0]}). Write it so that every latent may carry "
+            "a leading batch dim and gather its data as X[idx] (or pass minibatches='shared'), or pass a "
+            "batched potential_fn.")
+    return RankRun(ranks, shard, local, initial_params, DataParallelShards(ranks) if data_parallel else None)
+
+
+class RanksFailed(Exception):
+    """A rank raised: ``error`` is the same on every rank, ``cause`` is this rank's own error (or None)."""
+
+    def __init__(self, error: BaseException, cause: Optional[BaseException]):
+        super().__init__(str(error))
+        self.error, self.cause = error, cause
+
+
+def checked(steps: Iterator[Tuple[str, int, Params]], run: Optional[RankRun],
+            iterations_per_draw: int = 1) -> Iterator[Tuple[str, int, Params]]:
+    """``steps``, with the collective error check when the run spans ranks: after set-up, every
+    :data:`CHECK_ITERATIONS` iterations, at the end, and at once on a rank that raised. Every rank then
+    raises :class:`RanksFailed` with the same error (see :meth:`pyro_flat.distributed.Ranks.check`), at
+    most :data:`CHECK_ITERATIONS` iterations after the failure."""
+    if run is None or not run.ranks.distributed:
+        yield from steps
+        return
+    since = 0
+    while True:
+        try:
+            item, error = next(steps), None
+        except StopIteration:
+            item, error = None, None
+        except Exception as err:  # a KeyboardInterrupt is not caught: torchrun stops every rank
+            item, error = None, err
+        if item is not None:
+            since += iterations_per_draw if item[0] == "Sample" else 1
+        if item is None or item[0] == "Initial" or since >= CHECK_ITERATIONS:
+            since = 0
+            failure = run.ranks.check(error)
+            if failure is not None:
+                raise RanksFailed(failure, error)
+        if item is None:
+            return
+        yield item
+
+
+def with_draws(error: BaseException, run: RankRun, partial: List[dict]) -> BaseException:
+    """``error`` with the draws every chain made before it: on rank 0 for chains split over ranks (every
+    rank for data-parallel chains, which are the same on every rank). A
+    :class:`~pyro_flat.DivergenceError`'s failing chain goes to ``.samples``, the others to
+    ``.completed_chains``; any other error carries them all as ``.partial_samples``."""
+    if run.shard is not None:
+        everyone = run.ranks.gather([{n: v.cpu() for n, v in chain.items()} for chain in partial],
+                                    "gathering the draws made before the error to rank 0")
+        chains = None if everyone is None else [chain for rank in everyone for chain in rank]
+    else:
+        chains = partial
+    if chains is None:  # not rank 0
+        return error
+    if isinstance(error, DivergenceError) and 0 <= error.chain < len(chains):
+        error.samples = chains[error.chain]
+        error.completed_chains = [c for i, c in enumerate(chains) if i != error.chain]
+    else:
+        error.partial_samples = chains
+    return error
+
+
+def gather_draws(run: RankRun, samples: dict, diagnostics: list) -> Tuple[Optional[dict], Optional[list]]:
+    """Every rank's chains to rank 0, in chain order: ``(samples, per-chain diagnostics)`` there,
+    ``(None, None)`` on the other ranks."""
+    device = next(iter(samples.values())).device
+    mine = ({n: v.cpu() for n, v in samples.items()}, _cpu(diagnostics))
+    everyone = run.ranks.gather(mine, "gathering the draws to rank 0")
+    if everyone is None:
+        return None, None
+    return ({n: torch.cat([s[n] for s, _ in everyone]).to(device) for n in samples},
+            [chain for _, per_chain in everyone for chain in per_chain])
+
+
+def _cpu(diagnostics: list) -> list:
+    """Per-chain diagnostics with their tensors on the CPU (to be sent to rank 0)."""
+    def move(value):
+        if torch.is_tensor(value):
+            return value.cpu()
+        if isinstance(value, dict):
+            return {k: move(v) for k, v in value.items()}
+        return value
+
+    return [move(chain) for chain in diagnostics]
+
+
+__all__ = ["CHECK_ITERATIONS", "RankRun", "RanksFailed", "start_rank_run", "checked", "with_draws", "gather_draws"]

@@ -1,0 +1,96 @@
+"""The studies behind ``pyro-flat``, each declared once: :data:`STUDIES`.
+
+A :class:`Study` is a config class (whose ``COMMAND`` is the subcommand's name and whose
+:func:`~pyro_flat.experiments.study_config.option` fields are its options), the dotted path of
+its run function, the help the command line shows, and the rule that turns the run's report into
+the command's exit code. The command line (:mod:`~pyro_flat.experiments.cli`) reads nothing
+else: adding a study is adding an entry here. The run function is imported only when the study
+runs, so that ``pyro-flat --help`` and the option checks import neither torch nor Pyro.
+
+>>> study = STUDIES["mnist79"]
+>>> study.config.__name__, study.run
+('MNIST79Config', 'pyro_flat.experiments.mnist79.run_mnist79')
+>>> study.exit_code({"interrupted": True, "interrupted_by": "SIGTERM"}), STUDIES["bnn"].exit_code({})
+(143, 0)
+"""
+
+from __future__ import annotations
+
+import importlib
+import signal
+from dataclasses import dataclass
+from typing import Callable, Dict, Type
+
+from .configs import BNNConfig, MNIST79Config, PathConfig, Synthetic2DConfig
+from .study_config import StudyConfig
+
+
+def completed(report: dict) -> int:
+    """The exit code of a study that runs to its end or raises: 0."""
+    return 0
+
+
+def completed_or_interrupted(report: dict) -> int:
+    """The exit code of a study that writes the draws made so far when it is stopped: 0, or for a
+    run stopped part-way (``report["interrupted"]``) the shell's 128 + the signal, 130 for Ctrl-C
+    and 143 for SIGTERM (``report["interrupted_by"]``)."""
+    if not report.get("interrupted"):
+        return 0
+    return 128 + (signal.SIGTERM if report.get("interrupted_by") == "SIGTERM" else signal.SIGINT)
+
+
+@dataclass(frozen=True)
+class Study:
+    """One ``pyro-flat`` command."""
+
+    #: its settings; ``config.COMMAND`` is the command's name
+    config: Type[StudyConfig]
+    #: the dotted path of ``run(config) -> report``, which writes the study's folder ``config.out``
+    run: str
+    #: one line in ``pyro-flat --help``
+    summary: str
+    #: what it does and writes, in ``pyro-flat NAME --help``
+    description: str
+    #: the command's exit code from the run's report
+    exit_code: Callable[[dict], int] = completed
+
+    @property
+    def name(self) -> str:
+        return self.config.COMMAND
+
+    def run_function(self) -> Callable[[StudyConfig], dict]:
+        """The run function, imported now (with torch and Pyro)."""
+        module, _, function = self.run.rpartition(".")
+        return getattr(importlib.import_module(module), function)
+
+    def __call__(self, config: StudyConfig) -> int:
+        """Run the study on ``config`` (checked first); the command's exit code."""
+        config.validate()  # a bad option is one line at once, before the study imports torch
+        return self.exit_code(self.run_function()(config))
+
+
+#: every study, in the order ``pyro-flat --help`` lists them
+STUDIES: Dict[str, Study] = {study.name: study for study in (
+    Study(MNIST79Config, "pyro_flat.experiments.mnist79.run_mnist79",
+          "Bayesian logistic regression on MNIST sevens vs nines",
+          "Sample Bayesian logistic regression on MNIST 7 vs 9 and write the draws, ArviZ summary, figures, BMA "
+          "metrics and report.md to --out.",
+          exit_code=completed_or_interrupted),
+    Study(Synthetic2DConfig, "pyro_flat.experiments.synthetic2d.run_synthetic2d_study",
+          "which basin chains started on the ridge of a 2-D sharp/flat energy end in",
+          "Start many chains of SGD, SGLD, EntropySGLD (several η), SASGLD and FlatSGLD at the saddle between a "
+          "sharp and a flat mode; report the share in each basin beside the exact stationary shares; write "
+          "report.md, report.json and figures."),
+    Study(BNNConfig, "pyro_flat.experiments.bnn.run_bnn_study",
+          "every BNN family (SGLD, BBB, SWAG, MC-dropout, ensembles), plain and sharpness-aware, on a Bayesian MLP "
+          "over seeds: flatness, calibration, OOD detection, distribution shift",
+          "Train a Bayesian MLP on some MNIST digits with each BNN family of 'Flat Seeking BNNs' and its "
+          "sharpness-aware version (and EntropySGLD, FlatSGLD, SA-BMA) under one gradient budget, at several seeds; "
+          "write report.md, report.json, families.png, shift.png and bma_vs_models.png."),
+    Study(PathConfig, "pyro_flat.experiments.paths.run_path_study",
+          "the minimum-energy path between two minima of a Bayesian MLP, and the curvature along it",
+          "Two SGLD draws of the BNN study's MLP descend to minima of the training NLL; the straight line and the "
+          "minimum-energy path (NEB) join them; write the loss, top Hessian eigenvalue and trace along both "
+          "(paths.png), where each sampler's draws sit (draws.png) and SGD started on the path (dynamics.png), "
+          "with report.md and report.json."),
+)}
