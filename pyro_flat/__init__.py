@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, List
 LAYERS = (
     ("errors", "validation", "tracing", "chains", "schedules"),
     ("targets",),
-    ("flat", "sam", "models", "mnist_files", "datasets", "predictive", "metrics", "shift", "mixture_basins",
+    ("flat", "sam", "models", "nn", "mnist_files", "datasets", "predictive", "metrics", "shift", "mixture_basins",
      "mixtures"),
     ("kernels",),
     ("distributed",),
@@ -71,7 +71,7 @@ _PUBLIC = {
 #: The subpackages and modules reachable as attributes (``pyro_flat.flatness``, ...).
 _MODULES = ("datasets", "diagnostics", "flatness", "metrics", "mixtures", "models", "schedules", "theory",
             "variational", "kernels", "targets", "predictive", "convergence", "experiments", "distributed",
-            "ensembles", "sam")
+            "ensembles", "sam", "nn")
 
 
 def __getattr__(name: str) -> Any:

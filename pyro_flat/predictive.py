@@ -94,6 +94,7 @@ def bma_predict(
     use: Optional[str] = None,
     site: Optional[str] = None,
     suffix: str = "_aux",
+    batchnorm_data: Optional[torch.Tensor] = None,
     **kwargs,
 ) -> torch.Tensor:
     """Average the predictive class probabilities of ``model(*args, **kwargs)`` over draws.
@@ -105,6 +106,8 @@ def bma_predict(
         auxiliary twins and ``"theta"`` when they have none (SGLD, ensembles, Predictive draws).
     :param site: the observed site to predict; by default the only non-latent site whose
         distribution has ``probs`` (Bernoulli, Categorical, ...).
+    :param batchnorm_data: training inputs, for a :class:`~pyro_flat.nn.BayesianModule` with BatchNorm
+        layers: each draw predicts with its own statistics over them (``model.batchnorm_data``).
     :returns: probabilities shaped like the site's ``probs`` (``(N,)`` for Bernoulli, ``(N, C)``
         for Categorical). Subsampling plates are switched off: every data point is predicted.
 
@@ -135,6 +138,12 @@ def bma_predict(
     if use is not None and use not in _USES:
         raise ValueError(f"use must be one of {_USES} (or None), got use={use!r}")
     model = getattr(model, "base_model", model)
+    if batchnorm_data is not None:
+        if not hasattr(model, "batchnorm_data"):
+            raise TypeError(f"batchnorm_data is for a pyro_flat.nn.BayesianModule with BatchNorm layers; "
+                            f"{type(model).__name__} has no BatchNorm statistics to recompute: leave it out.")
+        with model.batchnorm_data(batchnorm_data):
+            return bma_predict(model, samples, *args, use=use, site=site, suffix=suffix, **kwargs)
     with torch.no_grad():
         tr = poutine.trace(model).get_trace(*args, **kwargs)
     latents = [  # a site with class probabilities is an output to predict, even if samples hold its draws

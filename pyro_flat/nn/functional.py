@@ -1,0 +1,92 @@
+r"""A network run with weights it does not own, for one draw or a batch of them: ``torch.func`` underneath.
+
+:class:`BatchedNetwork` holds a stateless copy of the user's ``nn.Module`` and evaluates it at given
+parameters (and buffers) with :func:`torch.func.functional_call`. Parameters with leading batch
+dimensions (vectorized chains, blocks of draws) are flattened into one and mapped with
+:func:`torch.func.vmap`, each network on its own inputs (per-chain minibatches) or on shared ones. A module that ``vmap`` cannot
+map runs its networks one after another, after one warning that names the layer where it failed.
+``networks="loop"`` runs them one after another from the start: on a CPU, where a convolution keeps
+the cores busy, ``vmap``'s grouped convolutions and batched BatchNorm cost more than a loop
+(``benchmarks/bench_deep.py``).
+The copy runs in evaluation mode: dropout is off, so the likelihood is a function of the weights.
+
+>>> net = BatchedNetwork(torch.nn.Linear(3, 2))
+>>> weights = {"weight": torch.zeros(4, 2, 3), "bias": torch.ones(4, 2)}   # 4 networks
+>>> net(weights, torch.randn(5, 3), batch_dims=(4,), per_network_inputs=False).shape
+torch.Size([4, 5, 2])
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from typing import Dict, Optional, Sequence, Tuple
+
+import torch
+from torch.func import functional_call, vmap
+
+
+class BatchedNetwork:
+    """``module``'s computation at given weights, in evaluation mode (dropout off: the likelihood is a
+    function of the weights). ``batchnorm="batch"`` normalises every BatchNorm layer with its input's
+    own statistics (the copy keeps no running statistics: nothing is shared between networks);
+    ``"running"`` uses the running statistics passed as buffers (prediction)."""
+
+    def __init__(self, module: torch.nn.Module, batchnorm: str = "batch", networks: str = "vmap"):
+        self.module = copy.deepcopy(module).eval()
+        if batchnorm == "batch":
+            torch.func.replace_all_batch_norm_modules_(self.module)
+        self.networks = networks
+        self._vmap_failed: Optional[str] = None if networks == "vmap" else "not asked for"
+
+    def __call__(self, params: Dict[str, torch.Tensor], x: torch.Tensor, *, batch_dims: Tuple[int, ...] = (),
+                 per_network_inputs: bool = False, shared: Optional[Dict[str, torch.Tensor]] = None) -> torch.Tensor:
+        """The output for ``params`` (parameters and buffers) whose leading ``batch_dims`` index networks;
+        ``x`` carries the same leading dims when ``per_network_inputs``; ``shared`` (not batched) is the
+        same for every network (frozen parameters)."""
+        shared = shared or {}
+        if not batch_dims:
+            return functional_call(self.module, {**params, **shared}, (x,))
+        count = math.prod(batch_dims)
+        flat = {k: v.reshape(count, *v.shape[len(batch_dims):]) for k, v in params.items()}
+        inputs = x.reshape(count, *x.shape[len(batch_dims):]) if per_network_inputs else x
+        out = self._mapped(flat, shared, inputs, per_network_inputs, count)
+        return out.reshape(*batch_dims, *out.shape[1:])
+
+    def _mapped(self, state, shared, x, per_network_inputs: bool, count: int) -> torch.Tensor:
+        def one(weights, inputs):
+            return functional_call(self.module, {**weights, **shared}, (inputs,))
+
+        if self._vmap_failed is None:
+            entered = []
+            hooks = [m.register_forward_pre_hook(lambda m, _, name=name: entered.append(name))
+                     for name, m in self.module.named_modules() if name and not list(m.children())]
+            try:
+                return vmap(one, in_dims=(0, 0 if per_network_inputs else None), randomness="different")(state, x)
+            except Exception as err:  # a layer vmap cannot map: run the networks one by one from now on
+                layer = entered[-1] if entered else type(self.module).__name__
+                self._vmap_failed = f"{layer} ({type(self.module.get_submodule(layer)).__name__ if entered else ''})"
+                warnings.warn(f"BayesianModule: torch.func.vmap cannot map layer {self._vmap_failed} "
+                              f"({type(err).__name__}: {str(err).splitlines()[0]}); its {count} networks run one "
+                              "after another, which is slower.", RuntimeWarning, stacklevel=4)
+            finally:
+                for hook in hooks:
+                    hook.remove()
+        outs = [one({k: v[i] for k, v in state.items()}, x[i] if per_network_inputs else x) for i in range(count)]
+        return torch.stack(outs)
+
+
+def split_batch_dims(value: torch.Tensor, shape: Sequence[int], name: str) -> Tuple[int, ...]:
+    """The leading dims of a sampled weight ``value`` beyond its parameter's ``shape``, less the data
+    plate's slot when it is there: ``(C,)`` for ``(C, 1, *shape)`` (Pyro's ``vectorize_particles``
+    layout, the one :class:`pyro_flat.MCMC` uses) and for ``(C, *shape)`` (a guide's draws in
+    ``Predictive(parallel=True)``), ``()`` for one network."""
+    if tuple(value.shape[value.dim() - len(shape):]) != tuple(shape):
+        raise ValueError(f"the value of site {name!r} has shape {tuple(value.shape)}; its parameter's shape is "
+                         f"{tuple(shape)} (with leading batch dims, as (chains, 1, *shape)).")
+    lead = tuple(value.shape[: value.dim() - len(shape)])
+    return lead[:-1] if lead and lead[-1] == 1 else lead
+
+
+__all__ = ["BatchedNetwork", "split_batch_dims"]

@@ -1,0 +1,239 @@
+r"""Any PyTorch network as a Bayesian model: :class:`BayesianModule`.
+
+.. math:: \theta_j \sim p_j(\theta_j)\ \text{(one site per parameter of the module)},\qquad
+          y_i \mid x_i, \theta \sim \text{likelihood}\big(f_\theta(x_i)\big),\quad i \in \text{plate}(N),
+
+with a minibatch of ``batch_size`` rows scaled by :math:`N/B` in the plate, as every pyro-flat model.
+The module is not changed: the network runs at the sampled weights through ``torch.func``
+(:class:`~pyro_flat.nn.functional.BatchedNetwork`), so ``C`` vectorized chains (weights
+``(C, 1, *shape)``, inputs ``(C, B, ...)``) are one ``vmap``-ed pass.
+
+BatchNorm is done as the papers do it. While sampling, each BatchNorm layer normalises with its
+minibatch's statistics, and no running statistic is kept, so none is shared between chains or
+between θ and θa. For prediction (``y=None``) each draw's statistics are recomputed with a pass of
+its network over training data (SWA's ``bn_update``, per draw): pass ``bma_predict(...,
+batchnorm_data=X_train)``, or predict inside ``with model.batchnorm_data(X_train):``;
+:func:`~pyro_flat.nn.batchnorm.update_batchnorm` gives the statistics themselves.
+
+>>> import torch, pyro
+>>> from pyro_flat import MCMC, SGLD
+>>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+>>> model = BayesianModule(net, prior=1.0, likelihood="categorical")
+>>> X, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
+>>> mcmc = MCMC(SGLD(model, step_size=1e-3), num_samples=5, warmup_steps=5, num_chains=2,
+...             disable_progbar=True)
+>>> mcmc.run(X, y, batch_size=16)
+>>> mcmc.chain_method, sorted(mcmc.get_samples())[:2]
+('vectorized', ['0.bias', '0.weight'])
+"""
+
+from __future__ import annotations
+
+import warnings
+from contextlib import contextmanager
+from typing import Callable, Dict, Iterator, Optional, Union
+
+import torch
+import pyro
+import pyro.distributions as dist
+from pyro.nn import PyroModule
+
+from ..models import take_rows
+from .batchnorm import STATISTICS_BATCH, BatchNormStatistics, batchnorm_layers
+from .functional import BatchedNetwork, split_batch_dims
+
+Prior = Union[float, Callable[[str, torch.Tensor], dist.Distribution]]
+Likelihood = Union[str, Callable[[torch.Tensor], dist.Distribution]]
+LIKELIHOODS = ("categorical", "bernoulli")
+
+
+class BayesianModule(PyroModule):
+    """A Pyro model made from ``module``, callable as ``model(x, y=None, batch_size=None)``.
+
+    :param module: any ``torch.nn.Module`` (it is copied, not changed). Its parameters become the
+        sample sites, named as in ``module.named_parameters()`` (``"conv1.weight"``), so a
+        ``state_dict`` of the module can start a chain (:meth:`initial_params`). A parameter with
+        ``requires_grad=False`` stays fixed at its value (said once, in a warning).
+    :param prior: ``s`` for ``Normal(0, s)`` on every weight (weight decay ``1/(2 s^2)``), or a callable
+        ``(name, parameter) -> distribution`` whose batch and event shapes together are the
+        parameter's shape.
+    :param likelihood: ``"categorical"`` (the output are class logits), ``"bernoulli"`` (one logit), or
+        a callable mapping the output to the distribution of ``y`` (batch shape ending in the data).
+    :param transform: a per-minibatch transform of the inputs while sampling (data augmentation, e.g.
+        :func:`~pyro_flat.nn.transforms.random_crop_flip`), run on the inputs' device, each image its own.
+    :param networks: how vectorized chains (or blocks of draws) run the network: ``"vmap"`` (one
+        ``torch.func.vmap``-ed pass), ``"loop"`` (one network after another, inside the one batched
+        kernel), or ``"auto"``: ``vmap`` on a GPU, where one small network leaves the device idle, and a
+        loop on a CPU, where ``vmap``'s grouped convolutions cost 1.45x a loop on the benchmark's CNN.
+        Either gives every chain its own weights and minibatch; the draws agree up to round-off.
+    """
+
+    def __init__(self, module: torch.nn.Module, *, prior: Prior = 1.0, likelihood: Likelihood = "categorical",
+                 transform: Optional[Callable[[torch.Tensor], torch.Tensor]] = None, networks: str = "auto"):
+        super().__init__()
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}; wrap a function of "
+                            "the weights as a potential_fn instead.")
+        named = list(module.named_parameters())
+        if not named:
+            raise ValueError(f"module {type(module).__name__} has no parameters: there is nothing to sample. "
+                             "Pass the network whose weights the posterior is over.")
+        frozen = [n for n, p in named if not p.requires_grad]
+        if frozen:
+            warnings.warn(f"BayesianModule: the parameters {frozen} have requires_grad=False; they are left out of "
+                          "the posterior and stay at their values (set requires_grad=True to sample them).",
+                          UserWarning, stacklevel=2)
+        if len(frozen) == len(named):
+            raise ValueError("every parameter of module has requires_grad=False: there is nothing to sample; set "
+                             "requires_grad=True on the weights the posterior is over.")
+        self.shapes = {n: tuple(p.shape) for n, p in named if p.requires_grad}
+        self.fixed = {n: p.detach() for n, p in named if not p.requires_grad}
+        self.device = named[0][1].device
+        self.priors = {n: _prior(prior, n, p) for n, p in named if p.requires_grad}
+        if not (callable(likelihood) or likelihood in LIKELIHOODS):
+            raise ValueError(f"likelihood must be one of {LIKELIHOODS} or a callable output -> distribution of y, "
+                             f"got {likelihood!r}.")
+        self.likelihood = likelihood
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be a callable inputs -> inputs, got {type(transform).__name__}.")
+        self.transform = transform
+        if networks not in ("auto", "vmap", "loop"):
+            raise ValueError(f"networks must be 'auto', 'vmap' or 'loop', got {networks!r}.")
+        self.networks = ("vmap" if self.device.type == "cuda" else "loop") if networks == "auto" else networks
+        self.batchnorm_layers = batchnorm_layers(module)
+        # plain objects, not submodules: the copies run at the weights they are given
+        object.__setattr__(self, "_sampling", BatchedNetwork(module, batchnorm="batch", networks=self.networks))
+        object.__setattr__(self, "_predicting", BatchedNetwork(module, batchnorm="running", networks=self.networks)
+                           if self.batchnorm_layers else None)
+        object.__setattr__(self, "_statistics", BatchNormStatistics(module) if self.batchnorm_layers else None)
+        object.__setattr__(self, "_module", module)  # for its state_dict
+        self._batchnorm_inputs: Optional[torch.Tensor] = None
+        self._checked_labels = None
+
+    # ----------------------------------------------------------------- the model
+    def forward(self, x: torch.Tensor, y: Optional[torch.Tensor] = None, *,
+                batch_size: Optional[int] = None) -> torch.Tensor:
+        self._check_inputs(x, y)
+        weights = {n: pyro.sample(n, p) for n, p in self.priors.items()}  # drawn outside the plate
+        batch = _common_batch_dims(weights, self.shapes)
+        subsample = None if batch_size is None or batch_size >= x.shape[0] else int(batch_size)
+        full_y = y
+        with pyro.plate("data", x.shape[0], subsample_size=subsample) as idx:
+            per_network = subsample is not None and idx.dim() > 1  # (C, B) indices: each chain its own rows
+            if subsample is not None:
+                x, y = take_rows(x, idx), None if y is None else take_rows(y, idx)
+                if self.transform is not None:
+                    x = self.transform(x)
+            out = self.output(weights, x, batch, per_network, predicting=full_y is None)
+            if full_y is not None:
+                self._check_labels(full_y, out)
+            return pyro.sample("y", self._likelihood(out), obs=y)
+
+    def output(self, weights: Dict[str, torch.Tensor], x: torch.Tensor, batch=(), per_network: bool = False, *,
+               predicting: bool = False) -> torch.Tensor:
+        """The network's output at ``weights`` (sites as sampled: ``(*batch, 1, *shape)`` or ``shape``)."""
+        params = {n: v.reshape(*batch, *self.shapes[n]) for n, v in weights.items()}
+        if predicting and self._predicting is not None:
+            if self._batchnorm_inputs is None:
+                raise ValueError(
+                    f"this network has BatchNorm layers ({', '.join(self.batchnorm_layers)}): a prediction needs each "
+                    "draw's statistics over training data. Pass bma_predict(..., batchnorm_data=X_train), or predict "
+                    "inside `with model.batchnorm_data(X_train):`.")
+            stats = self._statistics(params, self._batchnorm_inputs, batch, self.fixed)
+            return self._predicting({**params, **stats}, x, batch_dims=batch, per_network_inputs=per_network,
+                                    shared=self.fixed)
+        return self._sampling(params, x, batch_dims=batch, per_network_inputs=per_network, shared=self.fixed)
+
+    @contextmanager
+    def batchnorm_data(self, inputs: torch.Tensor) -> Iterator["BayesianModule"]:
+        """Predictions inside the block use each draw's BatchNorm statistics over ``inputs`` (training data)."""
+        if not torch.is_tensor(inputs) or inputs.device != self.device:
+            raise ValueError(f"batchnorm_data must be a tensor of training inputs on the module's device {self.device}, "
+                             f"got {type(inputs).__name__}{'' if not torch.is_tensor(inputs) else ' on ' + str(inputs.device)}.")
+        before, self._batchnorm_inputs = self._batchnorm_inputs, inputs
+        try:
+            yield self
+        finally:
+            self._batchnorm_inputs = before
+
+    def initial_params(self, state_dict: Optional[Dict[str, torch.Tensor]] = None, *,
+                       num_chains: Optional[int] = None) -> Dict[str, torch.Tensor]:
+        """The sampled weights of ``state_dict`` (the module's own by default) as ``MCMC``'s ``initial_params``:
+        every chain starts from that network (``(num_chains, *shape)`` with ``num_chains``)."""
+        state = self._module.state_dict() if state_dict is None else state_dict
+        missing = [n for n in self.shapes if n not in state]
+        if missing:
+            raise ValueError(f"state_dict has no entry for the weights {missing}; pass the module's state_dict().")
+        params = {n: state[n].detach().to(self.device).reshape(self.shapes[n]) for n in self.shapes}
+        if num_chains is None:
+            return params
+        return {n: v.expand(int(num_chains), *v.shape).clone() for n, v in params.items()}
+
+    def batchnorm_statistics(self, draws: Dict[str, torch.Tensor], inputs: torch.Tensor, *,
+                             batch_size: int = STATISTICS_BATCH) -> Dict[str, torch.Tensor]:
+        """Each draw's BatchNorm statistics over ``inputs``: ``{buffer: (num_draws, ...)}`` for draws
+        ``{site: (num_draws, *shape)}`` (see :func:`~pyro_flat.nn.update_batchnorm`)."""
+        if self._statistics is None:
+            raise ValueError("this network has no BatchNorm layer with running statistics: there is nothing to update.")
+        missing = [n for n in self.shapes if n not in draws]
+        if missing:
+            raise ValueError(f"draws has no values for the sites {missing}; pass mcmc.get_samples() (θ sites).")
+        params = {n: draws[n].reshape(-1, *self.shapes[n]) for n in self.shapes}
+        count = next(iter(params.values())).shape[0]
+        return self._statistics(params, inputs, (count,), self.fixed, batch_size)
+
+    # ----------------------------------------------------------------- helpers
+    def _likelihood(self, out: torch.Tensor) -> dist.Distribution:
+        if self.likelihood == "categorical":
+            return dist.Categorical(logits=out)
+        if self.likelihood == "bernoulli":
+            return dist.Bernoulli(logits=out.squeeze(-1) if out.shape[-1] == 1 else out)
+        return self.likelihood(out)
+
+    def _check_inputs(self, x, y) -> None:
+        if not torch.is_tensor(x):
+            raise TypeError(f"x must be a tensor of inputs, got {type(x).__name__}.")
+        if x.device != self.device:
+            raise ValueError(f"x is on {x.device} and the module on {self.device}: move the data there "
+                             f"(x.to({str(self.device)!r})).")
+        if y is not None and (not torch.is_tensor(y) or y.shape[:1] != x.shape[:1] or y.device != x.device):
+            raise ValueError(f"y must be a tensor with one label per row of x ({x.shape[0]}) on {x.device}, got "
+                             f"{type(y).__name__}{'' if not torch.is_tensor(y) else f' of shape {tuple(y.shape)} on {y.device}'}.")
+
+    def _check_labels(self, y: torch.Tensor, out: torch.Tensor) -> None:
+        if self.likelihood not in LIKELIHOODS or self._checked_labels is y:
+            return
+        bound = out.shape[-1] if self.likelihood == "categorical" else 2
+        if y.is_floating_point() and self.likelihood == "categorical" or bool((y < 0).any() | (y >= bound).any()):
+            raise ValueError(f"y holds labels outside 0..{bound - 1} (the {self.likelihood} likelihood of an output "
+                             f"with {out.shape[-1]} values): min {y.min().item()}, max {y.max().item()}, dtype {y.dtype}.")
+        self._checked_labels = y
+
+
+def _prior(prior: Prior, name: str, parameter: torch.Tensor) -> dist.Distribution:
+    shape = tuple(parameter.shape)
+    if callable(prior):
+        d = prior(name, parameter)
+        if not isinstance(d, dist.Distribution):
+            raise TypeError(f"prior({name!r}, parameter) must return a pyro distribution, got {type(d).__name__}.")
+        if tuple(d.batch_shape) + tuple(d.event_shape) != shape:
+            raise ValueError(f"prior({name!r}, parameter) has batch shape {tuple(d.batch_shape)} and event shape "
+                             f"{tuple(d.event_shape)}; together they must be the parameter's shape {shape} "
+                             f"(e.g. dist.Normal(0., 1.).expand({list(shape)}).to_event({len(shape)})).")
+        return d.to_event(len(d.batch_shape)) if d.batch_shape else d
+    if isinstance(prior, bool) or not isinstance(prior, (int, float)) or not prior > 0:
+        raise ValueError(f"prior must be a positive prior sd s (Normal(0, s) on every weight) or a callable "
+                         f"(name, parameter) -> distribution, got {prior!r}.")
+    zero = torch.zeros((), dtype=parameter.dtype, device=parameter.device)
+    return dist.Normal(zero, float(prior)).expand(shape).to_event(len(shape))
+
+
+def _common_batch_dims(weights: Dict[str, torch.Tensor], shapes: Dict[str, tuple]) -> tuple:
+    dims = {n: split_batch_dims(v, shapes[n], n) for n, v in weights.items()}
+    found = set(dims.values())
+    if len(found) > 1:
+        raise ValueError(f"the sampled weights disagree on their batch dims: {dims}.")
+    return found.pop()
+
+
+__all__ = ["BayesianModule", "LIKELIHOODS"]

@@ -1,0 +1,260 @@
+"""pyro_flat.nn: any nn.Module as a Bayesian model, against the conjugate posterior, with BatchNorm
+and vectorized chains, and its bad inputs."""
+
+import warnings
+
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+from torch import nn
+
+import pyro
+import pyro.distributions as dist
+from pyro.infer import SVI, Predictive
+from pyro.infer.autoguide import AutoNormal
+from pyro_flat import MCMC, SAM_ELBO, SGLD, EntropySGLD, bma_predict, flat_posterior, flatness
+from pyro_flat.kernels import KERNELS, kernel_settings, make_kernel
+from pyro_flat.diagnostics import chain_correlation
+from pyro_flat.nn import BayesianModule, random_crop_flip, update_batchnorm
+from pyro_flat.targets import is_subsample_site
+
+from moments import assert_moments
+
+N, D, B, SIGMA, TAU = 2000, 3, 100, 1.0, 1.0
+STEP = 3e-6
+
+
+def _regression():
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(N, D, generator=g, dtype=torch.float64)
+    y = X @ torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64) + 0.3 + SIGMA * torch.randn(N, generator=g,
+                                                                                            dtype=torch.float64)
+    return X, y
+
+
+def _linear_model():
+    return BayesianModule(nn.Linear(D, 1).double(), prior=TAU,
+                          likelihood=lambda out: dist.Normal(out.squeeze(-1), SIGMA))
+
+
+def test_a_linear_module_gives_the_conjugate_posterior_and_its_smoothing_in_each_vectorized_chain():
+    """θ = (weight, bias) of an nn.Linear: its marginal is the conjugate posterior N(m, P⁻¹); θa - θ is
+    N(0, η) independent of θ (the joint's covariance [[Σ, Σ], [Σ, Σ + η]]), with SGLD's known step-size
+    bias (the discrete Lyapunov equation with the minibatch noise at m) accounted for. Four vectorized
+    chains, each on its own minibatches: together they have that law, and they are uncorrelated."""
+    X, y = _regression()
+    Z = torch.cat([X, torch.ones(N, 1, dtype=X.dtype)], 1)  # the bias is one more coordinate
+    d = D + 1
+    P = (Z.T @ Z / SIGMA ** 2 + torch.eye(d, dtype=X.dtype) / TAU ** 2).numpy()
+    cov = np.linalg.inv(P)
+    mean = cov @ (Z.T @ y).numpy() / SIGMA ** 2
+    eta = 1e-3
+    model = _linear_model()
+    pyro.set_rng_seed(2)
+    mcmc = MCMC(EntropySGLD(model, eta=eta, step_size=STEP, init_strategy=pyro.infer.autoguide.init_to_median),
+                num_samples=12_000, warmup_steps=1_000, num_chains=4, disable_progbar=True)
+    mcmc.run(X, y, batch_size=B)
+    assert mcmc.chain_method == "vectorized" and mcmc.minibatches == "per_chain"
+    s = mcmc.get_samples(group_by_chain=True)
+    theta = np.concatenate([s["weight"].reshape(4, -1, D).numpy(), s["bias"].reshape(4, -1, 1).numpy()], -1)
+    aux = np.concatenate([s["weight_aux"].reshape(4, -1, D).numpy(), s["bias_aux"].reshape(4, -1, 1).numpy()], -1)
+    eye = np.eye(d)
+    H = np.block([[P + eye / eta, -eye / eta], [-eye / eta, eye / eta]])
+    resid = (y - Z @ torch.as_tensor(mean)).numpy()
+    g = Z.numpy() * resid[:, None] / SIGMA ** 2
+    C = np.zeros((2 * d, 2 * d))
+    C[:d, :d] = N ** 2 / B * (N - B) / (N - 1) * np.cov(g.T, bias=True)
+    sigma = scipy.linalg.solve_discrete_lyapunov(np.eye(2 * d) - STEP * H, 2 * STEP * np.eye(2 * d) + STEP ** 2 * C)
+    joint = np.block([[cov, cov], [cov, cov + eta * eye]])
+    x = np.concatenate([theta, aux], -1)
+    assert_moments(x, np.concatenate([mean, mean]), joint, known_bias=sigma - joint)
+    corr = chain_correlation(s["weight"].reshape(4, -1, D))
+    assert abs(corr["z"]) < 4, corr  # independent chains (shared minibatches give a positive z)
+
+
+def _cnn():
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(4, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Dropout(0.1), nn.Linear(8, 3))
+
+
+@pytest.fixture(scope="module")
+def cnn_run():
+    torch.manual_seed(0)
+    X, y = torch.randn(120, 1, 8, 8), torch.randint(0, 3, (120,))
+    model = BayesianModule(_cnn(), prior=1.0)
+    pyro.set_rng_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback to Pyro's driver, no vmap fallback
+        mcmc = MCMC(EntropySGLD(model, eta=0.1, step_size=1e-4), num_samples=6, warmup_steps=6, num_chains=4,
+                    disable_progbar=True)
+        mcmc.run(X, y, batch_size=32)
+    return model, mcmc, X
+
+
+def test_a_cnn_with_batchnorm_runs_four_chains_vectorized_with_finite_draws(cnn_run):
+    model, mcmc, _ = cnn_run
+    assert mcmc.chain_method == "vectorized"
+    samples = mcmc.get_samples(group_by_chain=True)
+    assert samples["0.weight"].shape == (4, 6, 4, 1, 3, 3) and samples["0.weight_aux"].shape == (4, 6, 4, 1, 3, 3)
+    assert all(bool(torch.isfinite(v).all()) for v in samples.values())
+    chains = samples["10.weight"].reshape(4, 6, -1)
+    assert not torch.equal(chains[0], chains[1])  # each chain its own noise and minibatches
+
+
+def test_a_draw_predicts_as_the_plain_module_with_its_weights_and_recomputed_batchnorm_statistics(cnn_run):
+    model, mcmc, X = cnn_run
+    theta = {k: v[:3] for k, v in mcmc.get_samples().items() if not k.endswith("_aux")}
+    stats = update_batchnorm(model, theta, X)
+    assert sorted(stats) == ["1.running_mean", "1.running_var", "5.running_mean", "5.running_var"]
+    X_test = torch.randn(10, 1, 8, 8)
+    plain = _cnn().eval()
+    expected = []
+    for i in range(3):
+        plain.load_state_dict({**{k: v[i] for k, v in theta.items()}, **{k: v[i] for k, v in stats.items()}},
+                              strict=False)
+        with torch.no_grad():
+            expected.append(torch.softmax(plain(X_test), -1))
+            # the statistics are those of the draw's network over X in training mode, averaged over the pass
+            features = plain[0](X)
+        assert torch.allclose(stats["1.running_mean"][i], features.mean((0, 2, 3)), atol=1e-5)
+    probs = bma_predict(model, theta, X_test, batchnorm_data=X)
+    assert torch.allclose(probs, torch.stack(expected).mean(0), atol=1e-5)
+    with pytest.raises(ValueError, match="BatchNorm layers .* batchnorm_data=X_train"):
+        bma_predict(model, theta, X_test)
+
+
+def test_vmap_and_a_loop_over_the_networks_give_the_same_draws():
+    X, y = torch.randn(64, 1, 6, 6), torch.randint(0, 3, (64,))
+    draws = []
+    for networks in ("vmap", "loop"):
+        torch.manual_seed(0)
+        model = BayesianModule(_cnn(), networks=networks)
+        pyro.set_rng_seed(0)
+        mcmc = MCMC(EntropySGLD(model, eta=0.1, step_size=1e-3), num_samples=5, warmup_steps=5, num_chains=3,
+                    disable_progbar=True)
+        mcmc.run(X, y, batch_size=16)
+        draws.append(mcmc.get_samples())
+    for name in draws[0]:
+        assert torch.allclose(draws[0][name], draws[1][name], atol=1e-4), name
+    with pytest.raises(ValueError, match="networks must be 'auto', 'vmap' or 'loop'"):
+        BayesianModule(_cnn(), networks="pmap")
+
+
+def test_a_trained_networks_state_dict_starts_every_chain():
+    torch.manual_seed(1)
+    net = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2))
+    model = BayesianModule(net)
+    X, y = torch.randn(50, 4), torch.randint(0, 2, (50,))
+    start = model.initial_params(num_chains=3)
+    assert sorted(start) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    mcmc = MCMC(SGLD(model, step_size=1e-12), num_samples=1, warmup_steps=0, num_chains=3,
+                initial_params=start, disable_progbar=True)
+    mcmc.run(X, y)
+    first = mcmc.get_samples(group_by_chain=True)["0.weight"][:, 0]
+    assert torch.allclose(first, net[0].weight.detach().expand(3, 6, 4), atol=1e-4)
+
+
+def test_a_layer_vmap_cannot_map_falls_back_with_a_warning_that_names_it():
+    class DataDependent(nn.Module):
+        def forward(self, x):
+            return x if float(x.sum()) > -1e9 else -x  # Python control flow on a value: vmap cannot map it
+
+    model = BayesianModule(nn.Sequential(nn.Linear(3, 2), DataDependent()), networks="vmap")
+    X, y = torch.randn(40, 3), torch.randint(0, 2, (40,))
+    with pytest.warns(RuntimeWarning, match=r"cannot map layer 1 \(DataDependent\)"):
+        mcmc = MCMC(SGLD(model, step_size=1e-3), num_samples=3, warmup_steps=2, num_chains=2, disable_progbar=True)
+        mcmc.run(X, y, batch_size=10)
+    assert mcmc.chain_method == "vectorized"  # the networks run one by one, inside one batched kernel
+
+
+def test_a_frozen_parameter_is_left_out_and_said():
+    net = nn.Linear(3, 2)
+    net.bias.requires_grad_(False)
+    with pytest.warns(UserWarning, match=r"\['bias'\] have requires_grad=False"):
+        model = BayesianModule(net)
+    trace = pyro.poutine.trace(model).get_trace(torch.randn(5, 3), torch.randint(0, 2, (5,)))
+    latent = [n for n, s in trace.nodes.items() if s["type"] == "sample" and not s["is_observed"]
+              and not is_subsample_site(s)]
+    assert latent == ["weight"]
+
+
+@pytest.mark.parametrize("make, error, match", [
+    (lambda: BayesianModule(nn.ReLU()), ValueError, "has no parameters"),
+    (lambda: BayesianModule("net"), TypeError, "module must be a torch.nn.Module"),
+    (lambda: BayesianModule(nn.Linear(3, 2), likelihood="poisson"), ValueError, "likelihood must be one of"),
+    (lambda: BayesianModule(nn.Linear(3, 2), prior=lambda n, p: dist.Normal(0.0, 1.0).expand([3])), ValueError,
+     r"prior\('weight', parameter\) has batch shape \(3,\)"),
+    (lambda: BayesianModule(nn.Linear(3, 2), prior=-1.0), ValueError, "prior must be a positive prior sd"),
+])
+def test_bad_arguments_are_named(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
+@pytest.mark.parametrize("x, y, match", [
+    (torch.randn(5, 3), torch.tensor([0, 1, 2, 0, 1]), r"labels outside 0..1"),
+    (torch.randn(5, 3), torch.tensor([0, 1]), "one label per row of x"),
+    (torch.randn(5, 3, device="meta"), None, "x is on meta and the module on cpu"),
+])
+def test_bad_data_are_named(x, y, match):
+    model = BayesianModule(nn.Linear(3, 2))
+    with pytest.raises(ValueError, match=match):
+        pyro.poutine.trace(model).get_trace(x, y)
+
+
+def test_random_crop_flip_moves_each_image_by_its_own_offset_and_flips_half():
+    torch.manual_seed(0)
+    x = torch.rand(400, 2, 6, 6) + 1.0  # no zero inside an image: the padding shows where it moved
+    out = random_crop_flip(x, padding=2)
+    padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
+    flips = 0
+    for i in range(x.shape[0]):
+        windows = [padded[i, :, r:r + 6, c:c + 6] for r in range(5) for c in range(5)]
+        plain = any(torch.equal(out[i], w) for w in windows)
+        mirrored = any(torch.equal(out[i], w.flip(-1)) for w in windows)
+        assert plain or mirrored
+        flips += mirrored and not plain
+    assert abs(flips - 200) < 4 * 10  # Binomial(400, 1/2): sd 10
+    assert random_crop_flip(x[:2].unsqueeze(0), padding=2).shape == (1, 2, 2, 6, 6)  # leading chain dims
+
+
+def _mlp_data():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)), torch.randn(64, 4), torch.randint(0, 3, (64,))
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_every_kernel_samples_a_module_with_vectorized_chains(name):
+    net, X, y = _mlp_data()
+    own = {k: v for k, v in dict(step_size=1e-3, eta=0.1, rho=0.05, sigma=0.01).items() if k in kernel_settings(name)}
+    mcmc = MCMC(make_kernel(name, BayesianModule(net), **own), num_samples=3, warmup_steps=3, num_chains=2,
+                disable_progbar=True)
+    mcmc.run(X, y, batch_size=None if name == "entropy-hmc" else 16)
+    assert mcmc.chain_method == "vectorized"
+    assert all(bool(torch.isfinite(v).all()) for v in mcmc.get_samples().values())
+
+
+def test_a_module_works_with_flat_posterior_svi_predictive_bma_and_flatness():
+    net, X, y = _mlp_data()
+    model = BayesianModule(net)
+    trace = pyro.poutine.trace(flat_posterior(model, eta=0.1)).get_trace(X, y)
+    assert {"0.weight_aux", "2.bias_aux"} <= set(trace.nodes)
+    pyro.clear_param_store()
+    guide = AutoNormal(model)
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), SAM_ELBO(rho=0.05))
+    losses = [svi.step(X, y, batch_size=16) for _ in range(3)]
+    assert all(np.isfinite(losses))
+    for parallel in (False, True):
+        predicted = Predictive(model, guide=guide, num_samples=7, parallel=parallel)(X)
+        assert predicted["y"].shape == (7, 64)
+    draws = {k: v for k, v in predicted.items() if k != "y"}
+    probs = bma_predict(model, draws, X)
+    assert probs.shape == (64, 3) and torch.allclose(probs.sum(-1), torch.ones(64))
+    one = {k: v[0].reshape(model.shapes[k]) for k, v in draws.items()}
+    loss = flatness.FlatLoss.from_model(model, one, X, y, likelihood_only=True)
+    net_at = _mlp_data()[0]
+    net_at.load_state_dict(one)
+    expected = nn.functional.cross_entropy(net_at(X), y, reduction="sum")
+    assert torch.allclose(loss.fn(loss.flatten(one)), expected, rtol=1e-5)
