@@ -8,15 +8,16 @@ import pytest
 import scipy.linalg
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 import pyro
 import pyro.distributions as dist
 from pyro.infer import SVI, Predictive
 from pyro.infer.autoguide import AutoNormal
-from pyro_flat import MCMC, SAM_ELBO, SGLD, EntropySGLD, bma_predict, flat_posterior, flatness
+from pyro_flat import MCMC, SAM_ELBO, SGLD, EntropyHMC, EntropySGLD, bma_predict, flat_posterior, flatness
 from pyro_flat.kernels import KERNELS, kernel_settings, make_kernel
 from pyro_flat.diagnostics import chain_correlation
-from pyro_flat.nn import BayesianModule, random_crop_flip, update_batchnorm
+from pyro_flat.nn import Batches, BayesianModule, random_crop_flip, update_batchnorm
 from pyro_flat.targets import is_subsample_site
 
 from moments import assert_moments
@@ -258,3 +259,42 @@ def test_a_module_works_with_flat_posterior_svi_predictive_bma_and_flatness():
     net_at.load_state_dict(one)
     expected = nn.functional.cross_entropy(net_at(X), y, reduction="sum")
     assert torch.allclose(loss.fn(loss.flatten(one)), expected, rtol=1e-5)
+
+
+def test_a_shuffling_dataloader_feeds_the_chains_the_conjugate_posterior():
+    """SGLD on an nn.Linear fed by a shuffling DataLoader (Batches): the conjugate posterior, with the
+    step-size bias of without-replacement minibatches accounted for as for in-memory data."""
+    X, y = _regression()
+    Z = torch.cat([X, torch.ones(N, 1, dtype=X.dtype)], 1)
+    d = D + 1
+    P = (Z.T @ Z / SIGMA ** 2 + torch.eye(d, dtype=X.dtype) / TAU ** 2).numpy()
+    cov = np.linalg.inv(P)
+    mean = cov @ (Z.T @ y).numpy() / SIGMA ** 2
+    g = Z.numpy() * (y - Z @ torch.as_tensor(mean)).numpy()[:, None] / SIGMA ** 2
+    C = N ** 2 / B * (N - B) / (N - 1) * np.cov(g.T, bias=True)
+    bias = scipy.linalg.solve_discrete_lyapunov(np.eye(d) - STEP * P, 2 * STEP * np.eye(d) + STEP ** 2 * C) - cov
+    loader = DataLoader(TensorDataset(X, y), batch_size=B, shuffle=True, drop_last=True,
+                        generator=torch.Generator().manual_seed(0))
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(SGLD(_linear_model(), step_size=STEP, init_strategy=pyro.infer.autoguide.init_to_median),
+                num_samples=10_000, warmup_steps=1_000, num_chains=2, disable_progbar=True)
+    mcmc.run(Batches(loader))
+    assert mcmc.chain_method == "vectorized"
+    s = mcmc.get_samples(group_by_chain=True)
+    theta = np.concatenate([s["weight"].reshape(2, -1, D).numpy(), s["bias"].reshape(2, -1, 1).numpy()], -1)
+    assert_moments(theta, mean, cov, known_bias=bias)
+
+
+def test_a_loader_with_the_wrong_structure_or_a_full_data_kernel_is_named():
+    X, y = torch.randn(40, 3), torch.randint(0, 2, (40,))
+    model = BayesianModule(nn.Linear(3, 2))
+    singles = Batches(DataLoader(TensorDataset(X), batch_size=10))
+    with pytest.raises(ValueError, match=r"must yield \(x, y\) pairs of tensors; it yielded list of 1"):
+        pyro.poutine.trace(model).get_trace(singles)
+    with pytest.raises(ValueError, match="the labels and the batch size come from the loader"):
+        pyro.poutine.trace(model).get_trace(Batches(DataLoader(TensorDataset(X, y), batch_size=10)), y)
+    mcmc = MCMC(EntropyHMC(model, eta=0.1), num_samples=2, warmup_steps=0, disable_progbar=True)
+    with pytest.raises(ValueError, match="subsampl"):  # HMC needs the whole data: tensors, not batches
+        mcmc.run(Batches(DataLoader(TensorDataset(X, y), batch_size=10)))
+    with pytest.raises(ValueError, match="Batches needs batch_size"):
+        Batches([(X, y)], num_data=40)

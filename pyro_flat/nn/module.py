@@ -39,6 +39,7 @@ import pyro.distributions as dist
 from pyro.nn import PyroModule
 
 from ..models import take_rows
+from .batches import Batches
 from .batchnorm import STATISTICS_BATCH, BatchNormStatistics, batchnorm_layers
 from .functional import BatchedNetwork, split_batch_dims
 
@@ -111,8 +112,10 @@ class BayesianModule(PyroModule):
         self._checked_labels = None
 
     # ----------------------------------------------------------------- the model
-    def forward(self, x: torch.Tensor, y: Optional[torch.Tensor] = None, *,
+    def forward(self, x: Union[torch.Tensor, Batches], y: Optional[torch.Tensor] = None, *,
                 batch_size: Optional[int] = None) -> torch.Tensor:
+        if isinstance(x, Batches):
+            return self._forward_batches(x, y, batch_size)
         self._check_inputs(x, y)
         weights = {n: pyro.sample(n, p) for n, p in self.priors.items()}  # drawn outside the plate
         batch = _common_batch_dims(weights, self.shapes)
@@ -127,6 +130,26 @@ class BayesianModule(PyroModule):
             out = self.output(weights, x, batch, per_network, predicting=full_y is None)
             if full_y is not None:
                 self._check_labels(full_y, out)
+            return pyro.sample("y", self._likelihood(out), obs=y)
+
+    def _forward_batches(self, data: Batches, y, batch_size) -> torch.Tensor:
+        """``x`` and ``y`` from a loader (:class:`~pyro_flat.nn.batches.Batches`): one batch per chain and step."""
+        if y is not None or batch_size is not None:
+            raise ValueError("with x=Batches(loader) the labels and the batch size come from the loader: call "
+                             "model(Batches(loader)) without y and batch_size.")
+        weights = {n: pyro.sample(n, p) for n, p in self.priors.items()}
+        batch = _common_batch_dims(weights, self.shapes)
+        with pyro.plate("data", data.num_data, subsample_size=data.batch_size) as idx:
+            if idx.shape[-1] != data.batch_size:
+                raise ValueError(f"data from a loader come in batches of {data.batch_size}; this evaluation asks for "
+                                 f"{idx.shape[-1]} rows at once (a full-data pass: EntropyHMC, the flatness measures). "
+                                 "Pass the data as tensors for those.")
+            x, y = data.take(idx)
+            self._check_inputs(x, y)
+            if self.transform is not None:
+                x = self.transform(x)
+            out = self.output(weights, x, batch, idx.dim() > 1)
+            self._check_labels(y, out)
             return pyro.sample("y", self._likelihood(out), obs=y)
 
     def output(self, weights: Dict[str, torch.Tensor], x: torch.Tensor, batch=(), per_network: bool = False, *,
@@ -202,7 +225,7 @@ class BayesianModule(PyroModule):
 
     def _check_labels(self, y: torch.Tensor, out: torch.Tensor) -> None:
         if self.likelihood not in LIKELIHOODS or self._checked_labels is y:
-            return
+            return  # checked once per labels tensor (a loader's: every batch)
         bound = out.shape[-1] if self.likelihood == "categorical" else 2
         if y.is_floating_point() and self.likelihood == "categorical" or bool((y < 0).any() | (y >= bound).any()):
             raise ValueError(f"y holds labels outside 0..{bound - 1} (the {self.likelihood} likelihood of an output "
