@@ -100,16 +100,20 @@ def chain_draw(draw: Callable[[Sequence[int]], torch.Tensor], shape: Sequence[in
 
 
 def chain_randn_like(x: torch.Tensor) -> torch.Tensor:
-    """``torch.randn_like(x)`` for a ``(C, ...)`` tensor of chains (see :func:`chain_draw`)."""
+    """``torch.randn_like(x)`` for a ``(C, ...)`` tensor of chains (see :func:`chain_draw`), drawn in
+    ``x``'s logical order whatever its memory layout: ``randn_like`` fills memory in storage order, so
+    a channels-last ``x`` (inductor lays out convolution weights so inside a compiled graph) would give
+    each element another number than the eager run does."""
     if _SHARD.get() is None:  # the hot path of one process: nothing to decide
-        return torch.randn_like(x)
+        return torch.randn_like(x, memory_format=torch.contiguous_format)
     return chain_draw(lambda s: torch.randn(s, dtype=x.dtype, device=x.device), x.shape)
 
 
 def chain_rand_like(x: torch.Tensor) -> torch.Tensor:
-    """``torch.rand_like(x)`` for a ``(C, ...)`` tensor of chains (see :func:`chain_draw`)."""
+    """``torch.rand_like(x)`` for a ``(C, ...)`` tensor of chains, in ``x``'s logical order (see
+    :func:`chain_randn_like`)."""
     if _SHARD.get() is None:
-        return torch.rand_like(x)
+        return torch.rand_like(x, memory_format=torch.contiguous_format)
     return chain_draw(lambda s: torch.rand(s, dtype=x.dtype, device=x.device), x.shape)
 
 

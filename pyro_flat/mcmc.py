@@ -300,19 +300,20 @@ class MCMC(pyro.infer.MCMC):
                 for phase, i, params in checked(steps, run, self.thinning):
                     if phase == "Initial":
                         names = getattr(kernel, "save_params", None) or sorted(params)
-                        draws = {n: params[n].new_empty((num_samples,) + params[n].shape)
-                                 for n in names}  # (draw, chain, ...)
+                        # (draw, chain, ...) in host memory, constrained where the state is: draws leave a
+                        # GPU as they are made
+                        transforms = kernel.transforms
+                        draws = {n: torch.empty((num_samples,) + params[n].shape, dtype=params[n].dtype)
+                                 for n in names}
                         continue
                     if phase == "Sample":
                         for n in names:
-                            draws[n][i] = params[n]
+                            draws[n][i].copy_(transforms[n].inv(params[n]) if n in transforms else params[n])
                     hook(kernel, params, phase, i)
                 hook.flush(kernel)
                 diagnostics = kernel.diagnostics()
             self.transforms = kernel.transforms
-            draws = {n: v.transpose(0, 1) for n, v in draws.items()}  # (chain, draw, ...) views
-            self._samples = {n: self.transforms[n].inv(v) if n in self.transforms else v
-                             for n, v in draws.items()}
+            self._samples = {n: v.transpose(0, 1) for n, v in draws.items()}  # (chain, draw, ...) views
         except RanksFailed as failed:
             steps.close()  # this rank's kernel cleans up: its draws so far are in kernel.partial_samples
             raise with_draws(failed.error, run, kernel.partial_samples) from failed.cause

@@ -50,9 +50,10 @@ def untraceable_reason(err: Exception) -> str:
     return f"tracing failed: {type(err).__name__}: {first_line(err)}"
 
 
-def mismatch(pairs: Iterable[Tuple[str, torch.Tensor, torch.Tensor]]) -> Optional[str]:
+def mismatch(pairs: Iterable[Tuple[str, torch.Tensor, torch.Tensor]], *, built: bool = False) -> Optional[str]:
     """``None`` if every ``(what, eager, traced)`` pair agrees (same shape, same non-finite entries,
-    within :data:`TOLERANCE` relative), else what differs and the likely cause."""
+    within :data:`TOLERANCE` relative), else what differs and the likely cause: for a traced graph, Python
+    control flow on values; for inductor's ``built`` graph of a traced graph that matched, the build."""
     for what, want, got in pairs:
         if want.shape != got.shape:
             return f"the traced graph gives {what} of shape {tuple(got.shape)}, the eager run {tuple(want.shape)}"
@@ -61,9 +62,13 @@ def mismatch(pairs: Iterable[Tuple[str, torch.Tensor, torch.Tensor]]) -> Optiona
         scale = max(1.0, float(want.abs().max()))
         if not torch.equal(torch.isfinite(want), torch.isfinite(got)) or float(
                 (want - got).nan_to_num().abs().max()) > TOLERANCE * scale:
-            return (f"the traced graph gives {what} {float(got.reshape(-1)[0]):.6g} where the eager run gives "
-                    f"{float(want.reshape(-1)[0]):.6g}: the model's Python control flow depends on values (an "
-                    "`if` on data or parameters, or Python state), which a trace records only one way")
+            where = (f"{'inductor' if built else 'the traced graph'} gives {what} {float(got.reshape(-1)[0]):.6g} where "
+                     f"the eager run gives {float(want.reshape(-1)[0]):.6g}")
+            if built:
+                return (f"{where}, though the traced graph it built matches the eager run: inductor's build of it "
+                        "computes something else (not the model's control flow)")
+            return (f"{where}: the model's Python control flow depends on values (an `if` on data or parameters, or "
+                    "Python state), which a trace records only one way")
     return None
 
 

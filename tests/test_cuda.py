@@ -34,8 +34,8 @@ def test_stochastic_gradient_kernels_on_cuda(make, chains):
     mcmc.run(X, y, batch_size=50)
     samples = mcmc.get_samples(group_by_chain=True)
     assert mcmc.chain_method == ("vectorized" if chains > 1 else "sequential")
-    for value in samples.values():
-        assert value.is_cuda and bool(torch.isfinite(value).all())
+    for value in samples.values():  # vectorized: the draws left the GPU as they were made (Pyro's driver keeps them)
+        assert value.is_cuda == (chains == 1) and bool(torch.isfinite(value).all())
     # the posterior mean of the weights points along the true direction
     assert float(samples["w"].mean((0, 1)).sum()) > 0
 
@@ -48,7 +48,8 @@ def test_entropy_hmc_on_cuda(full_mass):
     mcmc.run(X, y, batch_size=None)
     samples = mcmc.get_samples()
     assert mcmc.chain_method == "vectorized"
-    assert all(v.is_cuda and bool(torch.isfinite(v).all()) for v in samples.values())
+    assert all(not v.is_cuda and bool(torch.isfinite(v).all()) for v in samples.values())  # host memory
+    assert all(v.is_cuda for v in mcmc.kernel.initial_params.values())  # the chains' state stayed on the GPU
     rate = torch.stack([torch.as_tensor(d["acceptance rate"]) for d in mcmc._diagnostics])
     assert 0.5 < float(rate.mean()) < 1.0
     pyro.clear_param_store()

@@ -195,7 +195,7 @@ class CompiledSteps:
             try:
                 compiled = compile_graph(graph, inputs, "inductor")
                 with torch.random.fork_rng(devices=devices):
-                    self._check(compiled, step, inputs, len(names), length)
+                    self._check(compiled, step, inputs, len(names), length, built=True)
                 graph = compiled
             except Exception as err:
                 self.kernel.warn_jit(f"inductor failed ({type(err).__name__}: {first_line(err)}); the traced graph "
@@ -203,7 +203,7 @@ class CompiledSteps:
                 self.backend = "fx"
         return graph, names, plates, num_draws, stat_names
 
-    def _check(self, graph, step, inputs, n: int, length: Optional[int] = None) -> None:
+    def _check(self, graph, step, inputs, n: int, length: Optional[int] = None, built: bool = False) -> None:
         """The traced graph against the eager iteration(s), on the same random numbers: new values,
         energy, gradients (fused: the inf-norms) and the target's statistics."""
         seed = int(torch.randint(0, 2**31 - 1, ()))
@@ -216,7 +216,7 @@ class CompiledSteps:
         labels = ["the new value"] * n + ["the energy"] + ["the gradient"] * (n if length is None else 0)
         labels += ["a statistic"] * (len(outputs[0]) - len(labels) - (length is not None))
         labels += ["the inf-norms"] * (length is not None)
-        reason = mismatch(zip(labels, *outputs))
+        reason = mismatch(zip(labels, *outputs), built=built)
         if reason is not None:
             raise _Mismatch(reason)
 

@@ -70,8 +70,9 @@ class DrawRecording:
 
     def _record_draw(self, params: Params) -> None:
         self._last_draw = params
-        if self.record_draws:
-            self._draws.append(params)
+        if self.record_draws:  # constrained where the state is, then kept in host memory: a GPU's memory
+            transforms = self.transforms  # does not grow with the draws
+            self._draws.append({k: (transforms[k].inv(v) if k in transforms else v).cpu() for k, v in params.items()})
 
     @property
     def partial_samples(self) -> List[Dict[str, torch.Tensor]]:
@@ -82,12 +83,8 @@ class DrawRecording:
         return chains
 
     def _stack_draws(self, draws: List[Params]) -> List[Dict[str, torch.Tensor]]:
-        """``draws`` as one ``{site: (draw, ...)}`` dict per chain, in the constrained space."""
-        transforms = self.transforms
-        out = {}
-        for name in draws[0]:
-            z = torch.stack([d[name] for d in draws])
-            out[name] = transforms[name].inv(z) if name in transforms else z
+        """``draws`` (recorded constrained) as one ``{site: (draw, ...)}`` dict per chain."""
+        out = {name: torch.stack([d[name] for d in draws]) for name in draws[0]}
         chains = getattr(self, "_state_chains", None)
         if chains is None:
             return [out]

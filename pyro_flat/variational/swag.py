@@ -96,8 +96,10 @@ class AutoSWAG(AutoContinuous):
                              f"coordinates; pass rank <= {self.latent_dim}.")
         self.loc = nn.Parameter(self._init_loc())
         zeros = self.loc.detach().new_zeros
-        self.register_buffer("mean", zeros(self.latent_dim))
-        self.register_buffer("sq_mean", zeros(self.latent_dim))
+        # the first two moments in float64: their difference, the diagonal variance, is often 1e-8 of
+        # the second moment, below float32's resolution (the posterior's covariance was then singular)
+        self.register_buffer("mean", zeros(self.latent_dim, dtype=torch.float64))
+        self.register_buffer("sq_mean", zeros(self.latent_dim, dtype=torch.float64))
         self.register_buffer("_deviation_ring", zeros(self.rank, self.latent_dim))  # row n % rank: the n-th
         self.register_buffer("_last_seen", self.loc.detach().clone().fill_(float("nan")))
 
@@ -113,9 +115,10 @@ class AutoSWAG(AutoContinuous):
         if k < self.collect_start or (k - self.collect_start) % self.collect_every:
             return
         n = self.num_collected
-        self.mean.lerp_(theta, 1.0 / (n + 1))  # in place: no copy of the weights but the ring's row
-        self.sq_mean.mul_(n / (n + 1)).addcmul_(theta, theta, value=1.0 / (n + 1))
-        torch.sub(theta, self.mean, out=self._deviation_ring[n % self.rank])
+        wide = theta.to(self.mean.dtype)
+        self.mean.lerp_(wide, 1.0 / (n + 1))  # in place: no copy of the weights but the ring's row
+        self.sq_mean.mul_(n / (n + 1)).addcmul_(wide, wide, value=1.0 / (n + 1))
+        self._deviation_ring[n % self.rank].copy_(wide - self.mean)
         self.num_collected = n + 1
 
     @property
@@ -137,14 +140,15 @@ class AutoSWAG(AutoContinuous):
         r"""The SWAG distribution :math:`\mathcal N(\bar\theta, \frac12\Sigma_{diag} + \frac{DD^\top}{2(K-1)})`
         of the unconstrained latent vector (K the columns collected, at least 2 for the low-rank part)."""
         self._check_collected()
-        variance = (self.sq_mean - self.mean.square()).clamp_min(0.0)
+        dtype = self.loc.dtype
+        variance = (self.sq_mean - self.mean.square()).clamp_min(0.0).to(dtype)
         deviations = self.deviations
         columns = deviations.shape[0]
         if columns < 2:  # the first deviation is 0 by construction: no low-rank part yet
             factor = torch.zeros_like(deviations.T)
         else:
             factor = deviations.T / math.sqrt(2.0 * (columns - 1))
-        return dist.LowRankMultivariateNormal(self.mean.clone(), factor,
+        return dist.LowRankMultivariateNormal(self.mean.to(dtype), factor,
                                               (0.5 * variance).clamp_min(self.min_variance))
 
     def get_extra_state(self) -> dict:
