@@ -53,3 +53,23 @@ def test_entropy_hmc_on_cuda(full_mass):
     rate = torch.stack([torch.as_tensor(d["acceptance rate"]) for d in mcmc._diagnostics])
     assert 0.5 < float(rate.mean()) < 1.0
     pyro.clear_param_store()
+
+
+def test_a_bayesian_module_cnn_runs_vectorized_on_cuda_and_its_draws_leave_the_gpu():
+    from torch import nn
+    from pyro_flat import bma_predict
+    from pyro_flat.nn import BayesianModule
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                        nn.Flatten(), nn.Linear(8 * 14 * 14, 10)).cuda()
+    X, y = torch.randn(512, 1, 28, 28, device="cuda"), torch.randint(0, 10, (512,), device="cuda")
+    model = BayesianModule(net)
+    assert model.networks == "vmap"
+    mcmc = MCMC(EntropySGLD(model, eta=0.05, step_size=1e-6), 10, 10, num_chains=4, disable_progbar=True)
+    mcmc.run(X, y, batch_size=64)
+    samples = mcmc.get_samples()
+    assert mcmc.chain_method == "vectorized"
+    assert all(not v.is_cuda and bool(torch.isfinite(v).all()) for v in samples.values())
+    probs = bma_predict(model, {k: v.cuda() for k, v in samples.items()}, X[:32], batchnorm_data=X[:256])
+    assert probs.is_cuda and torch.allclose(probs.sum(-1), torch.ones(32, device="cuda"))

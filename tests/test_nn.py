@@ -14,7 +14,7 @@ import pyro
 import pyro.distributions as dist
 from pyro.infer import SVI, Predictive
 from pyro.infer.autoguide import AutoNormal
-from pyro_flat import MCMC, SAM_ELBO, SGLD, EntropyHMC, EntropySGLD, bma_predict, flat_posterior, flatness
+from pyro_flat import MCMC, SABMA_ELBO, SAM_ELBO, SGLD, EntropyHMC, EntropySGLD, bma_predict, flat_posterior, flatness
 from pyro_flat.kernels import KERNELS, kernel_settings, make_kernel
 from pyro_flat.diagnostics import chain_correlation
 from pyro_flat.nn import Batches, BayesianModule, random_crop_flip, update_batchnorm
@@ -244,9 +244,10 @@ def test_a_module_works_with_flat_posterior_svi_predictive_bma_and_flatness():
     assert {"0.weight_aux", "2.bias_aux"} <= set(trace.nodes)
     pyro.clear_param_store()
     guide = AutoNormal(model)
-    svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), SAM_ELBO(rho=0.05))
-    losses = [svi.step(X, y, batch_size=16) for _ in range(3)]
-    assert all(np.isfinite(losses))
+    for loss in (SAM_ELBO(rho=0.05), SABMA_ELBO(gamma=0.01)):
+        svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), loss)
+        losses = [svi.step(X, y, batch_size=16) for _ in range(3)]
+        assert all(np.isfinite(losses))
     for parallel in (False, True):
         predicted = Predictive(model, guide=guide, num_samples=7, parallel=parallel)(X)
         assert predicted["y"].shape == (7, 64)
@@ -298,3 +299,13 @@ def test_a_loader_with_the_wrong_structure_or_a_full_data_kernel_is_named():
         mcmc.run(Batches(DataLoader(TensorDataset(X, y), batch_size=10)))
     with pytest.raises(ValueError, match="Batches needs batch_size"):
         Batches([(X, y)], num_data=40)
+
+
+def test_vectorized_chains_of_a_module_compile_once():
+    net, X, y = _mlp_data()
+    kernel = EntropySGLD(BayesianModule(net), eta=0.1, step_size=1e-3, jit_compile="fx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no fallback to eager
+        mcmc = MCMC(kernel, num_samples=4, warmup_steps=4, num_chains=3, thinning=2, disable_progbar=True)
+        mcmc.run(X, y, batch_size=16)
+    assert mcmc.chain_method == "vectorized" and kernel.is_compiled  # one kernel, one set of graphs, 3 chains
