@@ -17,6 +17,7 @@ import torch
 from pyro import poutine
 from pyro.poutine.messenger import Messenger
 
+from .nn.batches import Batches
 from .targets import is_subsample_site, support_transform
 from .validation import check_tensor
 
@@ -138,6 +139,9 @@ def bma_predict(
     if use is not None and use not in _USES:
         raise ValueError(f"use must be one of {_USES} (or None), got use={use!r}")
     model = getattr(model, "base_model", model)
+    if any(isinstance(a, Batches) for a in (*args, *kwargs.values())):
+        raise ValueError("bma_predict predicts every row of its inputs in order: pass them as a tensor, not "
+                         "Batches(loader) (a loader's batches come in its own order). Pass the data as tensors.")
     if batchnorm_data is not None:
         if not hasattr(model, "batchnorm_data"):
             raise TypeError(f"batchnorm_data is for a pyro_flat.nn.BayesianModule with BatchNorm layers; "

@@ -309,3 +309,66 @@ def test_vectorized_chains_of_a_module_compile_once():
         mcmc = MCMC(kernel, num_samples=4, warmup_steps=4, num_chains=3, thinning=2, disable_progbar=True)
         mcmc.run(X, y, batch_size=16)
     assert mcmc.chain_method == "vectorized" and kernel.is_compiled  # one kernel, one set of graphs, 3 chains
+
+
+@pytest.mark.parametrize("make, x, y, error, match", [
+    (lambda: BayesianModule(nn.Linear(3, 2)), torch.randn(8, 3), torch.randint(0, 2, (8, 1)), ValueError,
+     r"y has shape \(8, 1\): they must match"),  # a (N, 1) label would be scored against every row
+    (lambda: BayesianModule(nn.Linear(3, 1), likelihood=lambda out: dist.Normal(out, 1.0)), torch.randn(8, 3),
+     torch.randn(8), ValueError, r"batch shape \(8, 1\).*out.squeeze\(-1\)"),
+    (lambda: BayesianModule(nn.Linear(3, 2)), torch.randn(8, 3), torch.randint(0, 2, (8,)).float(), ValueError,
+     r"integer class indices.*y.long\(\)"),
+    (lambda: BayesianModule(nn.Linear(3, 2)), torch.randn(8, 3).double(), torch.randint(0, 2, (8,)), ValueError,
+     r"x is torch.float64 and the module's weights torch.float32"),
+    (lambda: BayesianModule(nn.Linear(3, 2), likelihood="bernoulli"), torch.randn(8, 3), torch.randint(0, 2, (8,)),
+     ValueError, "needs a network with one output"),
+    (lambda: BayesianModule(nn.Linear(3, 2), likelihood=lambda out: out), torch.randn(8, 3), None, TypeError,
+     "likelihood must return the distribution of y"),
+])
+def test_shapes_and_dtypes_that_would_score_the_wrong_thing_are_named(make, x, y, error, match):
+    with pytest.raises(error, match=match):
+        pyro.poutine.trace(make()).get_trace(x, y)
+
+
+def test_integer_labels_feed_a_bernoulli_likelihood():
+    model = BayesianModule(nn.Linear(3, 1), likelihood="bernoulli")
+    trace = pyro.poutine.trace(model).get_trace(torch.randn(8, 3), torch.randint(0, 2, (8,)))
+    assert trace.nodes["y"]["fn"].batch_shape == (8,)
+
+
+@pytest.mark.parametrize("batch_size", [0, -5, "32"])
+def test_a_bad_batch_size_is_named(batch_size):
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+        pyro.poutine.trace(BayesianModule(nn.Linear(3, 2))).get_trace(torch.randn(8, 3), torch.randint(0, 2, (8,)),
+                                                                      batch_size=batch_size)
+
+
+def test_passing_the_class_names_the_fix():
+    with pytest.raises(TypeError, match=r"got the class Linear: pass an instance, BayesianModule\(Linear\(...\)\)"):
+        BayesianModule(nn.Linear)
+
+
+def test_an_augmentation_is_drawn_once_per_minibatch_so_chains_still_vectorize():
+    X, y = torch.rand(64, 1, 6, 6), torch.randint(0, 3, (64,))
+    model = BayesianModule(_cnn(), transform=random_crop_flip)
+    idx = torch.arange(16).reshape(2, 8)
+    first, again = model._augment(X[idx], idx), model._augment(X[idx], idx)  # evaluated twice: the same images
+    assert torch.equal(first, again) and not torch.equal(first, X[idx])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback to Pyro's driver
+        mcmc = MCMC(EntropySGLD(model, eta=0.1, step_size=1e-4), num_samples=3, warmup_steps=2, num_chains=3,
+                    disable_progbar=True)
+        mcmc.run(X, y, batch_size=16)
+    assert mcmc.chain_method == "vectorized"
+
+
+def test_a_loader_over_a_subset_counts_the_rows_it_covers_and_cannot_predict():
+    X, y = torch.randn(300, 3), torch.randint(0, 2, (300,))
+    loader = DataLoader(TensorDataset(X, y), batch_size=20, drop_last=True,
+                        sampler=torch.utils.data.SubsetRandomSampler(range(100)))
+    data = Batches(loader)
+    assert data.num_data == 100
+    model = BayesianModule(nn.Linear(3, 2))
+    draws = {"weight": torch.randn(4, 2, 3), "bias": torch.randn(4, 2)}
+    with pytest.raises(ValueError, match="Pass the data as tensors"):
+        bma_predict(model, draws, data)

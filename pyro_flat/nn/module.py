@@ -39,7 +39,7 @@ import pyro.distributions as dist
 from pyro.nn import PyroModule
 
 from ..models import take_rows
-from .batches import Batches
+from .batches import Batches, RowMemo
 from .batchnorm import STATISTICS_BATCH, BatchNormStatistics, batchnorm_layers
 from .functional import BatchedNetwork, split_batch_dims
 
@@ -62,16 +62,28 @@ class BayesianModule(PyroModule):
         a callable mapping the output to the distribution of ``y`` (batch shape ending in the data).
     :param transform: a per-minibatch transform of the inputs while sampling (data augmentation, e.g.
         :func:`~pyro_flat.nn.transforms.random_crop_flip`), run on the inputs' device, each image its own.
+        It applies to minibatches (``batch_size`` or :class:`~pyro_flat.nn.Batches`), not to full-data
+        passes or predictions, and is drawn once per minibatch: evaluated twice, a minibatch gets the same
+        augmented images (SAM's two gradients, the check that chains batch).
+
+    ``forward`` passes one tensor ``x`` to the module (write a small wrapper for a module of several
+    inputs). Chains start from the kernel's ``init_strategy`` (a draw from the prior by default); start
+    them from the module's own weights with ``MCMC(..., initial_params=model.initial_params(num_chains=C))``.
+    ``mcmc.summary()`` prints one line per weight: for a network, read ``pyro_flat.to_arviz(mcmc)``
+    with ``var_names``.
     :param networks: how vectorized chains (or blocks of draws) run the network: ``"vmap"`` (one
         ``torch.func.vmap``-ed pass), ``"loop"`` (one network after another, inside the one batched
         kernel), or ``"auto"``: ``vmap`` on a GPU, where one small network leaves the device idle, and a
-        loop on a CPU, where ``vmap``'s grouped convolutions cost 1.45x a loop on the benchmark's CNN.
+        loop on a CPU, where ``vmap``'s grouped convolutions cost 1.4x a loop on the benchmark's CNN.
         Either gives every chain its own weights and minibatch; the draws agree up to round-off.
     """
 
     def __init__(self, module: torch.nn.Module, *, prior: Prior = 1.0, likelihood: Likelihood = "categorical",
                  transform: Optional[Callable[[torch.Tensor], torch.Tensor]] = None, networks: str = "auto"):
         super().__init__()
+        if isinstance(module, type) and issubclass(module, torch.nn.Module):
+            raise TypeError(f"module must be a network, got the class {module.__name__}: pass an instance, "
+                            f"BayesianModule({module.__name__}(...)).")
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}; wrap a function of "
                             "the weights as a potential_fn instead.")
@@ -89,7 +101,7 @@ class BayesianModule(PyroModule):
                              "requires_grad=True on the weights the posterior is over.")
         self.shapes = {n: tuple(p.shape) for n, p in named if p.requires_grad}
         self.fixed = {n: p.detach() for n, p in named if not p.requires_grad}
-        self.device = named[0][1].device
+        self.device, self.dtype = named[0][1].device, named[0][1].dtype
         self.priors = {n: _prior(prior, n, p) for n, p in named if p.requires_grad}
         if not (callable(likelihood) or likelihood in LIKELIHOODS):
             raise ValueError(f"likelihood must be one of {LIKELIHOODS} or a callable output -> distribution of y, "
@@ -110,6 +122,7 @@ class BayesianModule(PyroModule):
         object.__setattr__(self, "_module", module)  # for its state_dict
         self._batchnorm_inputs: Optional[torch.Tensor] = None
         self._checked_labels = None
+        self._augmented = RowMemo()  # each minibatch row's augmentation, drawn once
 
     # ----------------------------------------------------------------- the model
     def forward(self, x: Union[torch.Tensor, Batches], y: Optional[torch.Tensor] = None, *,
@@ -119,18 +132,19 @@ class BayesianModule(PyroModule):
         self._check_inputs(x, y)
         weights = {n: pyro.sample(n, p) for n, p in self.priors.items()}  # drawn outside the plate
         batch = _common_batch_dims(weights, self.shapes)
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                       or batch_size < 1):
+            raise ValueError(f"batch_size must be a positive integer (rows per minibatch, at most the {x.shape[0]} "
+                             f"rows of x), got {batch_size!r}.")
         subsample = None if batch_size is None or batch_size >= x.shape[0] else int(batch_size)
         full_y = y
         with pyro.plate("data", x.shape[0], subsample_size=subsample) as idx:
             per_network = subsample is not None and idx.dim() > 1  # (C, B) indices: each chain its own rows
             if subsample is not None:
                 x, y = take_rows(x, idx), None if y is None else take_rows(y, idx)
-                if self.transform is not None:
-                    x = self.transform(x)
+                x = self._augment(x, idx)
             out = self.output(weights, x, batch, per_network, predicting=full_y is None)
-            if full_y is not None:
-                self._check_labels(full_y, out)
-            return pyro.sample("y", self._likelihood(out), obs=y)
+            return self._observe(out, y, full_y)
 
     def _forward_batches(self, data: Batches, y, batch_size) -> torch.Tensor:
         """``x`` and ``y`` from a loader (:class:`~pyro_flat.nn.batches.Batches`): one batch per chain and step."""
@@ -140,17 +154,36 @@ class BayesianModule(PyroModule):
         weights = {n: pyro.sample(n, p) for n, p in self.priors.items()}
         batch = _common_batch_dims(weights, self.shapes)
         with pyro.plate("data", data.num_data, subsample_size=data.batch_size) as idx:
-            if idx.shape[-1] != data.batch_size:
-                raise ValueError(f"data from a loader come in batches of {data.batch_size}; this evaluation asks for "
-                                 f"{idx.shape[-1]} rows at once (a full-data pass: EntropyHMC, the flatness measures). "
-                                 "Pass the data as tensors for those.")
             x, y = data.take(idx)
             self._check_inputs(x, y)
-            if self.transform is not None:
-                x = self.transform(x)
-            out = self.output(weights, x, batch, idx.dim() > 1)
-            self._check_labels(y, out)
-            return pyro.sample("y", self._likelihood(out), obs=y)
+            out = self.output(weights, self._augment(x, idx), batch, idx.dim() > 1)
+            return self._observe(out, y, y)
+
+    def _augment(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """``transform`` of each minibatch row, drawn once per row of indices: a kernel that evaluates a
+        minibatch twice (SAM, the check that chains batch) sees the same augmented images."""
+        if self.transform is None:
+            return x
+        rows = x.reshape(-1, *x.shape[idx.dim() - 1:])  # (rows, B, ...)
+        out = self._augmented.rows(idx, lambda r: self.transform(rows[r]))
+        return torch.stack(out).reshape(x.shape)
+
+    def _observe(self, out: torch.Tensor, y: Optional[torch.Tensor], full_y: Optional[torch.Tensor]):
+        """The ``y`` site: the likelihood of the output, checked against the labels' shape and values."""
+        if full_y is not None:
+            self._check_labels(full_y, out)
+        likelihood = self._likelihood(out)
+        if y is not None:
+            if self.likelihood == "bernoulli":
+                y = y.to(out.dtype)  # 0/1 labels of any dtype
+            full = tuple(likelihood.batch_shape) + tuple(likelihood.event_shape)
+            if y.dim() > len(full) or tuple(y.shape) != full[len(full) - y.dim():]:
+                raise ValueError(
+                    f"the likelihood of the network's output has batch shape {tuple(likelihood.batch_shape)} and event "
+                    f"shape {tuple(likelihood.event_shape)}, and the minibatch's y has shape {tuple(y.shape)}: they must "
+                    "match, one distribution per row, or y would be scored against every row. Pass y of shape (N,) "
+                    "(not (N, 1)), and for a one-output network write the likelihood on out.squeeze(-1).")
+        return pyro.sample("y", likelihood, obs=y)
 
     def output(self, weights: Dict[str, torch.Tensor], x: torch.Tensor, batch=(), per_network: bool = False, *,
                predicting: bool = False) -> torch.Tensor:
@@ -210,8 +243,15 @@ class BayesianModule(PyroModule):
         if self.likelihood == "categorical":
             return dist.Categorical(logits=out)
         if self.likelihood == "bernoulli":
-            return dist.Bernoulli(logits=out.squeeze(-1) if out.shape[-1] == 1 else out)
-        return self.likelihood(out)
+            if out.shape[-1] != 1:
+                raise ValueError(f"likelihood='bernoulli' needs a network with one output (a logit); this one has "
+                                 f"{out.shape[-1]}: use likelihood='categorical' for {out.shape[-1]} classes.")
+            return dist.Bernoulli(logits=out.squeeze(-1))
+        d = self.likelihood(out)
+        if not isinstance(d, dist.Distribution):
+            raise TypeError(f"likelihood must return the distribution of y (e.g. lambda out: "
+                            f"dist.Normal(out.squeeze(-1), 0.5)), got {type(d).__name__}.")
+        return d
 
     def _check_inputs(self, x, y) -> None:
         if not torch.is_tensor(x):
@@ -219,6 +259,9 @@ class BayesianModule(PyroModule):
         if x.device != self.device:
             raise ValueError(f"x is on {x.device} and the module on {self.device}: move the data there "
                              f"(x.to({str(self.device)!r})).")
+        if x.is_floating_point() and x.dtype != self.dtype:
+            raise ValueError(f"x is {x.dtype} and the module's weights {self.dtype}: pass x.to({self.dtype}) (or "
+                             "convert the module before wrapping it).")
         if y is not None and (not torch.is_tensor(y) or y.shape[:1] != x.shape[:1] or y.device != x.device):
             raise ValueError(f"y must be a tensor with one label per row of x ({x.shape[0]}) on {x.device}, got "
                              f"{type(y).__name__}{'' if not torch.is_tensor(y) else f' of shape {tuple(y.shape)} on {y.device}'}.")
@@ -227,7 +270,9 @@ class BayesianModule(PyroModule):
         if self.likelihood not in LIKELIHOODS or self._checked_labels is y:
             return  # checked once per labels tensor (a loader's: every batch)
         bound = out.shape[-1] if self.likelihood == "categorical" else 2
-        if y.is_floating_point() and self.likelihood == "categorical" or bool((y < 0).any() | (y >= bound).any()):
+        if y.is_floating_point() and self.likelihood == "categorical":
+            raise ValueError(f"categorical labels must be integer class indices, got y of dtype {y.dtype}: pass y.long().")
+        if bool((y < 0).any() | (y >= bound).any()):
             raise ValueError(f"y holds labels outside 0..{bound - 1} (the {self.likelihood} likelihood of an output "
                              f"with {out.shape[-1]} values): min {y.min().item()}, max {y.max().item()}, dtype {y.dtype}.")
         self._checked_labels = y
