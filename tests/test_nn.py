@@ -372,3 +372,22 @@ def test_a_loader_over_a_subset_counts_the_rows_it_covers_and_cannot_predict():
     draws = {"weight": torch.randn(4, 2, 3), "bias": torch.randn(4, 2)}
     with pytest.raises(ValueError, match="Pass the data as tensors"):
         bma_predict(model, draws, data)
+
+
+def test_a_model_error_of_one_chain_is_raised_not_taken_for_a_broadcasting_failure():
+    """Before the vectorization check, one chain's evaluation runs where its error reaches the user: no
+    "does not broadcast" warning and fallback to Pyro's driver for an error that has nothing to do with chains."""
+    class Broken(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(3, 2)
+
+        def forward(self, x):
+            raise RuntimeError("the user's own bug")
+
+    X, y = torch.randn(40, 3), torch.randint(0, 2, (40,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeError, match="the user's own bug"):
+            MCMC(SGLD(BayesianModule(Broken()), step_size=1e-3), num_samples=2, num_chains=2,
+                 disable_progbar=True).run(X, y, batch_size=10)

@@ -272,6 +272,9 @@ class TargetKernel(DrawRecording, MCMCKernel):
         permutations = sum(size for size, _ in single.subsampled_plates.values()) if per_chain else 0
         check_chain_memory(num_chains, num_draws, sum(v.numel() * v.element_size() for v in one.values()),
                            bytes_per_chain=16 * permutations)
+        # one chain's energy and gradient, outside the `try` too: a model that fails for one chain (a dtype
+        # error, labels of the wrong kind) fails for the user, not as a reason to fall back to Pyro's driver
+        single.potential_and_grad(one, single.fixed_batch())
         try:
             batched = self.build_target(args, kwargs, num_chains=num_chains, initial_params=initial_params)
             # chain 0's point for every chain (the probe moves each chain its own way), the user's values
