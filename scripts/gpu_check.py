@@ -24,7 +24,6 @@ import torch
 from torch import nn
 
 import pyro
-import pyro.distributions as dist
 from pyro.infer import SVI
 from pyro.infer.autoguide import AutoNormal
 from pyro_flat import MCMC, SABMA_ELBO, SAM_ELBO, EntropyHMC, bma_predict, flatness

@@ -55,3 +55,18 @@ def assert_moments(
         f"moments off by {worst:.1f} Monte-Carlo sd (limit {n_sd}):\n"
         f"mean z: {np.round(z_mean, 1)}\ncov z:\n{np.round(z_cov, 1)}"
     )
+
+
+def minibatch_noise_covariance(per_datum_grads: np.ndarray, num_data: int, batch_size: int) -> np.ndarray:
+    """Covariance of the minibatch gradient N/B Σ_{i∈batch} g_i (B of N drawn without replacement)."""
+    n, b = num_data, batch_size
+    return n ** 2 / b * (n - b) / (n - 1) * np.cov(per_datum_grads.T, bias=True)
+
+
+def sgld_stationary_covariance(hessian: np.ndarray, step: float, noise_cov: np.ndarray) -> np.ndarray:
+    """SGLD's exact stationary covariance on a Gaussian target with constant gradient-noise covariance:
+    Σ = (I - αH) Σ (I - αH)ᵀ + 2αI + α²C (the discrete Lyapunov equation)."""
+    import scipy.linalg
+
+    eye = np.eye(len(hessian))
+    return scipy.linalg.solve_discrete_lyapunov(eye - step * hessian, 2 * step * eye + step ** 2 * noise_cov)

@@ -8,7 +8,6 @@ this gives the sampler's known bias, which must stay below one Monte-Carlo sd (s
 
 import numpy as np
 import pytest
-import scipy.linalg
 import torch
 
 import pyro
@@ -17,7 +16,7 @@ from pyro.infer import MCMC
 from pyro_flat import MCMC as VectorizedMCMC
 from pyro_flat import SGLD, EntropySGLD
 
-from moments import assert_moments
+from moments import assert_moments, minibatch_noise_covariance, sgld_stationary_covariance
 
 N, D, B, SIGMA, TAU = 2000, 3, 100, 1.0, 1.0
 STEP = 3e-6
@@ -47,11 +46,7 @@ def posterior(X, y):
 def sgld_bias(X, y, mean, cov, P, step=STEP):
     resid = (y - X @ torch.as_tensor(mean)).numpy()
     g = X.numpy() * resid[:, None] / SIGMA**2  # per-datum likelihood gradients at the mean
-    S = np.cov(g.T, bias=True)
-    C = N**2 / B * (N - B) / (N - 1) * S
-    Bm = np.eye(D) - step * P
-    sigma = scipy.linalg.solve_discrete_lyapunov(Bm, 2 * step * np.eye(D) + step**2 * C)
-    return sigma - cov
+    return sgld_stationary_covariance(P, step, minibatch_noise_covariance(g, N, B)) - cov
 
 
 @pytest.mark.parametrize("driver", ["pyro", "vectorized"])
@@ -96,9 +91,8 @@ def test_entropy_sgld_minibatch_theta_marginal_and_coupling(jit_compile):
     resid = (y - X @ torch.as_tensor(mean)).numpy()
     g = X.numpy() * resid[:, None] / SIGMA**2
     C = np.zeros((2 * D, 2 * D))
-    C[:D, :D] = N**2 / B * (N - B) / (N - 1) * np.cov(g.T, bias=True)
-    sigma = scipy.linalg.solve_discrete_lyapunov(np.eye(2 * D) - STEP * H,
-                                                 2 * STEP * np.eye(2 * D) + STEP**2 * C)
+    C[:D, :D] = minibatch_noise_covariance(g, N, B)
+    sigma = sgld_stationary_covariance(H, STEP, C)
     joint_cov = np.block([[cov, cov], [cov, cov + eta * eye]])
     x = np.concatenate([w, w_aux], -1)
     assert_moments(x, np.concatenate([mean, mean]), joint_cov, known_bias=sigma - joint_cov)

@@ -5,7 +5,6 @@ import warnings
 
 import numpy as np
 import pytest
-import scipy.linalg
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -20,7 +19,7 @@ from pyro_flat.diagnostics import chain_correlation
 from pyro_flat.nn import Batches, BayesianModule, random_crop_flip, update_batchnorm
 from pyro_flat.targets import is_subsample_site
 
-from moments import assert_moments
+from moments import assert_moments, minibatch_noise_covariance, sgld_stationary_covariance
 
 N, D, B, SIGMA, TAU = 2000, 3, 100, 1.0, 1.0
 STEP = 3e-6
@@ -65,8 +64,8 @@ def test_a_linear_module_gives_the_conjugate_posterior_and_its_smoothing_in_each
     resid = (y - Z @ torch.as_tensor(mean)).numpy()
     g = Z.numpy() * resid[:, None] / SIGMA ** 2
     C = np.zeros((2 * d, 2 * d))
-    C[:d, :d] = N ** 2 / B * (N - B) / (N - 1) * np.cov(g.T, bias=True)
-    sigma = scipy.linalg.solve_discrete_lyapunov(np.eye(2 * d) - STEP * H, 2 * STEP * np.eye(2 * d) + STEP ** 2 * C)
+    C[:d, :d] = minibatch_noise_covariance(g, N, B)
+    sigma = sgld_stationary_covariance(H, STEP, C)
     joint = np.block([[cov, cov], [cov, cov + eta * eye]])
     x = np.concatenate([theta, aux], -1)
     assert_moments(x, np.concatenate([mean, mean]), joint, known_bias=sigma - joint)
@@ -272,8 +271,7 @@ def test_a_shuffling_dataloader_feeds_the_chains_the_conjugate_posterior():
     cov = np.linalg.inv(P)
     mean = cov @ (Z.T @ y).numpy() / SIGMA ** 2
     g = Z.numpy() * (y - Z @ torch.as_tensor(mean)).numpy()[:, None] / SIGMA ** 2
-    C = N ** 2 / B * (N - B) / (N - 1) * np.cov(g.T, bias=True)
-    bias = scipy.linalg.solve_discrete_lyapunov(np.eye(d) - STEP * P, 2 * STEP * np.eye(d) + STEP ** 2 * C) - cov
+    bias = sgld_stationary_covariance(P, STEP, minibatch_noise_covariance(g, N, B)) - cov
     loader = DataLoader(TensorDataset(X, y), batch_size=B, shuffle=True, drop_last=True,
                         generator=torch.Generator().manual_seed(0))
     pyro.set_rng_seed(0)

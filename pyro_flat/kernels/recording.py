@@ -70,9 +70,9 @@ class DrawRecording:
 
     def _record_draw(self, params: Params) -> None:
         self._last_draw = params
-        if self.record_draws:  # constrained where the state is, then kept in host memory: a GPU's memory
-            transforms = self.transforms  # does not grow with the draws
-            self._draws.append({k: (transforms[k].inv(v) if k in transforms else v).cpu() for k, v in params.items()})
+        if self.record_draws:  # in host memory: a GPU's memory does not grow with the draws
+            self._draw_device = next(iter(params.values())).device  # where _stack_draws constrains them
+            self._draws.append({k: v.cpu() for k, v in params.items()})
 
     @property
     def partial_samples(self) -> List[Dict[str, torch.Tensor]]:
@@ -83,8 +83,12 @@ class DrawRecording:
         return chains
 
     def _stack_draws(self, draws: List[Params]) -> List[Dict[str, torch.Tensor]]:
-        """``draws`` (recorded constrained) as one ``{site: (draw, ...)}`` dict per chain."""
-        out = {name: torch.stack([d[name] for d in draws]) for name in draws[0]}
+        """``draws`` as one ``{site: (draw, ...)}`` dict per chain, in the constrained space (transformed on
+        the device the chains ran on, where a transform's own tensors live)."""
+        transforms, out = self.transforms, {}
+        for name in draws[0]:
+            z = torch.stack([d[name] for d in draws])
+            out[name] = transforms[name].inv(z.to(self._draw_device)).cpu() if name in transforms else z
         chains = getattr(self, "_state_chains", None)
         if chains is None:
             return [out]

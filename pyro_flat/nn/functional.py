@@ -37,8 +37,7 @@ class BatchedNetwork:
         self.module = copy.deepcopy(module).eval()
         if batchnorm == "batch":
             torch.func.replace_all_batch_norm_modules_(self.module)
-        self.networks = networks
-        self._vmap_failed: Optional[str] = None if networks == "vmap" else "not asked for"
+        self.use_vmap = networks == "vmap"  # False from the start with "loop", or once vmap has failed
 
     def __call__(self, params: Dict[str, torch.Tensor], x: torch.Tensor, *, batch_dims: Tuple[int, ...] = (),
                  per_network_inputs: bool = False, shared: Optional[Dict[str, torch.Tensor]] = None) -> torch.Tensor:
@@ -58,23 +57,34 @@ class BatchedNetwork:
         def one(weights, inputs):
             return functional_call(self.module, {**weights, **shared}, (inputs,))
 
-        if self._vmap_failed is None:
-            entered = []
-            hooks = [m.register_forward_pre_hook(lambda m, _, name=name: entered.append(name))
-                     for name, m in self.module.named_modules() if name and not list(m.children())]
+        mapped = vmap(one, in_dims=(0, 0 if per_network_inputs else None), randomness="different")
+        if self.use_vmap:
             try:
-                return vmap(one, in_dims=(0, 0 if per_network_inputs else None), randomness="different")(state, x)
+                return mapped(state, x)
             except Exception as err:  # a layer vmap cannot map: run the networks one by one from now on
-                layer = entered[-1] if entered else type(self.module).__name__
-                self._vmap_failed = f"{layer} ({type(self.module.get_submodule(layer)).__name__ if entered else ''})"
-                warnings.warn(f"BayesianModule: torch.func.vmap cannot map layer {self._vmap_failed} "
+                self.use_vmap = False
+                warnings.warn(f"BayesianModule: torch.func.vmap cannot map layer {self._failing_layer(mapped, state, x)} "
                               f"({type(err).__name__}: {str(err).splitlines()[0]}); its {count} networks run one "
                               "after another, which is slower.", RuntimeWarning, stacklevel=4)
-            finally:
-                for hook in hooks:
-                    hook.remove()
         outs = [one({k: v[i] for k, v in state.items()}, x[i] if per_network_inputs else x) for i in range(count)]
         return torch.stack(outs)
+
+
+    def _failing_layer(self, mapped, state, x) -> str:
+        """The leaf layer the failed ``vmap`` call was in: the call again, with each leaf saying when it starts."""
+        entered = []
+        hooks = [m.register_forward_pre_hook(lambda m, _, name=name: entered.append(name))
+                 for name, m in self.module.named_modules() if name and not list(m.children())]
+        try:
+            mapped(state, x)
+        except Exception:
+            pass
+        finally:
+            for hook in hooks:
+                hook.remove()
+        if not entered:
+            return type(self.module).__name__
+        return f"{entered[-1]} ({type(self.module.get_submodule(entered[-1])).__name__})"
 
 
 def split_batch_dims(value: torch.Tensor, shape: Sequence[int], name: str) -> Tuple[int, ...]:
