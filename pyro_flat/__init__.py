@@ -3,7 +3,8 @@
 - :func:`flat_posterior` turns any Pyro model into the Entropy-MCMC joint over weights θ and their
   guiding twins θa (sites ``name + "_aux"``);
 - :class:`SGLD` and :class:`EntropySGLD` are ``pyro.infer.MCMC`` kernels with Pyro-native minibatches,
-  :class:`EntropyHMC` the exact (Metropolis-corrected) sampler of the same joint;
+  :class:`EntropyHMC` the exact (Metropolis-corrected) sampler of the same joint, :class:`SGHMC` and
+  :class:`EntropySGHMC` their momentum (underdamped Langevin) versions;
 - :class:`MCMC` is Pyro's driver plus vectorized chains (all chains as one batched tensor), also split
   over the ranks of ``torchrun`` or data-parallel across them (:mod:`pyro_flat.distributed`);
 - :class:`SGD`, :class:`LocalEntropySGD` and :class:`LocalEntropySGLD` are the paper's baselines,
@@ -60,7 +61,7 @@ _PUBLIC = {
     "flat_posterior": "flat", "flat_potential": "flat",
     "SGD": "kernels", "SGLD": "kernels", "EntropySGLD": "kernels", "LocalEntropySGD": "kernels",
     "LocalEntropySGLD": "kernels", "SASGLD": "kernels", "FlatSGLD": "kernels", "EntropyHMC": "kernels",
-    "SAMSGD": "kernels", "DivergenceError": "kernels",
+    "SAMSGD": "kernels", "DivergenceError": "kernels", "SGHMC": "kernels", "EntropySGHMC": "kernels",
     "MCMC": "mcmc",
     "check_convergence": "convergence", "ConvergenceResult": "convergence", "ConvergenceError": "convergence",
     "to_arviz": "diagnostics",
@@ -94,8 +95,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from .convergence import ConvergenceError, ConvergenceResult, check_convergence
     from .diagnostics import to_arviz
     from .flat import flat_posterior, flat_potential
-    from .kernels import (SGD, SGLD, DivergenceError, EntropyHMC, EntropySGLD, FlatSGLD, LocalEntropySGD,
-                          LocalEntropySGLD, SAMSGD, SASGLD)
+    from .kernels import (SGD, SGHMC, SGLD, DivergenceError, EntropyHMC, EntropySGHMC, EntropySGLD, FlatSGLD,
+                          LocalEntropySGD, LocalEntropySGLD, SAMSGD, SASGLD)
     from .ensembles import fit_ensemble
     from .mcmc import MCMC
     from .predictive import bma_predict
@@ -109,6 +110,8 @@ __all__ = [
     "SGLD",
     "SGD",
     "EntropySGLD",
+    "SGHMC",
+    "EntropySGHMC",
     "LocalEntropySGD",
     "LocalEntropySGLD",
     "SASGLD",

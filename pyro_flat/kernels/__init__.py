@@ -20,6 +20,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 from .base import TargetKernel
 from .entropy_hmc import EntropyHMC
+from .entropy_sghmc import EntropySGHMC
 from .entropy_sgld import EntropySGLD
 from ..errors import DivergenceError
 from .flat_sgld import FlatSGLD
@@ -27,6 +28,7 @@ from .local_entropy import LocalEntropySGD, LocalEntropySGLD
 from .sam_sgd import SAMSGD
 from .sasgld import SASGLD
 from .sgd import SGD
+from .sghmc import SGHMC
 from .sgld import SGLD
 from .stochastic_gradient import StochasticGradientKernel
 
@@ -35,6 +37,8 @@ KERNELS: Dict[str, type] = {
     "sgld": SGLD,
     "sgd": SGD,
     "entropy-sgld": EntropySGLD,
+    "sghmc": SGHMC,
+    "entropy-sghmc": EntropySGHMC,
     "entropy-hmc": EntropyHMC,
     "local-entropy-sgld": LocalEntropySGLD,
     "local-entropy-sgd": LocalEntropySGD,
@@ -112,6 +116,8 @@ __all__ = [
     "SGLD",
     "SGD",
     "EntropySGLD",
+    "SGHMC",
+    "EntropySGHMC",
     "EntropyHMC",
     "LocalEntropySGD",
     "LocalEntropySGLD",

@@ -86,13 +86,22 @@ class CompiledSteps:
             entry = self._cached_build(key, keep_alive, params, step_size, temperature)
             if entry is None:
                 return None
-        graph, names, plates, num_draws, stat_names, _ = entry
+        graph, names, carried, plates, num_draws, stat_names, _ = entry
         indices = [batch[p] for _ in range(num_draws) for batch in (self.batches.draw(),) for p in plates]
-        outputs = graph(*(params[n] for n in names), *indices)
+        outputs = self._run(graph, names, params, carried, indices)
         n = len(names)
         self.last_compiled = True
         return Transition(dict(zip(names, outputs[:n])), outputs[n], dict(zip(names, outputs[n + 1: 2 * n + 1])),
                           dict(zip(stat_names, outputs[2 * n + 1:])))
+
+    def _run(self, graph, names: list, params: Params, carried: list, indices: list) -> list:
+        """Call ``graph`` on the values, the kernel's carried state and the minibatch indices; the new
+        carried state goes back to the kernel, the other outputs are returned."""
+        state = self.kernel.carried
+        outputs = graph(*(params[n] for n in names), *(state[c] for c in carried), *indices)
+        n, m = len(names), len(carried)
+        self.kernel.carried = dict(zip(carried, outputs[n: n + m]))
+        return [*outputs[:n], *outputs[n + m:]]
 
     def fused(self, params: Params, step_size: float, temperature: float, length: int):
         """``length`` iterations in one graph call: ``(new params, energy and statistics at params,
@@ -110,9 +119,9 @@ class CompiledSteps:
             entry = self._cached_build(key, keep_alive, params, step_size, temperature, length)
             if entry is None:
                 return None
-        graph, names, plates, num_draws, stat_names, _ = entry
+        graph, names, carried, plates, num_draws, stat_names, _ = entry
         batches = [self.batches.draw() for _ in range(length * num_draws)]
-        outputs = graph(*(params[n] for n in names), *(batch[p] for batch in batches for p in plates))
+        outputs = self._run(graph, names, params, carried, [batch[p] for batch in batches for p in plates])
         n, m = len(names), len(stat_names)
         self.last_compiled = True
         return (dict(zip(names, outputs[:n])), outputs[n], dict(zip(stat_names, outputs[n + 1: n + 1 + m])),
@@ -129,61 +138,67 @@ class CompiledSteps:
         self.graphs[key] = (*entry, keep_alive)
         return self.graphs[key]
 
-    def _fused_traceable(self, names, plates, num_draws, step_size, temperature, length: int):
-        """``length`` iterations as a function of flat tensors: the values, then every minibatch's
-        indices; it returns the last values, the energy and statistics at the first iteration's
-        start, the statistics at the last one's, and the (2, length) inf-norms of each iteration's
-        energy and new state."""
-        kernel, n, k = self.kernel, len(names), len(plates)
+    def _fused_traceable(self, names, carried, plates, num_draws, step_size, temperature, length: int):
+        """``length`` iterations as a function of flat tensors: the values, the kernel's carried state, then
+        every minibatch's indices; it returns the last values and carried state, the energy and statistics
+        at the first iteration's start, the statistics at the last one's, and the (2, length) inf-norms of
+        each iteration's energy and new state."""
+        kernel, n, c, k = self.kernel, len(names), len(carried), len(plates)
 
         def steps(*inputs):
             params, norms, first, stats = dict(zip(names, inputs[:n])), [], None, {}
-            for j in range(length):
-                at = n + j * num_draws * k
-                batches = [dict(zip(plates, inputs[at + d * k: at + (d + 1) * k])) for d in range(num_draws)]
-                with self.batches.scripted(batches):
-                    params, energy, _, stats = kernel.transition(params, step_size, temperature)
-                if first is None:
-                    first = (energy, stats)
-                state = torch.stack([v.detach().abs().amax() for v in params.values()]).amax()
-                norms.append(torch.stack([energy.detach().abs().amax(), state]))
-            return [*(params[m] for m in names), first[0], *first[1].values(), *stats.values(),
-                    torch.stack(norms, 1)]
+            with kernel.carrying(dict(zip(carried, inputs[n: n + c]))):
+                for j in range(length):
+                    at = n + c + j * num_draws * k
+                    batches = [dict(zip(plates, inputs[at + d * k: at + (d + 1) * k])) for d in range(num_draws)]
+                    with self.batches.scripted(batches):
+                        params, energy, _, stats = kernel.transition(params, step_size, temperature)
+                    if first is None:
+                        first = (energy, stats)
+                    state = torch.stack([v.detach().abs().amax() for v in params.values()]).amax()
+                    norms.append(torch.stack([energy.detach().abs().amax(), state]))
+                state = kernel.carried
+            return [*(params[m] for m in names), *(state[m] for m in carried), first[0], *first[1].values(),
+                    *stats.values(), torch.stack(norms, 1)]
 
         return steps
 
-    def _traceable(self, names, plates, num_draws, step_size, temperature):
-        """The iteration as a function of flat tensors: the values, then each draw's minibatch
-        indices; it returns the new values, the energy, the gradients and the target's statistics."""
-        kernel, n, k = self.kernel, len(names), len(plates)
+    def _traceable(self, names, carried, plates, num_draws, step_size, temperature):
+        """The iteration as a function of flat tensors: the values, the kernel's carried state, then each
+        draw's minibatch indices; it returns the new values and carried state, the energy, the gradients
+        and the target's statistics."""
+        kernel, n, c, k = self.kernel, len(names), len(carried), len(plates)
 
         def step(*inputs):
-            batches = [dict(zip(plates, inputs[n + d * k: n + (d + 1) * k])) for d in range(num_draws)]
-            with self.batches.scripted(batches):
+            batches = [dict(zip(plates, inputs[n + c + d * k: n + c + (d + 1) * k])) for d in range(num_draws)]
+            with self.batches.scripted(batches), kernel.carrying(dict(zip(carried, inputs[n: n + c]))):
                 new, energy, grads, stats = kernel.transition(dict(zip(names, inputs[:n])), step_size, temperature)
-            return [*(new[m] for m in names), energy, *(grads[m] for m in names), *stats.values()]
+                state = kernel.carried
+            return [*(new[m] for m in names), *(state[m] for m in carried), energy, *(grads[m] for m in names),
+                    *stats.values()]
 
         return step
 
     def _build(self, params: Params, step_size: float, temperature: float, length: Optional[int] = None):
         """The graph of one iteration, or of ``length`` fused ones; ``None`` (after a warning) if it fails."""
-        kernel, names = self.kernel, list(params)
+        kernel, names, carried = self.kernel, list(params), list(self.kernel.carried)
         values = [params[n].detach() for n in names]
+        state = [kernel.carried[c].detach() for c in carried]
         devices = [v.device for v in values if v.device.type == "cuda"]
         try:
             with torch.random.fork_rng(devices=devices), tracing_context():
-                with self.batches.scripted() as script:  # how many minibatches one iteration draws
+                with self.batches.scripted() as script, kernel.carrying(kernel.carried):  # minibatches per iteration
                     stat_names = list(kernel.transition(dict(zip(names, values)), step_size, temperature).stats)
                 plates, num_draws = list(script.fixed), script.count
                 # a distinct tensor (and minibatch) per draw: make_fx tells inputs apart by identity
-                inputs = values + [self.batches.shifted(p, script.fixed[p], d)
-                                   for d in range((length or 1) * num_draws) for p in plates]
+                inputs = values + state + [self.batches.shifted(p, script.fixed[p], d)
+                                           for d in range((length or 1) * num_draws) for p in plates]
                 if length is None:
-                    step = self._traceable(names, plates, num_draws, step_size, temperature)
+                    step = self._traceable(names, carried, plates, num_draws, step_size, temperature)
                 else:
-                    step = self._fused_traceable(names, plates, num_draws, step_size, temperature, length)
+                    step = self._fused_traceable(names, carried, plates, num_draws, step_size, temperature, length)
                 graph = trace_graph(step, inputs)
-                self._check(graph, step, inputs, len(names), length)
+                self._check(graph, step, inputs, len(names), length, carried=len(carried))
         except Exception as err:  # any failure to trace means: stay eager (or unfused), and say why
             if length is None:
                 self._disable(_reason(err))
@@ -195,17 +210,18 @@ class CompiledSteps:
             try:
                 compiled = compile_graph(graph, inputs, "inductor")
                 with torch.random.fork_rng(devices=devices):
-                    self._check(compiled, step, inputs, len(names), length, built=True)
+                    self._check(compiled, step, inputs, len(names), length, built=True, carried=len(carried))
                 graph = compiled
             except Exception as err:
                 self.kernel.warn_jit(f"inductor failed ({type(err).__name__}: {first_line(err)}); the traced graph "
                                 "runs without it, as with jit_compile='fx'")
                 self.backend = "fx"
-        return graph, names, plates, num_draws, stat_names
+        return graph, names, carried, plates, num_draws, stat_names
 
-    def _check(self, graph, step, inputs, n: int, length: Optional[int] = None, built: bool = False) -> None:
-        """The traced graph against the eager iteration(s), on the same random numbers: new values,
-        energy, gradients (fused: the inf-norms) and the target's statistics."""
+    def _check(self, graph, step, inputs, n: int, length: Optional[int] = None, built: bool = False,
+               carried: int = 0) -> None:
+        """The traced graph against the eager iteration(s), on the same random numbers: the ``n`` new values
+        and ``carried`` tensors of carried state, energy, gradients (fused: the inf-norms) and the target's statistics."""
         seed = int(torch.randint(0, 2**31 - 1, ()))
         outputs = []
         for fn in (step, graph):
@@ -213,7 +229,8 @@ class CompiledSteps:
             if inputs[0].device.type == "cuda":
                 torch.cuda.manual_seed(seed)
             outputs.append(fn(*inputs))
-        labels = ["the new value"] * n + ["the energy"] + ["the gradient"] * (n if length is None else 0)
+        labels = ["the new value"] * n + ["the carried state"] * carried + ["the energy"]
+        labels += ["the gradient"] * (n if length is None else 0)
         labels += ["a statistic"] * (len(outputs[0]) - len(labels) - (length is not None))
         labels += ["the inf-norms"] * (length is not None)
         reason = mismatch(zip(labels, *outputs), built=built)

@@ -2,18 +2,11 @@ r"""Entropy-MCMC with SGLD updates (Li & Zhang, ICLR 2024, Algorithm 1)."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, Optional, Union
-
-import torch
-
-from ..validation import check_eta
-from .base import coupled_target
-from .preconditioning import check_coupling_metric
-from ..targets import CoupledPotential, Params
+from .coupling import EntropyCoupling
 from .sgld import SGLD
 
 
-class EntropySGLD(SGLD):
+class EntropySGLD(EntropyCoupling, SGLD):
     r"""Entropy-MCMC: SGLD on the joint of the weights :math:`\theta` and their guiding twin :math:`\theta_a`.
 
     The target is :math:`\propto \exp(-U/T)` with
@@ -70,43 +63,3 @@ class EntropySGLD(SGLD):
         >>> sorted(mcmc.get_samples())
         ['mu', 'mu_aux']
     """
-
-    def __init__(
-        self,
-        model: Optional[Callable] = None,
-        *,
-        potential_fn: Optional[Callable[[Params], torch.Tensor]] = None,
-        eta: float,
-        step_size: Optional[float] = None,
-        temperature: float = 1.0,
-        schedule=None,
-        sites: Optional[Iterable[str]] = None,
-        suffix: str = "_aux",
-        coupling_metric: Union[str, float] = "pulled",
-        **kwargs,
-    ):
-        self.eta = check_eta(eta)
-        self.sites = None if sites is None else tuple(sites)
-        self.suffix = suffix
-        super().__init__(
-            model,
-            potential_fn=potential_fn,
-            step_size=step_size,
-            temperature=temperature,
-            schedule=schedule,
-            **kwargs,
-        )
-        self.coupling_metric = check_coupling_metric(coupling_metric)
-        if self.preconditioner is not None:
-            self.preconditioner.coupling_metric = self.coupling_metric
-
-    def build_target(self, args: tuple, kwargs: dict, *, num_chains: Optional[int] = None,
-                     initial_params: Optional[Params] = None) -> CoupledPotential:
-        return coupled_target(self, args, kwargs, num_chains=num_chains, initial_params=initial_params)
-
-    def logging(self) -> Dict[str, str]:
-        out = super().logging()
-        dist = self._last_stats.get("coupling_distance")
-        if dist is not None:
-            out["|θ-θa|"] = f"{float(dist.mean()):.3g}"  # mean over vectorized chains
-        return out

@@ -44,6 +44,36 @@ def langevin_step(params: Params, grads: Params, step_size: float, temperature: 
     return dict(zip(names, new))
 
 
+def underdamped_step(params: Params, momenta: Params, grads: Params, time_step: float, decay: float,
+                     temperature: float) -> Tuple[Params, Params]:
+    r"""One BAOAB step of the underdamped Langevin diffusion with unit mass (Leimkuhler & Matthews, 2013),
+    :math:`dq = p\,dt`, :math:`dp = -\nabla U\,dt - \gamma p\,dt + \sqrt{2\gamma T}\,dW`:
+
+    .. math::
+
+        p' &= p - h\,\nabla U(q) \qquad \text{(B: the two half-kicks of consecutive steps at } q\text{)},\\
+        p'' &= c\,p' + \sqrt{T(1 - c^2)}\,\xi, \qquad c = e^{-\gamma h},\ \xi \sim \mathcal N(0, I)
+              \qquad \text{(O)},\\
+        q_{\text{new}} &= q + \tfrac h2\,(p' + p'') \qquad \text{(the two half-drifts A around O)},
+
+    returning :math:`(q_{\text{new}}, p'')`. ``time_step`` is :math:`h`, ``decay`` is :math:`c`. Started from
+    :math:`p \sim \mathcal N(0, T I)`, the points :math:`q` are BAOAB's, one gradient per step. On a Gaussian
+    target with exact gradients the stationary law of :math:`q` is the target's exactly, at every step with
+    :math:`h^2\lambda_{\max} < 4`, and that of :math:`p` is :math:`\mathcal N(0, T I)`. With ``temperature=0``
+    this is gradient descent with heavy-ball momentum :math:`c`.
+    """
+    names = list(params)
+    kicked = torch._foreach_add([momenta[n] for n in names], [grads[n] for n in names], alpha=-time_step)
+    new_q = torch._foreach_add([params[n] for n in names], kicked, alpha=0.5 * time_step * (1.0 + decay))
+    new_p = torch._foreach_mul(kicked, decay)
+    noise_scale = math.sqrt(temperature * (1.0 - decay ** 2))
+    if noise_scale > 0:
+        noise = [chain_randn_like(p) for p in kicked]
+        torch._foreach_add_(new_p, noise, alpha=noise_scale)
+        torch._foreach_add_(new_q, noise, alpha=0.5 * time_step * noise_scale)
+    return dict(zip(names, new_q)), dict(zip(names, new_p))
+
+
 def leapfrog(
     position: torch.Tensor,
     momentum: torch.Tensor,

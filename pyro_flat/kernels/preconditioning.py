@@ -312,6 +312,34 @@ class Preconditioner:
         noise = (2.0 * step_size * temperature) ** 0.5
         return self._unpack(z + self.factor.increment(g, chain_randn_like(z), step_size, noise))
 
+    def underdamped_step(self, params: Params, momenta: Params, grads: Params, time_step: float, decay: float,
+                         temperature: float):
+        r""":func:`~pyro_flat.kernels.integrators.underdamped_step` with mass matrix :math:`M`: the kick
+        :math:`p' = p - h\nabla U`, :math:`p'' = c\,p' + \sqrt{T(1 - c^2)}\,L^{-\top}\xi` (a draw of
+        covariance :math:`M`), :math:`q + \tfrac h2 M^{-1}(p' + p'')`. Returns ``(params, momenta)``."""
+        z, p = self._pack(params), self._pack(momenta)
+        kicked = p - time_step * self._pack(grads)
+        new_p = decay * kicked
+        noise_scale = (temperature * (1.0 - decay ** 2)) ** 0.5
+        if noise_scale > 0:
+            new_p = new_p + noise_scale * self.factor.solve_lt(chain_randn_like(z))
+        new_z = z + (0.5 * time_step) * self.factor.velocity(kicked + new_p)
+        return self._unpack(new_z), self._unpack(new_p)
+
+    def momentum_draw(self, params: Params, temperature: float) -> Params:
+        r""":math:`p \sim \mathcal N(0, T M)`, shaped as ``params``: the stationary law of the momenta."""
+        z = self._pack(params)
+        return self._unpack(temperature ** 0.5 * self.factor.solve_lt(chain_randn_like(z)))
+
+    @property
+    def stiffness(self) -> float:
+        r"""The largest eigenvalue of :math:`M^{-1}\nabla^2 U` when the metric is exact (a Gaussian target):
+        1, or for Entropy-MCMC's joint :math:`1 + 2\varepsilon` (pulled) and 2 (block); see the module."""
+        if not self.coupled:
+            return 1.0
+        strength = pull_strength(self.coupling_metric)
+        return 2.0 if strength is None else 1.0 + 2.0 * strength
+
     def covariance(self, chain: int = 0) -> torch.Tensor:
         """The current :math:`M^{-1}` of ``chain`` as a dense matrix over the target's flat vector."""
         inner = self.factor.inner if self.coupled else self.factor

@@ -11,7 +11,8 @@ warm-up, the compiled iteration (``jit_compile``) and divergences (:func:`step_b
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, Optional, Tuple, Union
+from contextlib import contextmanager
+from typing import Callable, Dict, Iterator, Optional, Tuple, Union
 
 import torch
 from pyro.infer.autoguide.initialization import init_to_sample
@@ -140,6 +141,22 @@ class StochasticGradientKernel(TargetKernel):
     #: gradient evaluations of the potential per iteration (per chain)
     grads_per_iteration = 1
 
+    #: The chain's state beyond ``params`` that :meth:`update` reads and replaces, ``{name: tensor}``
+    #: (:class:`~pyro_flat.SGHMC`'s momenta; empty for the Langevin kernels). A compiled graph takes it
+    #: as inputs and returns its new value (:mod:`~pyro_flat.kernels.compiled_step`); a new chain
+    #: (``setup``) starts it again.
+    carried: Params
+
+    @contextmanager
+    def carrying(self, state: Params) -> Iterator[None]:
+        """Run with :attr:`carried` set to ``state``; the kernel's own value is back afterwards (a graph's
+        trace, or its check against the eager iteration, leaves the chain's state as it was)."""
+        saved, self.carried = self.carried, state
+        try:
+            yield
+        finally:
+            self.carried = saved
+
     supports_thinning = True
 
     def _compile_target(self, params: Params) -> None:
@@ -215,7 +232,7 @@ class StochasticGradientKernel(TargetKernel):
             return None
         step_size = self.step_size * factors.pop()
         for call in range(total // length):
-            random_state = _random_state(params)
+            random_state, carried = _random_state(params), self.carried
             out = self._steps.fused(params, step_size, self.temperature, length)
             if out is None:  # no graph (it failed to trace or compile): the rest one by one
                 if call == 0:
@@ -229,6 +246,7 @@ class StochasticGradientKernel(TargetKernel):
                 # replay one by one on the same numbers and minibatches: the error names the iteration
                 # and the chain (if round-off keeps the replay finite, its states stand)
                 _restore_random_state(random_state)
+                self.carried = carried
                 with self.target.batches.scripted(batches):
                     params = self._iterate(params, True, steps=length, record=call == 0, eager=True)
                 continue
@@ -320,6 +338,7 @@ class StochasticGradientKernel(TargetKernel):
 
     def _reset_chain_state(self, warmup_steps: int) -> None:
         super()._reset_chain_state(warmup_steps)
+        self.carried = {}  # a subclass fills it in after_setup
         self.num_grad_evals = 0  # per chain, warm-up included
         self._state_norm, self._normed_state = math.nan, None  # the last step's ‖θ‖∞ and its state
 
