@@ -70,3 +70,20 @@ def sgld_stationary_covariance(hessian: np.ndarray, step: float, noise_cov: np.n
 
     eye = np.eye(len(hessian))
     return scipy.linalg.solve_discrete_lyapunov(eye - step * hessian, 2 * step * eye + step ** 2 * noise_cov)
+
+
+def baoab_stationary_covariance(hessian: np.ndarray, time_step: float, decay: float, noise_cov: np.ndarray,
+                                temperature: float = 1.0) -> np.ndarray:
+    """The stationary covariance of θ under BAOAB (unit mass) on a Gaussian target of Hessian H whose
+    gradient carries noise of constant covariance C: the discrete Lyapunov equation of the linear chain
+    p' = p - h(Hθ + ε), θ ← θ + h/2 (p' + p''), p'' = c p' + √(T(1-c²)) ξ, over the pair (θ, p)."""
+    import scipy.linalg
+
+    d = len(hessian)
+    eye, h, c = np.eye(d), time_step, decay
+    s = np.sqrt(temperature * (1 - c * c))
+    transition = np.block([[eye - h * h * (1 + c) / 2 * hessian, h * (1 + c) / 2 * eye], [-c * h * hessian, c * eye]])
+    from_xi = np.vstack([h * s / 2 * eye, s * eye])
+    from_noise = np.vstack([-h * h * (1 + c) / 2 * eye, -c * h * eye])
+    forcing = from_xi @ from_xi.T + from_noise @ noise_cov @ from_noise.T
+    return scipy.linalg.solve_discrete_lyapunov(transition, forcing)[:d, :d]

@@ -46,8 +46,8 @@ def _quadratic(params):
 
 
 def _cases() -> Dict[str, Callable]:
-    from pyro_flat import (MCMC, SASGLD, SGD, SGLD, EntropyHMC, EntropySGLD, FlatSGLD, LocalEntropySGD,
-                           LocalEntropySGLD)
+    from pyro_flat import (MCMC, SASGLD, SGD, SGHMC, SGLD, EntropyHMC, EntropySGHMC, EntropySGLD, FlatSGLD,
+                           LocalEntropySGD, LocalEntropySGLD)
     from pyro_flat.kernels import SAMSGD
 
     def run(kernel, chains=1, warmup=10, samples=12, thinning=1, batch_size=10, minibatches="per_chain"):
@@ -86,6 +86,12 @@ def _cases() -> Dict[str, Callable]:
             EntropySGLD(model, eta=0.5, step_size=0.01, jit_compile="fx"), chains=2, thinning=3, samples=24),
         "EntropySGLD, potential_fn": lambda: potential(
             EntropySGLD(potential_fn=_quadratic, eta=0.5, step_size=0.05), chains=2),
+        "SGHMC": lambda: run(SGHMC(model, step_size=0.01)),
+        "SGHMC, friction, 3 vectorized chains": lambda: run(SGHMC(model, step_size=0.01, friction=2.0), chains=3),
+        "SGHMC, jit fx, thinning 3 (fused)": lambda: run(SGHMC(model, step_size=0.01, jit_compile="fx"), chains=2,
+                                                         thinning=3, samples=24),
+        "EntropySGHMC": lambda: run(EntropySGHMC(model, eta=0.5, step_size=0.01, momentum=0.8), chains=2),
+        "EntropySGHMC, dense pulled": lambda: run(EntropySGHMC(model, eta=0.5, preconditioner="dense")),
         "LocalEntropySGLD": lambda: run(LocalEntropySGLD(model, eta=0.5, step_size=0.01, num_inner_steps=3)),
         "LocalEntropySGD": lambda: run(LocalEntropySGD(model, eta=0.5, step_size=0.01, num_inner_steps=3),
                                        chains=2),

@@ -13,7 +13,7 @@ import torch
 
 import pyro
 import pyro.distributions as dist
-from pyro_flat import MCMC, SGLD, DivergenceError, EntropyHMC, EntropySGLD, to_arviz
+from pyro_flat import MCMC, SGHMC, SGLD, DivergenceError, EntropyHMC, EntropySGHMC, EntropySGLD, to_arviz
 from pyro_flat.distributed import ChainShard, shard_rows
 
 from moments import assert_moments
@@ -42,6 +42,9 @@ KERNELS = {
         model, eta=0.1, preconditioner="dense", schedule=lambda k: 1.0 if k % 10 < 5 else 0.5),
     "EntropySGLD, jit fx, thinning 4": lambda: EntropySGLD(model, eta=0.1, step_size=1e-3, jit_compile="fx"),
     "EntropyHMC": lambda: EntropyHMC(model, eta=0.1),
+    "SGHMC, jit fx, thinning 4": lambda: SGHMC(model, step_size=1e-4, momentum=0.9, jit_compile="fx"),
+    "EntropySGHMC, diagonal preconditioner, cyclical": lambda: EntropySGHMC(
+        model, eta=0.1, preconditioner="diagonal", schedule=lambda k: 1.0 if k % 10 < 5 else 0.5),
 }
 
 
