@@ -23,7 +23,9 @@ from .output import StudyError, require_int, require_memory, require_positive
 from .study_config import StudyConfig, option, out_option, threads_option
 
 #: The samplers of ``pyro-flat mnist79`` (names of :data:`pyro_flat.kernels.KERNELS`).
-SAMPLERS = ("entropy-sgld", "sgld", "entropy-hmc")
+SAMPLERS = ("entropy-sgld", "sgld", "entropy-sghmc", "sghmc", "entropy-hmc")
+#: Its momentum samplers, which take ``--momentum``
+MOMENTUM_SAMPLERS = ("entropy-sghmc", "sghmc")
 #: Its exact samplers, the only ones ``--reference`` accepts.
 EXACT_SAMPLERS = ("entropy-hmc",)
 #: ``--preconditioner`` choices of its stochastic-gradient samplers
@@ -92,7 +94,9 @@ class MNIST79Config(StudyConfig):
     sampler: str = option("entropy-sgld", f"one of {', '.join(SAMPLERS)}")
     baseline: Optional[str] = option("sgld", "a second sampler for comparison, or 'none'", none_word=True)
     eta: float = option(0.01, "coupling variance η")
-    step_size: float = option(0.2, "Langevin step, in the preconditioner's units")
+    step_size: float = option(0.2, "Langevin step (SGHMC: learning rate), in the preconditioner's units")
+    momentum: float = option(0.9, "sghmc and entropy-sghmc: the velocity's decay per iteration, as "
+                                  "torch.optim.SGD's momentum")
     preconditioner: str = option("dense", "metric of the stochastic-gradient samplers", choices=PRECONDITIONERS)
     coupling_metric: Union[str, float] = option(
         "pulled", "EntropySGLD's preconditioned metric: pulled (the exact metric with θ pulled toward θa, pull "
@@ -134,6 +138,9 @@ class MNIST79Config(StudyConfig):
         self.require_int(1, "reference_samples")
         self.require_int(0, "reference_warmup")
         self.require_positive("eta", "step_size", "prior_scale")
+        if isinstance(self.momentum, bool) or not isinstance(self.momentum, (int, float)) or not 0 < self.momentum < 1:
+            raise StudyError(f"--momentum {self.momentum!r} must lie in (0, 1): the velocity's decay per iteration (0.9 "
+                             "is usual)")
         self.require_int(1, "num_samples", "chains", "batch_size", "thin")
         self.require_int(0, "warmup")
         if self.num_samples < self.thin:

@@ -32,7 +32,7 @@ from ..datasets import load_mnist79, pixel_index
 from ..distributed import Ranks
 from ..diagnostics import (MAX_R_HAT, chain_correlation, convergence_verdict, diagnostics_table, guidance_correlation,
                            mcmc_sample_stats, write_netcdf)
-from ..kernels import EntropyHMC, EntropySGLD, kernel_class, make_kernel
+from ..kernels import EntropyHMC, kernel_class, kernel_settings, make_kernel
 from ..mcmc import MCMC
 from ..models import logistic_probs, logistic_regression
 from .configs import MNIST79Config
@@ -48,14 +48,17 @@ def make_study_kernel(name: str, config: "MNIST79Config", model: Callable):
     """The kernel ``name`` with the study's settings, each kernel those it takes. EntropyHMC is exact
     and full batch: its step size and (Hessian) mass matrix are adapted during warm-up. The
     stochastic-gradient kernels get ``step_size`` and ``config.preconditioner`` (``"none"``: plain
-    SGLD steps); EntropySGLD also θa's coupling variance ``eta`` and its ``coupling_metric``."""
+    SGLD steps), the momentum kernels ``momentum``, and the Entropy-MCMC ones θa's coupling variance
+    ``eta`` and their ``coupling_metric``."""
     cls = kernel_class(name)
     if cls is EntropyHMC:
         return make_kernel(name, model, eta=config.eta, full_mass="hessian")
     settings = dict(step_size=config.step_size,
                     preconditioner=None if config.preconditioner == "none" else config.preconditioner)
-    if cls is EntropySGLD:
+    if "eta" in kernel_settings(cls):
         settings.update(eta=config.eta, coupling_metric=config.coupling_metric)
+    if "momentum" in kernel_settings(cls):
+        settings.update(momentum=config.momentum)
     return make_kernel(name, model, **settings)
 
 
@@ -273,8 +276,10 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None], r
     log(f"{config.sampler}: eta = {config.eta}, step size = {config.step_size} "
         f"(preconditioner: {config.preconditioner}), minibatch {batch_size}, {config.chains} chain(s) x "
         f"{schedule_text(config)}")
-    if kernel_class(config.sampler).__name__ == "EntropySGLD":
+    if "coupling_metric" in kernel_settings(config.sampler):
         log(f"{config.sampler}: {metric_text(config)}")
+    if "momentum" in kernel_settings(config.sampler):
+        log(f"{config.sampler}: momentum {config.momentum} (BAOAB; at temperature 0 torch.optim.SGD's heavy ball)")
 
     if ranks is not None and ranks.distributed:
         log(f"{ranks.world_size} ranks (torch.distributed, {ranks.backend}): each sampler's {config.chains} chains "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..diagnostics import MAX_R_HAT, MIN_ESS
 from ..kernels.preconditioning import pull_strength
-from .configs import MNIST79Config
+from .configs import MOMENTUM_SAMPLERS, MNIST79Config
 
 #: the confidence bins of the study's two ECEs (equal-width and equal-count bins)
 ECE_BINS = 15
@@ -120,7 +120,8 @@ def report_markdown(report: dict, config: MNIST79Config) -> str:
     md += [f"Bayesian logistic regression (784 weights + bias, prior N(0, {config.prior_scale}²)) on "
            f"{report['data']['n_train']} training images from {report['data']['source']}; "
            f"test metrics on {report['data']['n_test']} images.",
-           f"Sampler `{config.sampler}` (η = {config.eta}, step size {config.step_size}, preconditioner "
+           f"Sampler `{config.sampler}` (η = {config.eta}, step size {config.step_size}"
+           + (f", momentum {config.momentum}" if config.sampler in MOMENTUM_SAMPLERS else "") + ", preconditioner "
            f"{config.preconditioner}, minibatch {report['batch_size_used']}), {config.chains} chain(s) × "
            f"{schedule_text(config)}, "
            f"seed {config.seed}. Seconds: "
