@@ -2,7 +2,7 @@ r"""A stochastic-gradient kernel's whole iteration as one compiled graph (``jit_
 
 After setup a kernel knows its target's structure; :class:`CompiledSteps` then traces the
 kernel's own :meth:`~pyro_flat.kernels.stochastic_gradient.StochasticGradientKernel.transition`: gradient,
-coupling, preconditioner, noise and update, for SGLD, EntropySGLD, SASGLD, FlatSGLD, the
+coupling, preconditioner, noise and update, for SGLD, EntropySGLD, SGHMC, SASGLD, FlatSGLD, the
 local-entropy kernels or a user's subclass alike, with ``make_fx`` (autograd's backward pass
 included), and hands the graph to ``torch.compile`` (inductor), which fuses it into generated
 C++ (a few seconds per graph; ``jit_compile="fx"`` skips this and replays the traced graph). Each call then draws the iteration's minibatch indices eagerly (the graph's inputs) and runs
@@ -17,6 +17,10 @@ iterations' starting states, and every iteration's energy and state inf-norms, w
 checks with one host sync per call. The draws equal the one-at-a-time compiled path's up to
 round-off; a divergence is replayed one iteration at a time on the same random numbers, so that
 its report names the iteration and the chain.
+
+The state a kernel carries beside the parameters (SGHMC's momenta,
+:attr:`~pyro_flat.kernels.stochastic_gradient.StochasticGradientKernel.carried`) is an input and an
+output of every graph, like the parameters: the graph returns its new value and the kernel keeps it.
 
 A graph bakes in what was constant when it was traced: the step size and temperature, and a
 preconditioner's frozen metric. A step size is compiled once it repeats on consecutive

@@ -26,8 +26,9 @@ acceptance, the coupling distance) are kept by the kernel and handed over by ``d
 The state a kernel carries from one iteration to the next, beyond ``params``, is what a checkpoint
 must hold to continue a run exactly: the iteration count and phase (warm-up or sampling), the
 adapted step sizes, the frozen preconditioner or mass matrix, the schedule's position, the
-minibatch streams' generators, the per-draw records, and (for Entropy-MCMC) :math:`\theta_a` as
-part of ``params``.
+minibatch streams' generators, the per-draw records, the momenta of the momentum samplers (the
+stochastic-gradient kernels' ``carried`` state), and (for Entropy-MCMC) :math:`\theta_a` as part of
+``params``.
 
 >>> import torch
 >>> from pyro_flat.kernels import SGLD
