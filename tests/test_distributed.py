@@ -105,12 +105,18 @@ def full_model(X, y):
         pyro.sample("y", dist.Normal((X * w).sum(-1), 1.0), obs=y)
 
 
+DATA_PARALLEL_KERNELS = {
+    "SGLD": lambda: SGLD(full_model, step_size=1e-3),
+    "EntropyHMC": lambda: EntropyHMC(full_model, eta=0.1, full_mass="hessian"),
+    "EntropySGHMC": lambda: EntropySGHMC(full_model, eta=0.1, step_size=1e-3, momentum=0.9),
+}
+
+
 def _data_parallel_full_batch(rank):
     X, y = data()
     X, y = shard_rows(X, rank, 2), shard_rows(y, rank, 2)
     out = {}
-    for name, kernel in (("SGLD", lambda: SGLD(full_model, step_size=1e-3)),
-                         ("EntropyHMC", lambda: EntropyHMC(full_model, eta=0.1, full_mass="hessian"))):
+    for name, kernel in DATA_PARALLEL_KERNELS.items():
         pyro.set_rng_seed(7 + rank)  # different seeds: rank 0's stream is shared
         mcmc = MCMC(kernel(), num_samples=30, warmup_steps=30, num_chains=2, chain_method="data_parallel",
                     disable_progbar=True)
@@ -121,10 +127,9 @@ def _data_parallel_full_batch(rank):
 
 def test_data_parallel_ranks_stay_identical_and_match_one_process():
     """Each rank holds half the data; the summed energy, gradient (and, for EntropyHMC's Hessian metric,
-    Hessian) make the ranks' chains bit-identical, and equal to the one-process chains up to round-off."""
+    Hessian; for EntropySGHMC the momenta, drawn from the shared stream) make the ranks' chains bit-identical, and equal to the one-process chains up to round-off."""
     rank0, rank1 = run_ranks(_data_parallel_full_batch, 2, timeout=120).values()
-    for name, kernel in (("SGLD", lambda: SGLD(full_model, step_size=1e-3)),
-                         ("EntropyHMC", lambda: EntropyHMC(full_model, eta=0.1, full_mass="hessian"))):
+    for name, kernel in DATA_PARALLEL_KERNELS.items():
         assert torch.equal(rank0[name], rank1[name]), name
         pyro.set_rng_seed(7)
         mcmc = MCMC(kernel(), num_samples=30, warmup_steps=30, num_chains=2, chain_method="vectorized",

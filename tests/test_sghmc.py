@@ -205,13 +205,16 @@ def test_bad_momentum_or_friction_is_refused_by_name(settings, match):
         SGHMC(potential_fn=gaussian, step_size=0.1, **settings)
 
 
-def test_a_schedule_that_makes_the_preconditioned_step_unstable_is_named_at_its_first_iteration():
+@pytest.mark.parametrize("jit_compile, warmup, thinning", [(False, 5, 1), ("fx", 2, 4)])
+def test_a_schedule_that_makes_the_preconditioned_step_unstable_is_named_at_its_first_iteration(
+        jit_compile, warmup, thinning):
     """In the metric's units BAOAB needs h² < 4 (α < 2(1 + μ) = 3 at μ = 0.5): a schedule that doubles a
-    step of 2 at iteration 7 stops there, with the iteration, the step and the limit in the message."""
+    step of 2 at iteration 7 stops there, with the iteration, the step and the limit in the message; also
+    when iteration 7 would run inside a fused graph of 4 iterations (6 to 9)."""
     kernel = SGHMC(potential_fn=gaussian, step_size=2.0, momentum=0.5, preconditioner="dense",
-                   schedule=lambda k: 1.0 if k < 7 else 2.0)
+                   schedule=lambda k: 1.0 if k < 7 else 2.0, jit_compile=jit_compile)
     with pytest.raises(ValueError, match=r"iteration 7 has step_size 4 .*step_size < 3 at momentum 0.5"):
-        run_gaussian(kernel, chains=2, samples=5, warmup=5)
+        run_gaussian(kernel, chains=2, samples=20, warmup=warmup, thinning=thinning)
 
 
 def test_sgld_at_the_same_step_is_biased_where_sghmc_is_not():

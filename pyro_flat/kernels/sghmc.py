@@ -105,7 +105,8 @@ class SGHMC(StochasticGradientKernel):
         self.momentum = None if friction is not None else check_momentum(
             DEFAULT_MOMENTUM if momentum is None else momentum)
         super().__init__(model, **kwargs)
-        self._integrator: Dict[float, Tuple[float, float]] = {}
+        self._integrator: Dict[float, Tuple[float, float]] = {}  # (h, μ) per step size
+        self._stable_steps: set = set()  # step sizes checked against the metric's limit
 
     def integrator(self, step_size: float) -> Tuple[float, float]:
         r"""``(h, μ)``: the time step and momentum decay of an iteration at ``step_size`` (see the module)."""
@@ -116,28 +117,33 @@ class SGHMC(StochasticGradientKernel):
 
     def _time_step_and_decay(self, alpha: float) -> Tuple[float, float]:
         if self.friction is None:
-            mu = self.momentum
-            h = math.sqrt(2.0 * alpha / (1.0 + mu))
-        else:  # h^2 (1 + e^{-γh}) / 2 = α is increasing in h: bisect
-            low, high = 0.0, math.sqrt(2.0 * alpha)
-            for _ in range(100):
-                h = 0.5 * (low + high)
-                low, high = (h, high) if h * h * (1.0 + math.exp(-self.friction * h)) < 2.0 * alpha else (low, h)
-            h, mu = high, math.exp(-self.friction * high)
-        if self.preconditioner is not None and self.preconditioner.factor is not None:
-            limit = 4.0 / self.preconditioner.stiffness
-            if h * h >= limit:
-                raise ValueError(
-                    f"{type(self).__name__}: iteration {self._iteration} has step_size {alpha:.4g} (step_size "
-                    f"{self.step_size:.4g} times the schedule's {alpha / self.step_size:.4g}), whose time step h = "
-                    f"{h:.3g} is unstable in the preconditioner's metric: BAOAB needs h² < {limit:.3g}, that is "
-                    f"step_size < {limit * (1.0 + mu) / 2.0:.3g} at momentum {mu:.3g}. Lower step_size or the "
-                    "schedule's largest factor.")
-        return h, mu
+            return math.sqrt(2.0 * alpha / (1.0 + self.momentum)), self.momentum
+        low, high = 0.0, math.sqrt(2.0 * alpha)  # h^2 (1 + e^{-γh}) / 2 = α is increasing in h: bisect
+        for _ in range(100):
+            h = 0.5 * (low + high)
+            low, high = (h, high) if h * h * (1.0 + math.exp(-self.friction * h)) < 2.0 * alpha else (low, h)
+        return high, math.exp(-self.friction * high)
+
+    def check_step_size(self, iteration: int, step_size: float) -> None:
+        """With a preconditioner, refuse a step at which BAOAB is unstable in the metric's units: it needs
+        :math:`h^2 < 4/s`, :math:`s` the metric's :attr:`~pyro_flat.kernels.preconditioning.Preconditioner.stiffness`
+        (checked once per step size). Without one the curvature is unknown: a divergence says so."""
+        if self.preconditioner is None or step_size in self._stable_steps:
+            return
+        h, mu = self.integrator(step_size)
+        limit = 4.0 / self.preconditioner.stiffness
+        if h * h >= limit:
+            raise ValueError(
+                f"{type(self).__name__}: iteration {iteration} has step_size {step_size:.4g} (step_size "
+                f"{self.step_size:.4g} times the schedule's {step_size / self.step_size:.4g}), whose time step h = "
+                f"{h:.3g} is unstable in the preconditioner's metric: BAOAB needs h² < {limit:.3g}, that is "
+                f"step_size < {limit * (1.0 + mu) / 2.0:.3g} at momentum {mu:.3g}. Lower step_size or the "
+                "schedule's largest factor.")
+        self._stable_steps.add(step_size)
 
     def after_setup(self, params: Params) -> None:
         super().after_setup(params)
-        self._integrator = {}  # a new metric: check the steps against it again
+        self._stable_steps = set()  # a new metric: check the steps against it again
         self.carried = self._momentum_draw(params)
 
     def _momentum_draw(self, params: Params) -> Params:

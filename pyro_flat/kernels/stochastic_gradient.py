@@ -312,7 +312,13 @@ class StochasticGradientKernel(TargetKernel):
         if isinstance(factor, (bool, str, bytes)) or not (math.isfinite(value) and value > 0):
             raise ValueError(f"{type(self).__name__}: schedule({k}) returned {factor!r}; a schedule must give a "
                              "positive finite factor of step_size at every iteration k.")
+        self.check_step_size(k, self.step_size * value)
         return value
+
+    def check_step_size(self, iteration: int, step_size: float) -> None:
+        """Hook: raise a ``ValueError`` that names ``iteration`` if the update cannot take ``step_size`` there
+        (called before each iteration runs, eagerly or in a graph; SGHMC checks its preconditioned
+        stability limit)."""
 
     def in_sampling_phase(self, iteration: int) -> bool:
         """Whether ``iteration`` injects noise and may make a draw: always, unless the schedule
