@@ -22,18 +22,9 @@ os.environ.setdefault("CI", "1")  # no progress bar: it would be timed too
 import torch
 
 import pyro
+from bench_kernels import B, D, ETA, N, STEP, make_data  # the same problem as the Langevin kernels' benchmark
 from pyro_flat import MCMC, SGHMC, SGLD, EntropySGHMC, EntropySGLD
 from pyro_flat.models import logistic_regression as model
-
-N, D, B = 12_000, 784, 100
-STEP, ETA = 1e-6, 1e-2
-
-
-def make_data(seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    X = (torch.rand(N, D, generator=g) < 0.2).float() * torch.rand(N, D, generator=g)
-    y = torch.bernoulli(torch.sigmoid(X @ (torch.randn(D, generator=g) * 0.1)), generator=g)
-    return X, y
 
 
 def seconds_per_iteration(kernel, chains: int, iters: int, X, y) -> float:
@@ -70,7 +61,6 @@ def cost_ratios(iters: int, repeats: int) -> None:
 
 
 def ess_per_gradient() -> None:
-    from pyro_flat.diagnostics import diagnostics_table, to_arviz  # noqa: F401  (to_arviz via the study)
     from pyro_flat.datasets import load_mnist79
     from pyro_flat.experiments.configs import MNIST79Config
     from pyro_flat.experiments.mnist79 import run_sampler
