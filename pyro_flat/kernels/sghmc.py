@@ -27,7 +27,6 @@ from __future__ import annotations
 import math
 from typing import Callable, Dict, Optional, Tuple
 
-
 from ..chains import chain_randn_like
 from ..targets import Params
 from ..validation import check_positive
