@@ -82,6 +82,10 @@ class cyclical_cosine:
             )
         if not 0 <= self.exploration < 1:
             raise ValueError(f"exploration must be in [0, 1), got {self.exploration}")
+        if not any(self.is_sampling(k) for k in range(self.cycle_length)):
+            raise ValueError(f"cyclical_cosine: exploration={self.exploration} leaves no sampling iteration in a cycle "
+                             f"of {self.cycle_length} (num_steps={self.num_steps} / num_cycles={self.num_cycles}): "
+                             "lower exploration or use longer cycles.")
 
     @property
     def cycle_length(self) -> int:

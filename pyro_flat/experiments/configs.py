@@ -140,8 +140,8 @@ class MNIST79Config(StudyConfig):
         self.require_int(0, "reference_warmup")
         self.require_positive("eta", "step_size", "prior_scale")
         if isinstance(self.momentum, bool) or not isinstance(self.momentum, (int, float)) or not 0 < self.momentum < 1:
-            raise StudyError(f"--momentum {self.momentum!r} must lie in (0, 1): the velocity's decay per iteration (0.9 "
-                             "is usual)")
+            raise StudyError(f"--momentum {self.momentum!r} must lie in (0, 1): the velocity's decay per iteration "
+                             "(the study's default 0.5 is near critical damping in the dense metric's units)")
         self.require_int(1, "num_samples", "chains", "batch_size", "thin")
         self.require_int(0, "warmup")
         if self.num_samples < self.thin:

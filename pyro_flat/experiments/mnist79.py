@@ -278,8 +278,9 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None], r
         f"{schedule_text(config)}")
     if "coupling_metric" in kernel_settings(config.sampler):
         log(f"{config.sampler}: {metric_text(config)}")
-    if "momentum" in kernel_settings(config.sampler):
-        log(f"{config.sampler}: momentum {config.momentum} (BAOAB; at temperature 0 torch.optim.SGD's heavy ball)")
+    for name in _sampler_names(config):
+        if "momentum" in kernel_settings(name):
+            log(f"{name}: momentum {config.momentum} (BAOAB underdamped Langevin)")
 
     if ranks is not None and ranks.distributed:
         log(f"{ranks.world_size} ranks (torch.distributed, {ranks.backend}): each sampler's {config.chains} chains "

@@ -121,7 +121,8 @@ def report_markdown(report: dict, config: MNIST79Config) -> str:
            f"{report['data']['n_train']} training images from {report['data']['source']}; "
            f"test metrics on {report['data']['n_test']} images.",
            f"Sampler `{config.sampler}` (η = {config.eta}, step size {config.step_size}"
-           + (f", momentum {config.momentum}" if config.sampler in MOMENTUM_SAMPLERS else "") + ", preconditioner "
+           + (f", momentum {config.momentum}" if {config.sampler, config.baseline} & set(MOMENTUM_SAMPLERS) else "")
+           + ", preconditioner "
            f"{config.preconditioner}, minibatch {report['batch_size_used']}), {config.chains} chain(s) × "
            f"{schedule_text(config)}, "
            f"seed {config.seed}. Seconds: "

@@ -15,10 +15,9 @@ TypeError: make_kernel('entropy-sgld'): EntropySGLD takes no setting 'etta' (did
 """
 
 import difflib
-import inspect
 from typing import Callable, Dict, Optional, Tuple
 
-from .base import TargetKernel
+from .base import TargetKernel, constructor_signature
 from .entropy_hmc import EntropyHMC
 from .entropy_sghmc import EntropySGHMC
 from .entropy_sgld import EntropySGLD
@@ -86,16 +85,8 @@ def kernel_settings(kernel) -> Tuple[str, ...]:
     ('step_size', 'schedule', 'preconditioner', 'init_strategy', 'record_draws', 'jit_compile')
     """
     cls = kernel_class(kernel) if isinstance(kernel, str) else kernel
-    names: Dict[str, None] = {}
-    for klass in cls.__mro__:
-        if "__init__" not in vars(klass):
-            continue
-        params = inspect.signature(klass.__init__).parameters.values()
-        names.update((p.name, None) for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
-        if not any(p.kind is p.VAR_KEYWORD for p in params):
-            break
-    left_out = {"self", "model", "potential_fn", *getattr(cls, "fixed_settings", ())}
-    return tuple(n for n in names if n not in left_out)
+    left_out = {"model", "potential_fn", *getattr(cls, "fixed_settings", ())}
+    return tuple(n for n in constructor_signature(cls).parameters if n not in left_out)
 
 
 def _why_not(cls: type, setting: str, accepted: Tuple[str, ...]) -> str:

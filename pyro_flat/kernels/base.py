@@ -15,6 +15,7 @@ one-gradient-per-step loop of SGLD and its relatives.
 
 from __future__ import annotations
 
+import inspect
 import time
 import warnings
 from typing import Callable, Dict, Optional, Union
@@ -30,6 +31,25 @@ from ..validation import (check_chain_memory, check_nonnegative_int, check_posit
 from .protocol import DataParallelism
 from .recording import DrawRecording
 from .vectorization import vectorization_error
+
+
+def constructor_signature(cls: type) -> inspect.Signature:
+    """Every argument ``cls(...)`` accepts: its ``__init__``'s, following ``**kwargs`` up the base classes (a
+    subclass or mixin that passes ``**kwargs`` on takes its bases' arguments too), without ``self`` and the
+    settings the class fixes itself (``fixed_settings``)."""
+    found: Dict[str, inspect.Parameter] = {}
+    fixed = set(getattr(cls, "fixed_settings", ()))  # what the class sets itself (SGD's temperature)
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = list(inspect.signature(vars(klass)["__init__"]).parameters.values())[1:]
+        for p in params:
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in found and p.name not in fixed:
+                found[p.name] = p
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    ordered = sorted(found.values(), key=lambda p: p.kind is p.KEYWORD_ONLY)  # stable: the MRO's order within each
+    return inspect.Signature(ordered)
 
 
 class TargetKernel(DrawRecording, MCMCKernel):
@@ -82,6 +102,10 @@ class TargetKernel(DrawRecording, MCMCKernel):
         self._chain = 0
         self._forget_runs()
         self._reset_chain_state(0)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.__signature__ = constructor_signature(cls)  # help() and IDEs show every setting, not **kwargs
 
     #: whether the kernel can make several iterations per kept draw (thinning inside the kernel)
     supports_thinning = False

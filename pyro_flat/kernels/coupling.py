@@ -28,8 +28,12 @@ class EntropyCoupling:
         strength in [0, 1], ``"joint"`` or ``"block"`` (see :mod:`~pyro_flat.kernels.preconditioning`).
     """
 
-    def __init__(self, model: Optional[Callable] = None, *, eta: float, sites: Optional[Iterable[str]] = None,
-                 suffix: str = "_aux", coupling_metric: Union[str, float] = "pulled", **kwargs):
+    def __init__(self, model: Optional[Callable] = None, *, eta: Optional[float] = None,
+                 sites: Optional[Iterable[str]] = None, suffix: str = "_aux", coupling_metric: Union[str, float] = "pulled",
+                 **kwargs):
+        if eta is None:
+            raise TypeError(f"{type(self).__name__} needs eta=, the coupling variance η > 0 of θ and its guiding twin θa "
+                            "(e.g. 1e-2: small η keeps θa close to θ).")
         self.eta = check_eta(eta)
         self.sites = None if sites is None else tuple(sites)
         self.suffix = suffix

@@ -38,7 +38,7 @@ class EntropySGHMC(EntropyCoupling, SGHMC):
         ...     mu = pyro.sample("mu", dist.Normal(0., 10.))
         ...     with pyro.plate("data", len(y), subsample_size=10) as idx:
         ...         pyro.sample("y", dist.Normal(mu, 1.), obs=y[idx])
-        >>> mcmc = MCMC(EntropySGHMC(model, eta=0.1, step_size=1e-3), num_samples=200,
+        >>> mcmc = MCMC(EntropySGHMC(model, eta=0.1, step_size=1e-4), num_samples=200,
         ...             warmup_steps=100, disable_progbar=True)
         >>> mcmc.run(torch.randn(100) + 3.)
         >>> sorted(mcmc.get_samples())

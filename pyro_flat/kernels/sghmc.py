@@ -8,9 +8,12 @@ where SGHMC's Euler form is biased by :math:`O(h)`.
 
 **Parameterisation.** ``step_size`` :math:`\alpha` and ``momentum`` :math:`\mu` are those of
 ``torch.optim.SGD(lr=α, momentum=μ)``: at temperature 0 (a cyclical schedule's exploration phase)
-the update **is** heavy-ball SGD, :math:`\theta_{k+1} - \theta_k = \mu(\theta_k - \theta_{k-1}) -
-\alpha\widehat{\nabla U}(\theta_k)`. In the diffusion's units they are a time step :math:`h` and a
-friction :math:`\gamma`:
+and a constant step the update **is** heavy-ball SGD, :math:`\theta_{k+1} - \theta_k =
+\mu(\theta_k - \theta_{k-1}) - \alpha\widehat{\nabla U}(\theta_k)`, from the second iteration on (the
+first carries the chain's initial momentum, drawn at temperature :math:`T`; torch starts from zero).
+Where the step changes, the carried momentum is the diffusion's :math:`p`, so the velocity scales
+with :math:`h \propto \sqrt\alpha` where torch's scales with :math:`\alpha`. In the diffusion's units
+``step_size`` and ``momentum`` are a time step :math:`h` and a friction :math:`\gamma`:
 
 .. math:: \mu = e^{-\gamma h}, \qquad \alpha = \tfrac{1 + \mu}{2}\,h^2
           \qquad\Longleftrightarrow\qquad h = \sqrt{2\alpha/(1 + \mu)},\quad \gamma = -\ln(\mu)/h.
@@ -35,16 +38,25 @@ from .stochastic_gradient import StochasticGradientKernel
 
 #: ``momentum`` when neither it nor ``friction`` is given (``torch.optim.SGD``'s usual 0.9)
 DEFAULT_MOMENTUM = 0.9
+#: step sizes whose (h, μ) and stability check are kept (a decaying schedule's step changes at every iteration)
+MAX_CACHED_STEPS = 256
 
 
-def check_momentum(momentum) -> float:
-    """``momentum`` as a float in (0, 1), else a ``ValueError`` that says what it means."""
-    ok = isinstance(momentum, (int, float)) and not isinstance(momentum, bool) and 0.0 < momentum < 1.0
-    if not ok:
-        raise ValueError(f"momentum={momentum!r} must lie in (0, 1): it is the velocity's decay per iteration, as in "
-                         "torch.optim.SGD(momentum=...) (0.9 is usual; 1 would mean no friction, 0 no momentum: use "
-                         "SGLD).")
-    return float(momentum)
+def check_momentum(momentum, who: str = "SGHMC") -> float:
+    """``momentum`` as a float in (0, 1) (a Python, numpy or one-element torch number), else a ``ValueError``
+    that names ``who`` and says what the argument means."""
+    try:
+        value = None if isinstance(momentum, (bool, str, bytes)) else float(momentum)
+    except (TypeError, ValueError, RuntimeError):
+        value = None
+    if value is None:
+        raise ValueError(f"{who}: momentum must be a number in (0, 1), got {momentum!r}: the velocity's decay per "
+                         "iteration, as torch.optim.SGD(momentum=...).")
+    if not 0.0 < value < 1.0:
+        langevin = who.replace("SGHMC", "SGLD")
+        raise ValueError(f"{who}: momentum={value!r} must lie in (0, 1): the velocity's decay per iteration, as "
+                         f"torch.optim.SGD(momentum=...) (1 would mean no friction; for no momentum use {langevin}).")
+    return value
 
 
 class SGHMC(StochasticGradientKernel):
@@ -86,7 +98,7 @@ class SGHMC(StochasticGradientKernel):
         ...     mu = pyro.sample("mu", dist.Normal(0., 10.))
         ...     with pyro.plate("data", len(y), subsample_size=10) as idx:
         ...         pyro.sample("y", dist.Normal(mu, 1.), obs=y[idx])
-        >>> mcmc = MCMC(SGHMC(model, step_size=1e-3, momentum=0.9), num_samples=200, warmup_steps=100,
+        >>> mcmc = MCMC(SGHMC(model, step_size=1e-4, momentum=0.9), num_samples=200, warmup_steps=100,
         ...             disable_progbar=True)
         >>> mcmc.run(torch.randn(100) + 3.)
         >>> mcmc.get_samples()["mu"].shape
@@ -101,7 +113,7 @@ class SGHMC(StochasticGradientKernel):
         self.friction = None if friction is None else check_positive(
             "friction", friction, hint="It is γ of dp = -∇U dt - γ p dt + √(2γT) dW; or pass momentum= in (0, 1).")
         self.momentum = None if friction is not None else check_momentum(
-            DEFAULT_MOMENTUM if momentum is None else momentum)
+            DEFAULT_MOMENTUM if momentum is None else momentum, type(self).__name__)
         super().__init__(model, **kwargs)
         self._integrator: Dict[float, Tuple[float, float]] = {}  # (h, μ) per step size
         self._stable_steps: set = set()  # step sizes checked against the metric's limit
@@ -110,6 +122,8 @@ class SGHMC(StochasticGradientKernel):
         r"""``(h, μ)``: the time step and momentum decay of an iteration at ``step_size`` (see the module)."""
         found = self._integrator.get(step_size)
         if found is None:
+            if len(self._integrator) >= MAX_CACHED_STEPS:  # a schedule that changes the step at every iteration
+                self._integrator.clear()
             found = self._integrator[step_size] = self._time_step_and_decay(step_size)
         return found
 
@@ -123,20 +137,25 @@ class SGHMC(StochasticGradientKernel):
         return high, math.exp(-self.friction * high)
 
     def check_step_size(self, iteration: int, step_size: float) -> None:
-        """With a preconditioner, refuse a step at which BAOAB is unstable in the metric's units: it needs
-        :math:`h^2 < 4/s`, :math:`s` the metric's :attr:`~pyro_flat.kernels.preconditioning.Preconditioner.stiffness`
-        (checked once per step size). Without one the curvature is unknown: a divergence says so."""
-        if self.preconditioner is None or step_size in self._stable_steps:
+        """With the ``"dense"`` preconditioner (the inverse Hessian at the warm-up's estimates), refuse a step at
+        which BAOAB is unstable in the metric's units: it needs :math:`h^2 < 4/s`, :math:`s` the metric's
+        :attr:`~pyro_flat.kernels.preconditioning.Preconditioner.stiffness`, checked once per step size. With
+        another metric, or none, the curvature in the step's units is not known: a divergence reports it."""
+        pre = self.preconditioner
+        if pre is None or pre.spec != "dense" or step_size in self._stable_steps:
             return
         h, mu = self.integrator(step_size)
-        limit = 4.0 / self.preconditioner.stiffness
+        limit = 4.0 / pre.stiffness
         if h * h >= limit:
+            factor = step_size / self.step_size
+            scheduled = "" if factor == 1 else f" (step_size {self.step_size:.4g} times the schedule's {factor:.4g})"
             raise ValueError(
-                f"{type(self).__name__}: iteration {iteration} has step_size {step_size:.4g} (step_size "
-                f"{self.step_size:.4g} times the schedule's {step_size / self.step_size:.4g}), whose time step h = "
-                f"{h:.3g} is unstable in the preconditioner's metric: BAOAB needs h² < {limit:.3g}, that is "
-                f"step_size < {limit * (1.0 + mu) / 2.0:.3g} at momentum {mu:.3g}. Lower step_size or the "
-                "schedule's largest factor.")
+                f"{type(self).__name__}: iteration {iteration} has step_size {step_size:.4g}{scheduled}, whose time step "
+                f"h = {h:.4g} is unstable in the dense metric's units: BAOAB needs h² < {limit:.3g}, that is step_size "
+                f"< {limit * (1.0 + mu) / 2.0:.3g} at momentum {mu:.3g}. Lower step_size"
+                + (" or the schedule's largest factor." if scheduled else "."))
+        if len(self._stable_steps) >= MAX_CACHED_STEPS:
+            self._stable_steps.clear()
         self._stable_steps.add(step_size)
 
     def after_setup(self, params: Params) -> None:

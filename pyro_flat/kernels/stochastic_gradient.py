@@ -69,6 +69,10 @@ def step_blow_up(energy: torch.Tensor, new_params: Params, norm_before: float,
     return _blow_up(energy_norm, norm_after, norm_before, max_growth), norm_after
 
 
+#: exploration iterations in a row after which a draw is given up on (a schedule that never samples)
+MAX_EXPLORATION_RUN = 1_000_000
+
+
 class StochasticGradientKernel(TargetKernel):
     """Base class: one gradient of the (minibatch) potential per iteration.
 
@@ -295,6 +299,11 @@ class StochasticGradientKernel(TargetKernel):
             j += 1
             if not (sampling and explore):  # exploration iterations make no draw
                 needed -= 1
+            elif j >= MAX_EXPLORATION_RUN:
+                raise ValueError(f"{type(self).__name__}: the schedule's is_sampling(k) was False for {j:,} iterations in "
+                                 f"a row (up to k = {k}): a run that never reaches a sampling phase makes no draw. "
+                                 "Give the schedule sampling iterations (e.g. cyclical_cosine with exploration < 1 - "
+                                 "1/cycle length).")
         if sampling and steps is None:
             self._stats["step_size"].append(self._last_stats["step_size"])  # one for all chains
             self._stats["grad_evals"].append(self.num_grad_evals)
