@@ -49,7 +49,7 @@ LAYERS = (
      "mixtures"),
     ("kernels",),
     ("distributed",),
-    ("mcmc_arguments", "mcmc", "diagnostics"),
+    ("mcmc_arguments", "checkpoint", "mcmc", "diagnostics"),
     ("flatness", "theory", "references", "ensemble_runner", "convergence_result", "convergence", "ensembles",
      "variational"),
     ("experiments",),

@@ -56,7 +56,7 @@ import json
 import logging
 import time
 import warnings
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 
@@ -67,6 +67,7 @@ from pyro.infer.mcmc.logger import DIAGNOSTIC_MSG, ProgressBar, initialize_logge
 from pyro.util import optional
 
 from .chains import sharded
+from .checkpoint import Checkpointer, check_checkpoint_arguments, run_fingerprint
 from .distributed.driver import RankRun, RanksFailed, checked, gather_draws, start_rank_run, with_draws
 from .kernels.protocol import ChainKernel
 from .mcmc_arguments import check_initial_params, check_kernel
@@ -113,25 +114,27 @@ class _LoggingHook:
 
 
 def run_chains(kernel, warmup_steps: int, num_samples: int, args: tuple = (),
-               kwargs: Optional[dict] = None) -> Iterator[Tuple[str, int, Params]]:
+               kwargs: Optional[dict] = None,
+               resume: Optional[Callable[[], Tuple[Params, int]]] = None) -> Iterator[Tuple[str, int, Params]]:
     """The sampling loop: set the kernel up, then yield ``(phase, i, params)`` after each draw.
 
     ``phase`` is ``"Initial"`` once (``i = 0``, the initial point), then ``"Warmup"`` for
     ``i < warmup_steps`` and ``"Sample"`` for the ``num_samples`` kept draws, as in Pyro's progress
     hook. The kernel is configured beforehand (:meth:`~pyro_flat.kernels.base.TargetKernel.configure`)
     and cleaned up however the loop ends. :class:`MCMC` stores the draws it yields; a study that
-    needs only some states (:func:`pyro_flat.convergence.run_ensemble`) keeps those.
+    needs only some states (:func:`pyro_flat.convergence.run_ensemble`) keeps those. ``resume``, called
+    after the set-up, puts a checkpoint's state back and returns ``(params, steps done)``: the loop then
+    yields ``"Initial"`` with those parameters and goes on from there.
     """
     try:
         kernel.setup(warmup_steps, *args, **(kwargs or {}))
-        params = kernel.initial_params
+        params, done = kernel.initial_params, 0
+        if resume is not None:
+            params, done = resume()
         yield "Initial", 0, params
-        for i in range(warmup_steps):
+        for step in range(done, warmup_steps + num_samples):
             params = kernel.sample(params)
-            yield "Warmup", i, params
-        for i in range(num_samples):
-            params = kernel.sample(params)
-            yield "Sample", i, params
+            yield ("Warmup", step, params) if step < warmup_steps else ("Sample", step - warmup_steps, params)
     finally:
         kernel.cleanup()
 
@@ -145,6 +148,14 @@ class MCMC(pyro.infer.MCMC):
         stochastic-gradient kernel is needed for ``thinning > 1``).
     :param minibatches: ``"per_chain"`` (default) or ``"shared"``: how vectorized chains of a
         subsampled model draw minibatches (see the module docstring).
+    :param checkpoint: a file path: every ``checkpoint_every`` seconds (at the first draw after) and when
+        the run ends, the run's whole state is written there (atomically: a kill leaves the previous
+        checkpoint whole; :mod:`pyro_flat.checkpoint`). ``run`` given an existing checkpoint of the same
+        configuration **continues** it, with the draws the uninterrupted run would have made (bit for bit on
+        the same machine); one of another configuration, or a corrupt one, is refused by name. A finished
+        run's checkpoint gives its draws back at once. Needs a pyro-flat kernel in this process (not
+        Pyro's driver, nor ``"distributed"``/``"data_parallel"`` yet).
+    :param checkpoint_every: seconds between checkpoints (default 60).
 
     The other arguments are ``pyro.infer.MCMC``'s. ``initial_params`` for ``num_chains > 1`` have
     a leading chain dimension, as in Pyro. ``run`` may be called again (with other data, say): with
@@ -153,8 +164,11 @@ class MCMC(pyro.infer.MCMC):
 
     def __init__(self, kernel, num_samples: int, warmup_steps: Optional[int] = None,
                  initial_params: Optional[Dict[str, torch.Tensor]] = None, num_chains: int = 1,
-                 chain_method: str = "auto", thinning: int = 1, minibatches: str = "per_chain", **kwargs):
+                 chain_method: str = "auto", thinning: int = 1, minibatches: str = "per_chain",
+                 checkpoint: Optional[str] = None, checkpoint_every: float = 60.0, **kwargs):
         check_kernel(kernel)
+        self.checkpoint = check_checkpoint_arguments(checkpoint, checkpoint_every)
+        self.checkpoint_every = float(checkpoint_every)
         num_samples = check_positive_int("num_samples", num_samples,
                                          hint="It is the number of draws kept per chain.")
         if warmup_steps is not None:
@@ -168,6 +182,9 @@ class MCMC(pyro.infer.MCMC):
             raise ValueError(f"num_samples={num_samples} keeps no draw with thinning={thinning}; "
                              "pass num_samples >= thinning.")
         can_vectorize = isinstance(kernel, ChainKernel)
+        if self.checkpoint is not None and (not can_vectorize or chain_method not in ("auto", "vectorized")):
+            raise ValueError(f"checkpoint= needs a pyro-flat kernel run in this process (chain_method 'auto' or "
+                             f"'vectorized'); got {type(kernel).__name__} with chain_method={chain_method!r}.")
         if chain_method in ("vectorized",) + RANK_METHODS and not can_vectorize:
             raise ValueError(
                 f"chain_method={chain_method!r} needs a pyro-flat kernel; {type(kernel).__name__} "
@@ -187,7 +204,8 @@ class MCMC(pyro.infer.MCMC):
         self.kernel = kernel
         self.chain_method = chain_method
         # decided for good in run(), when the model's arguments are known
-        self._try_vectorized = num_chains > 1 and can_vectorize and chain_method in ("auto", "vectorized")
+        self._try_vectorized = (num_chains > 1 or self.checkpoint is not None) and can_vectorize and \
+            chain_method in ("auto", "vectorized")
         self.rank, self.world_size, self.backend = 0, 1, None  # set by a run across ranks
         if self._try_vectorized or chain_method in RANK_METHODS:  # one kernel holds this process's chains
             super().__init__(kernel, num_samples, warmup_steps, num_chains=1, **kwargs)
@@ -248,6 +266,10 @@ class MCMC(pyro.infer.MCMC):
         return self._run_pyro(args, kwargs)
 
     def _run_pyro(self, args: tuple, kwargs: dict) -> None:
+        if self.checkpoint is not None:
+            raise ValueError("checkpoint= needs the chains vectorized in pyro-flat's loop, but they fell back to "
+                             "Pyro's driver (see the warning above); make the model broadcast over a leading chain "
+                             "dimension, or run without checkpoint=.")
         self.minibatches = "per_chain"  # one chain per setup: each draws its own
         if isinstance(self.kernel, ChainKernel):  # one chain per setup; forget any earlier run
             self.kernel.configure(steps_per_draw=self.thinning)
@@ -293,7 +315,13 @@ class MCMC(pyro.infer.MCMC):
         progress_bar = ProgressBar(warmup, num_samples * self.thinning, disable=quiet)
         logger = initialize_logger(logging.getLogger("pyro.infer.mcmc"), "", progress_bar)
         hook = _LoggingHook(logger, progress_bar, self.sampler.hook, iterations_per_draw=self.thinning)
-        steps = run_chains(kernel, warmup, num_samples, args, kwargs)
+        saver = None if self.checkpoint is None else Checkpointer(
+            self.checkpoint, self.checkpoint_every,
+            run_fingerprint(kernel, num_chains=num_chains, num_samples=num_samples, warmup_steps=warmup,
+                            thinning=self.thinning, minibatches=self.minibatches, initial_params=initial_params,
+                            args=args, kwargs=kwargs))
+        steps = run_chains(kernel, warmup, num_samples, args, kwargs,
+                           resume=None if saver is None or saver.saved is None else lambda: saver.restore(kernel))
         try:
             with sharded(None if run is None else run.shard), poutine.block(), \
                     optional(pyro.validation_enabled(not self.disable_validation), self.disable_validation is not None):
@@ -305,11 +333,20 @@ class MCMC(pyro.infer.MCMC):
                         transforms = kernel.transforms
                         draws = {n: torch.empty((num_samples,) + params[n].shape, dtype=params[n].dtype)
                                  for n in names}
+                        if saver is not None and saver.saved is not None:  # the draws made before the stop
+                            for n, kept in saver.saved["draws"].items():
+                                draws[n][:len(kept)].copy_(kept)
+                            progress_bar.update(saver.saved["done"])
                         continue
                     if phase == "Sample":
                         for n in names:
                             draws[n][i].copy_(transforms[n].inv(params[n]) if n in transforms else params[n])
                     hook(kernel, params, phase, i)
+                    if saver is not None:
+                        done = i + 1 + (warmup if phase == "Sample" else 0)
+                        saver.maybe_write(kernel, params, done, draws, done - warmup)
+                if saver is not None:  # the finished run: run() again gives its draws back at once
+                    saver.write(kernel, params, warmup + num_samples, draws, num_samples)
                 hook.flush(kernel)
                 diagnostics = kernel.diagnostics()
             self.transforms = kernel.transforms

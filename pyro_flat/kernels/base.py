@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 import time
 import warnings
-from typing import Callable, Dict, Optional, Union
+from typing import Callable, Dict, Optional, Tuple, Union
 
 import torch
 from pyro.infer.autoguide.initialization import init_to_sample
@@ -106,6 +106,34 @@ class TargetKernel(DrawRecording, MCMCKernel):
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         cls.__signature__ = constructor_signature(cls)  # help() and IDEs show every setting, not **kwargs
+
+    #: The attributes that carry a run from one iteration to the next, beside ``params``: what
+    #: :meth:`state_dict` saves. Each class lists its own; :meth:`state_dict` collects them over the MRO.
+    run_state: Tuple[str, ...] = ("_iteration", "_warmup_steps", "_draws", "_stats", "_divergences", "_last_stats",
+                                  "_last_draw")
+
+    def state_dict(self) -> Dict[str, object]:
+        """The run's state after :meth:`setup` (every class's :attr:`run_state`, and the target's minibatch
+        streams): with the same ``params`` and random streams, :meth:`load_state_dict` continues the run
+        exactly. Holds tensors and plain objects that ``torch.save`` writes."""
+        names = {n for klass in type(self).__mro__ for n in vars(klass).get("run_state", ())}
+        state: Dict[str, object] = {name: getattr(self, name) for name in sorted(names) if hasattr(self, name)}
+        state["minibatches"] = self.target.batches.state_dict()
+        # thousands of per-draw tensors pickle slowly one by one: stacked, they are one tensor each
+        state["_draws"] = {n: torch.stack([d[n] for d in self._draws]) for n in self._draws[0]} if self._draws else {}
+        state["_stats"] = {name: _stacked(values) for name, values in self._stats.items()}
+        return state
+
+    def load_state_dict(self, state: Dict[str, object]) -> None:
+        """Put back what :meth:`state_dict` gave, after :meth:`setup` with the same configuration."""
+        state = dict(state)
+        self.target.batches.load_state_dict(state.pop("minibatches"))
+        draws = state.pop("_draws")
+        self._draws = [dict(zip(draws, values)) for values in zip(*draws.values())] if draws else []
+        self._stats.clear()
+        self._stats.update({name: _unstacked(values) for name, values in state.pop("_stats").items()})
+        for name, value in state.items():
+            setattr(self, name, value)
 
     #: whether the kernel can make several iterations per kept draw (thinning inside the kernel)
     supports_thinning = False
@@ -316,6 +344,17 @@ class TargetKernel(DrawRecording, MCMCKernel):
         self._warmup_steps = warmup_steps
         self._iteration = 0
         self._reset_records()
+
+
+def _stacked(values: list):
+    """A statistic's per-draw values as one tensor where they are tensors of one shape (else as they are)."""
+    if values and all(torch.is_tensor(v) for v in values) and len({(v.shape, v.dtype) for v in values}) == 1:
+        return torch.stack(values)
+    return values
+
+
+def _unstacked(values) -> list:
+    return list(values.unbind(0)) if torch.is_tensor(values) else list(values)
 
 
 def coupled_target(kernel: TargetKernel, args: tuple, kwargs: dict, *, num_chains: Optional[int],

@@ -66,6 +66,21 @@ class CompiledSteps:
         self._previous_key = None
         self.batches = kernel.target.batches  # where every minibatch of an iteration comes from
 
+    def state_dict(self) -> dict:
+        """The last iteration's step size and temperature, and whether it ran at the current metric: a
+        resumed run compiles the graph an uninterrupted one would reuse (graphs themselves are rebuilt)."""
+        if self._previous_key is None:
+            return {"previous": None}
+        step_size, temperature, factor = self._previous_key
+        return {"previous": (step_size, temperature, factor == self._key(step_size, temperature)[0][2])}
+
+    def load_state_dict(self, state: dict) -> None:
+        previous = state["previous"]
+        if previous is not None:
+            step_size, temperature, same_metric = previous
+            key = self._key(step_size, temperature)[0]
+            self._previous_key = key if same_metric else (*key[:2], None)
+
     def _key(self, step_size: float, temperature: float) -> tuple:
         preconditioner = self.kernel.preconditioner
         factor = None if preconditioner is None else preconditioner.factor

@@ -189,6 +189,10 @@ class EntropyHMC(TargetKernel):
             )
         return target
 
+    #: the adaptation's state and the metric (see :meth:`TargetKernel.state_dict`)
+    run_state = ("_theta_cov", "_metric", "_step", "_windows", "_welford", "_adapter", "_cache", "_accept_sum",
+                 "_needs_step_search", "_last_f")
+
     def after_setup(self, params: Params) -> None:
         target, link = self.target, self.target.coupling
         coupled = link.sites

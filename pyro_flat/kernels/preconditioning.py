@@ -218,6 +218,14 @@ class Preconditioner:
     def adaptive(self) -> bool:
         return isinstance(self.spec, str)
 
+    def state_dict(self) -> dict:
+        """The metric as it stands (a checkpoint's part): the factor, the diagonal's largest curvatures, the
+        Hessian-vector products spent."""
+        return {"factor": self.factor, "curvature": self.curvature, "num_hvp": self.num_hvp}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.factor, self.curvature, self.num_hvp = state["factor"], state["curvature"], state["num_hvp"]
+
     def setup(self, target, params: Params, *, num_chains: Optional[int], warmup_steps: int) -> int:
         """Lay out the sites, then estimate the metric at ``params`` (or install the fixed one);
         returns the Hessian-vector products spent (per chain)."""

@@ -145,6 +145,27 @@ class StochasticGradientKernel(TargetKernel):
     #: gradient evaluations of the potential per iteration (per chain)
     grads_per_iteration = 1
 
+    run_state = ("num_grad_evals", "carried")
+
+    def state_dict(self) -> Dict[str, object]:
+        """:meth:`TargetKernel.state_dict <pyro_flat.kernels.base.TargetKernel.state_dict>` plus the
+        preconditioner's metric and which compiled graph the last iteration would reuse."""
+        state = super().state_dict()
+        if self.preconditioner is not None:
+            state["preconditioner"] = self.preconditioner.state_dict()
+        if self._steps is not None:
+            state["compiled"] = self._steps.state_dict()
+        return state
+
+    def load_state_dict(self, state: Dict[str, object]) -> None:
+        state = dict(state)
+        preconditioner, compiled = state.pop("preconditioner", None), state.pop("compiled", None)
+        if preconditioner is not None:
+            self.preconditioner.load_state_dict(preconditioner)
+        if compiled is not None and self._steps is not None:
+            self._steps.load_state_dict(compiled)
+        super().load_state_dict(state)
+
     #: The chain's state beyond ``params`` that :meth:`update` reads and replaces, ``{name: tensor}``
     #: (:class:`~pyro_flat.SGHMC`'s momenta; empty for the Langevin kernels). A compiled graph takes it
     #: as inputs and returns its new value (:mod:`~pyro_flat.kernels.compiled_step`); a new chain

@@ -63,6 +63,14 @@ class EpochBatcher:
                               (self.num_chains, self.size))
         return uniforms.argsort(-1)
 
+    def state_dict(self) -> dict:
+        """Where the stream stands: the epoch's permutation, the position in it and the generator's state."""
+        return {"perm": self._perm, "pos": self._pos, "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._perm, self._pos = state["perm"].to(self.device), state["pos"]
+        self.generator.set_state(state["generator"])
+
     def __call__(self) -> torch.Tensor:
         if self._pos + self.batch_size > self._perm.shape[-1]:
             self._perm = self._shuffle()
@@ -96,6 +104,17 @@ class Minibatches:
     @property
     def plates(self) -> List[str]:
         return list(self.batchers)
+
+    def state_dict(self) -> Dict[str, dict]:
+        """Every plate's :meth:`EpochBatcher.state_dict`: what a checkpoint needs to draw the same minibatches."""
+        return {name: batcher.state_dict() for name, batcher in self.batchers.items()}
+
+    def load_state_dict(self, state: Dict[str, dict]) -> None:
+        if set(state) != set(self.batchers):
+            raise ValueError(f"the checkpoint's subsampled plates {sorted(state)} are not the model's "
+                             f"{sorted(self.batchers)}.")
+        for name, batcher in self.batchers.items():
+            batcher.load_state_dict(state[name])
 
     def draw(self) -> Dict[str, torch.Tensor]:
         """A fresh minibatch of every subsampled plate (or the script's next one)."""

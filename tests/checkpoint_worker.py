@@ -1,0 +1,57 @@
+"""A run that ``tests/test_checkpoint.py`` starts in a process of its own, kills and starts again.
+
+``python tests/checkpoint_worker.py CASE CHECKPOINT|none OUT``: runs ``CASE`` (seeded), with checkpoints to
+``CHECKPOINT`` every 20 ms (at the first draw after), and saves its draws and statistics to ``OUT``.
+"""
+
+import sys
+
+import torch
+
+import pyro
+import pyro.distributions as dist
+from pyro_flat import MCMC, SGLD, EntropyHMC, EntropySGHMC, EntropySGLD, schedules, to_arviz
+
+N, D = 400, 3
+
+
+def data():
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(N, D, generator=g, dtype=torch.float64)
+    y = X @ torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64) + torch.randn(N, generator=g, dtype=torch.float64)
+    return X, y
+
+
+def model(X, y, batch_size=20):
+    w = pyro.sample("w", dist.Normal(torch.zeros(D, dtype=X.dtype), 1.0).to_event(1))
+    with pyro.plate("data", X.shape[0], subsample_size=batch_size) as idx:
+        pyro.sample("y", dist.Normal((X[idx] * w).sum(-1), 1.0), obs=y[idx])
+
+
+#: name -> (kernel, warm-up, draws, thinning, minibatch size)
+CASES = {
+    "SGLD": lambda: (SGLD(model, step_size=1e-4), 300, 3000, 1, 20),
+    "SGLD, dense preconditioner, cyclical": lambda: (
+        SGLD(model, preconditioner="dense", schedule=schedules.cyclical_cosine(num_steps=6000, num_cycles=6)),
+        300, 3000, 1, 20),
+    "EntropySGLD, jit fx, thinning 4 (fused)": lambda: (EntropySGLD(model, eta=0.1, step_size=1e-4, jit_compile="fx"),
+                                                        200, 8000, 4, 20),
+    "EntropySGHMC, diagonal preconditioner": lambda: (
+        EntropySGHMC(model, eta=0.1, preconditioner="diagonal", momentum=0.7), 300, 3000, 1, 20),
+    "EntropyHMC, adaptation": lambda: (EntropyHMC(model, eta=0.1), 400, 300, 1, None),
+}
+
+
+def run(case: str, checkpoint, every: float = 0.02):
+    kernel, warmup, samples, thinning, batch_size = CASES[case]()
+    pyro.set_rng_seed(11)
+    mcmc = MCMC(kernel, num_samples=samples, warmup_steps=warmup, num_chains=3, thinning=thinning,
+                disable_progbar=True, checkpoint=checkpoint, checkpoint_every=every)
+    mcmc.run(*data(), batch_size=batch_size)
+    stats = to_arviz(mcmc).sample_stats
+    return {"draws": mcmc.get_samples(group_by_chain=True), "stats": {k: stats[k].values for k in stats.data_vars}}
+
+
+if __name__ == "__main__":
+    case, checkpoint, out = sys.argv[1:4]
+    torch.save(run(case, None if checkpoint == "none" else checkpoint), out)

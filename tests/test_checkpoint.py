@@ -1,0 +1,186 @@
+"""Checkpoint and resume: a run killed with SIGKILL at a random moment and started again gives the draws
+and statistics of the run that was never stopped, bit for bit; bad checkpoints are refused by name.
+
+The kill tests start real processes (``tests/checkpoint_worker.py``): an uninterrupted run, a run killed
+once or twice at random moments after its first checkpoint (with checkpoints every 20 ms many kills land
+during a write), and the run started again on the same checkpoint file.
+"""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import pyro
+import pyro.distributions as dist
+from pyro_flat import MCMC, SGLD, EntropySGLD
+from pyro_flat.checkpoint import CheckpointError, read_checkpoint
+
+from checkpoint_worker import CASES, data, model
+
+WORKER = str(Path(__file__).with_name("checkpoint_worker.py"))
+
+
+def _run_worker(case, checkpoint, out, timeout=240):
+    subprocess.run([sys.executable, WORKER, case, str(checkpoint), str(out)], check=True, timeout=timeout)
+
+
+def _kill_after_first_checkpoint(case, checkpoint, out, seconds: float):
+    """Start the worker, wait for its first checkpoint, SIGKILL it ``seconds`` later; the checkpoint's step."""
+    process = subprocess.Popen([sys.executable, WORKER, case, str(checkpoint), str(out)])
+    try:
+        deadline = time.monotonic() + 120
+        while not checkpoint.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(seconds)
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+    return read_checkpoint(checkpoint)["done"]
+
+
+@pytest.mark.parametrize("case, kills", [
+    ("SGLD", 1),
+    ("SGLD, dense preconditioner, cyclical", 1),
+    ("EntropySGLD, jit fx, thinning 4 (fused)", 2),
+    ("EntropySGHMC, diagonal preconditioner", 2),
+    ("EntropyHMC, adaptation", 1),
+])
+def test_a_run_killed_at_random_moments_resumes_to_the_uninterrupted_draws(tmp_path, case, kills):
+    reference, resumed, checkpoint = tmp_path / "reference.pt", tmp_path / "resumed.pt", tmp_path / "run.ckpt"
+    _run_worker(case, "none", reference)
+    rng = random.Random(f"{case}")
+    warmup, hmc = CASES[case]()[1], case.startswith("EntropyHMC")
+    for _ in range(kills):
+        # EntropyHMC: within the first 0.4 s, while it adapts (its warm-up takes several seconds)
+        done = _kill_after_first_checkpoint(case, checkpoint, resumed, rng.uniform(0.0, 0.4 if hmc else 1.0))
+        assert not resumed.exists()  # killed before the end
+        if hmc:
+            assert done < warmup, "the kill was meant to interrupt the warm-up's adaptation"
+    _run_worker(case, checkpoint, resumed)
+    want, got = torch.load(reference, weights_only=False), torch.load(resumed, weights_only=False)
+    for site, value in want["draws"].items():
+        assert torch.equal(got["draws"][site], value), site
+    assert set(got["stats"]) == set(want["stats"])
+    for name, value in want["stats"].items():
+        np.testing.assert_array_equal(got["stats"][name], value, err_msg=name)
+
+
+def _small_run(path, **changes):
+    settings = dict(num_samples=10, warmup_steps=5, step_size=1e-4, data=data())
+    settings.update(changes)
+    pyro.set_rng_seed(2)
+    mcmc = MCMC(SGLD(model, step_size=settings["step_size"]), num_samples=settings["num_samples"],
+                warmup_steps=settings["warmup_steps"], num_chains=2, disable_progbar=True, checkpoint=path,
+                checkpoint_every=3600)
+    mcmc.run(*settings["data"])
+    return mcmc
+
+
+def test_a_finished_runs_checkpoint_gives_its_draws_back_without_sampling(tmp_path):
+    path = tmp_path / "run.ckpt"
+    first = _small_run(path)
+    assert read_checkpoint(path)["done"] == 15  # written at the end, whatever checkpoint_every says
+    calls = []
+    pyro.set_rng_seed(99)  # another seed: the draws come from the checkpoint, not from sampling
+    again = MCMC(SGLD(model, step_size=1e-4), num_samples=10, warmup_steps=5, num_chains=2, disable_progbar=True,
+                 checkpoint=path, hook_fn=lambda *a: calls.append(a))
+    again.run(*data())
+    assert calls == []
+    for site, value in first.get_samples(group_by_chain=True).items():
+        assert torch.equal(again.get_samples(group_by_chain=True)[site], value)
+
+
+@pytest.mark.parametrize("changes, named", [
+    (dict(num_samples=20), "num_samples: 20 here, 10 in the checkpoint"),
+    (dict(step_size=2e-4), "SGLD.step_size: 0.0002 here, 0.0001 in the checkpoint"),
+    (dict(data=(data()[0], data()[1] + 1)), "args: "),
+])
+def test_a_checkpoint_of_another_configuration_is_refused_and_names_the_difference(tmp_path, changes, named):
+    path = tmp_path / "run.ckpt"
+    _small_run(path)
+    with pytest.raises(CheckpointError, match=named.replace("(", "\\(")):
+        _small_run(path, **changes)
+
+
+def test_another_kernel_is_refused(tmp_path):
+    path = tmp_path / "run.ckpt"
+    _small_run(path)
+    mcmc = MCMC(EntropySGLD(model, eta=0.1, step_size=1e-4), num_samples=10, warmup_steps=5, num_chains=2,
+                disable_progbar=True, checkpoint=path)
+    with pytest.raises(CheckpointError, match="kernel: 'EntropySGLD' here, 'SGLD' in the checkpoint"):
+        mcmc.run(*data())
+
+
+@pytest.mark.parametrize("damage, named", [
+    (lambda b: b[: len(b) // 2], "is truncated"),
+    (lambda b: b[:-40] + bytes(x ^ 0xFF for x in b[-40:]), "is corrupt"),
+    (lambda b: b"PK\x03\x04" + b[4:], "is not a pyro-flat checkpoint"),
+    (lambda b: b"", "is not a pyro-flat checkpoint"),
+])
+def test_a_damaged_checkpoint_is_refused_not_replaced_by_a_new_run(tmp_path, damage, named):
+    path = tmp_path / "run.ckpt"
+    _small_run(path)
+    path.write_bytes(damage(path.read_bytes()))
+    before = path.read_bytes()
+    with pytest.raises(CheckpointError, match=f"checkpoint '{path}' {named}.*delete it to start a new run"):
+        _small_run(path)
+    assert path.read_bytes() == before  # left for the user to look at
+
+
+def test_a_write_killed_halfway_leaves_the_previous_checkpoint_whole(tmp_path):
+    """A kill during a write leaves the temporary file beside the checkpoint, never in its place."""
+    path = tmp_path / "run.ckpt"
+    first = _small_run(path)
+    (tmp_path / ".run.ckpt.12345.tmp").write_bytes(path.read_bytes()[:100])
+    again = _small_run(path)
+    assert torch.equal(again.get_samples()["w"], first.get_samples()["w"])
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    (dict(checkpoint_every=0), "checkpoint_every must be a positive number of seconds, got 0"),
+    (dict(checkpoint_every=-5.0), "checkpoint_every must be a positive number"),
+    (dict(checkpoint_every=float("nan")), "checkpoint_every must be a positive number"),
+    (dict(checkpoint_every=True), "checkpoint_every must be a positive number"),
+    (dict(checkpoint=3), "checkpoint must be a file path"),
+    (dict(chain_method="sequential"), "checkpoint= needs a pyro-flat kernel run in this process"),
+])
+def test_bad_checkpoint_arguments_are_refused_by_name(tmp_path, kwargs, named):
+    settings = dict(checkpoint=tmp_path / "run.ckpt", checkpoint_every=60.0)
+    settings.update(kwargs)
+    with pytest.raises(ValueError, match=named):
+        MCMC(SGLD(model, step_size=1e-4), num_samples=10, warmup_steps=5, num_chains=2, **settings)
+
+
+def test_a_missing_or_read_only_folder_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="the folder .* does not exist"):
+        MCMC(SGLD(model, step_size=1e-4), num_samples=10, checkpoint=tmp_path / "nowhere" / "run.ckpt")
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        if os.access(folder, os.W_OK):  # root ignores permissions: nothing to test
+            pytest.skip("this user can write to read-only folders")
+        with pytest.raises(ValueError, match="cannot be written \\(read-only\\)"):
+            MCMC(SGLD(model, step_size=1e-4), num_samples=10, checkpoint=folder / "run.ckpt")
+    finally:
+        folder.chmod(0o700)
+
+
+def test_a_model_that_falls_back_to_pyros_driver_says_checkpoint_needs_vectorized_chains(tmp_path):
+    def scalar_only(y):
+        mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+        pyro.sample("y", dist.Normal(float(mu), 1.0), obs=y)  # float(): not batched over chains
+
+    mcmc = MCMC(SGLD(scalar_only, step_size=1e-3), num_samples=5, warmup_steps=2, num_chains=2,
+                disable_progbar=True, checkpoint=tmp_path / "run.ckpt")
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="checkpoint= needs the chains vectorized"):
+        mcmc.run(torch.tensor(0.5))
