@@ -182,7 +182,8 @@ class MCMC(pyro.infer.MCMC):
             raise ValueError(f"num_samples={num_samples} keeps no draw with thinning={thinning}; "
                              "pass num_samples >= thinning.")
         can_vectorize = isinstance(kernel, ChainKernel)
-        if self.checkpoint is not None and (not can_vectorize or chain_method not in ("auto", "vectorized")):
+        if self.checkpoint is not None and (not can_vectorize or not hasattr(kernel, "state_dict")
+                                            or chain_method not in ("auto", "vectorized")):
             raise ValueError(f"checkpoint= needs a pyro-flat kernel run in this process (chain_method 'auto' or "
                              f"'vectorized'); got {type(kernel).__name__} with chain_method={chain_method!r}.")
         if chain_method in ("vectorized",) + RANK_METHODS and not can_vectorize:

@@ -28,7 +28,8 @@ must hold to continue a run exactly: the iteration count and phase (warm-up or s
 adapted step sizes, the frozen preconditioner or mass matrix, the schedule's position, the
 minibatch streams' generators, the per-draw records, the momenta of the momentum samplers (the
 stochastic-gradient kernels' ``carried`` state), and (for Entropy-MCMC) :math:`\theta_a` as part of
-``params``.
+``params``. :meth:`~pyro_flat.kernels.base.TargetKernel.state_dict` gives exactly that (each class lists its
+part in ``run_state``), and :mod:`pyro_flat.checkpoint` writes it with the parameters and the random streams.
 
 >>> import torch
 >>> from pyro_flat.kernels import SGLD
