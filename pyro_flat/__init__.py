@@ -15,7 +15,8 @@
 - :class:`SAM_ELBO` and :class:`SABMA_ELBO` are flat-seeking ELBOs for ``pyro.infer.SVI``
   (:mod:`pyro_flat.variational`, with :func:`transfer_model` for Bayesian transfer learning);
 - :func:`to_arviz` gives ArviZ diagnostics; :func:`bma_predict` and :mod:`pyro_flat.metrics` give
-  Bayesian-model-averaged predictions and their calibration;
+  Bayesian-model-averaged predictions and their calibration, :class:`OnlineBMA` the average as the
+  draws come;
 - :mod:`pyro_flat.datasets` (MNIST 7-vs-9), :mod:`pyro_flat.mixtures` (sharp/flat mixtures and
   their basins, exactly), :mod:`pyro_flat.models`, and the studies behind the ``pyro-flat``
   command (:mod:`pyro_flat.experiments`).
@@ -45,8 +46,8 @@ from typing import TYPE_CHECKING, Any, List
 LAYERS = (
     ("errors", "validation", "tracing", "chains", "schedules"),
     ("targets",),
-    ("flat", "sam", "models", "nn", "mnist_files", "datasets", "predictive", "metrics", "shift", "mixture_basins",
-     "mixtures"),
+    ("flat", "sam", "models", "nn", "mnist_files", "datasets", "predictive", "metrics", "online_bma", "shift",
+     "mixture_basins", "mixtures"),
     ("kernels",),
     ("distributed",),
     ("mcmc_arguments", "checkpoint", "mcmc", "diagnostics"),
@@ -65,7 +66,7 @@ _PUBLIC = {
     "MCMC": "mcmc",
     "check_convergence": "convergence", "ConvergenceResult": "convergence", "ConvergenceError": "convergence",
     "to_arviz": "diagnostics",
-    "bma_predict": "predictive",
+    "bma_predict": "predictive", "OnlineBMA": "online_bma",
     "SAM_ELBO": "variational", "SABMA_ELBO": "variational", "AutoSWAG": "variational", "transfer_model": "variational",
     "fit_ensemble": "ensembles",
 }
@@ -99,6 +100,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
                           LocalEntropySGD, LocalEntropySGLD, SAMSGD, SASGLD)
     from .ensembles import fit_ensemble
     from .mcmc import MCMC
+    from .online_bma import OnlineBMA
     from .predictive import bma_predict
     from .variational import SABMA_ELBO, SAM_ELBO, AutoSWAG, transfer_model
 
@@ -127,6 +129,7 @@ __all__ = [
     "DivergenceError",
     "to_arviz",
     "bma_predict",
+    "OnlineBMA",
     "metrics",
     "datasets",
     "mixtures",

@@ -1,0 +1,106 @@
+r"""Bayesian model averaging as the draws come, without storing them: a ``hook_fn`` for ``MCMC``.
+
+:class:`OnlineBMA` adds each kept draw's class probabilities on held-out data to a running average,
+for :math:`\theta`, for :math:`\theta_a` and for both when the draws have twins, and records the
+average's accuracy, NLL, ECE and Brier score after every draw. Pass it as ``hook_fn`` to
+:class:`pyro_flat.MCMC` or ``pyro.infer.MCMC``: it is called after every iteration and keeps the
+sampling phase's. It is :func:`pyro_flat.metrics.running_bma` for a run whose draws are not kept
+(a network's draws cost memory) or not yet finished.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from . import metrics
+from .predictive import bma_predict
+
+USES = ("theta", "aux", "both")
+
+
+class OnlineBMA:
+    r"""The running Bayesian model average of a run's draws on held-out data.
+
+    After the :math:`k`-th kept draw (all of its chains), for each ``use``:
+
+    .. math:: \bar p_k = \bar p_{k-1} + \frac{p_k - \bar p_{k-1}}{k},
+
+    :math:`p_k` the draw's class probabilities averaged over its chains (:func:`~pyro_flat.bma_predict`),
+    and ``history[use]`` gains :func:`~pyro_flat.metrics.classification_metrics` of :math:`\bar p_k`.
+    With Pyro's driver the draws come chain by chain, and only chains run in this process reach it:
+    ``pyro.infer.MCMC``'s parallel chains call a copy in each worker (use :class:`pyro_flat.MCMC`'s
+    vectorized chains, or ``chain_method="sequential"``). Across ranks each rank averages its chains.
+
+    :param model: the Pyro model sampled (the original, not its :func:`~pyro_flat.flat_posterior`).
+    :param args: its arguments for the held-out inputs (``X_test``), as for :func:`~pyro_flat.bma_predict`.
+    :param y: the held-out labels.
+    :param uses: any of ``"theta"``, ``"aux"``, ``"both"``; by default all three when the draws have
+        twins (sites ``name + suffix``), else ``"theta"``.
+    :param n_bins: the ECE's bins.
+
+    Example::
+
+        >>> import torch, pyro, pyro.distributions as dist
+        >>> from pyro_flat import MCMC, EntropySGLD, OnlineBMA
+        >>> def model(X, y=None):
+        ...     w = pyro.sample("w", dist.Normal(torch.zeros(2), 1.).to_event(1))
+        ...     with pyro.plate("data", X.shape[0]):
+        ...         pyro.sample("y", dist.Bernoulli(logits=(X * w).sum(-1)), obs=y)
+        >>> X = torch.randn(200, 2); y = (X[:, 0] > 0).float()
+        >>> bma = OnlineBMA(model, X[100:], y=y[100:])
+        >>> mcmc = MCMC(EntropySGLD(model, eta=0.1, step_size=1e-2), num_samples=50, warmup_steps=20,
+        ...             num_chains=2, hook_fn=bma, disable_progbar=True)
+        >>> mcmc.run(X[:100], y[:100])
+        >>> len(bma.history["both"]), sorted(bma.history["theta"][-1])
+        (50, ['accuracy', 'brier', 'ece', 'ece_mass', 'nll'])
+    """
+
+    def __init__(self, model: Callable, *args, y: torch.Tensor, uses: Optional[Sequence[str]] = None,
+                 suffix: str = "_aux", n_bins: int = 15, **kwargs):
+        if not callable(model):
+            raise TypeError(f"OnlineBMA: model must be the Pyro model sampled, got {type(model).__name__}.")
+        if not torch.is_tensor(y):
+            raise ValueError(f"OnlineBMA: y must be a tensor of held-out labels, got {type(y).__name__}.")
+        if uses is not None:
+            unknown = [u for u in uses if u not in USES]
+            if unknown or not uses:
+                raise ValueError(f"OnlineBMA: uses={list(uses)!r}; pass a non-empty subset of {USES}.")
+        self.model, self.args, self.kwargs, self.y = model, args, kwargs, y
+        self.uses, self.suffix, self.n_bins = (None if uses is None else tuple(uses)), suffix, n_bins
+        self.num_draws = 0
+        #: the running average of each use's class probabilities
+        self.probs: Dict[str, torch.Tensor] = {}
+        #: each use's metrics after every kept draw
+        self.history: Dict[str, List[Dict[str, float]]] = {}
+
+    def __call__(self, kernel, params: Dict[str, torch.Tensor], stage: str, i: int) -> None:
+        """``MCMC``'s ``hook_fn``: a sampling-phase draw (unconstrained ``params``) joins the average."""
+        if stage != "Sample":
+            return
+        transforms = kernel.transforms
+        values = {name: (transforms[name].inv(v) if name in transforms else v).detach() for name, v in params.items()}
+        if getattr(kernel, "num_chains", None) is None:  # Pyro's driver: one chain, no chain dimension
+            values = {name: v.unsqueeze(0) for name, v in values.items()}
+        self.update(values)
+
+    def update(self, draws: Dict[str, torch.Tensor]) -> None:
+        """Add one draw, ``{site: (chains, ...)}`` in the constrained space (θ sites and their twins)."""
+        if self.uses is None:
+            twins = any(name + self.suffix in draws for name in draws)
+            self.uses = USES if twins else ("theta",)
+        self.num_draws += 1
+        k = self.num_draws
+        for use in self.uses:
+            p = bma_predict(self.model, draws, *self.args, use=use, suffix=self.suffix, **self.kwargs).double()
+            if p.shape[0] != self.y.shape[0]:
+                raise ValueError(f"OnlineBMA: y has {self.y.shape[0]} labels but the model predicts {p.shape[0]} "
+                                 "points; pass the labels of the held-out inputs given as args.")
+            average = self.probs.get(use)
+            self.probs[use] = p if average is None else average + (p - average) / k
+            self.history.setdefault(use, []).append(
+                metrics.classification_metrics(self.probs[use], self.y, n_bins=self.n_bins))
+
+
+__all__ = ["OnlineBMA", "USES"]
