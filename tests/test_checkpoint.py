@@ -184,3 +184,38 @@ def test_a_model_that_falls_back_to_pyros_driver_says_checkpoint_needs_vectorize
                 disable_progbar=True, checkpoint=tmp_path / "run.ckpt")
     with pytest.warns(UserWarning), pytest.raises(ValueError, match="checkpoint= needs the chains vectorized"):
         mcmc.run(torch.tensor(0.5))
+
+
+def test_the_mnist79_study_killed_and_run_again_with_resume_writes_the_uninterrupted_runs_results(tmp_path):
+    """``pyro-flat mnist79 --resume`` after a SIGKILL: the same draws, statistics and BMA metrics as the run
+    never stopped, and the checkpoints beside ``--out`` are removed once the run is complete."""
+    import arviz as az
+    import json
+
+    args = [sys.executable, "-m", "pyro_flat", "mnist79", "--num-samples", "600", "--warmup", "100", "--chains", "2",
+            "--thin", "1", "--reference", "none", "--no-progress", "--checkpoint-every", "0.05", "--threads", "1"]
+    subprocess.run([*args, "--out", str(tmp_path / "whole")], check=True, capture_output=True, timeout=300)
+    process = subprocess.Popen([*args, "--out", str(tmp_path / "killed")], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    checkpoints = tmp_path / ".killed.checkpoints"
+    try:
+        deadline = time.monotonic() + 120
+        while not (checkpoints.is_dir() and any(checkpoints.iterdir())) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(random.Random(0).uniform(0.0, 2.0))
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+    assert not (tmp_path / "killed").exists() and any(checkpoints.iterdir())
+    resumed = subprocess.run([*args, "--out", str(tmp_path / "killed"), "--resume"], capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "--resume: continuing from" in resumed.stdout
+    want, got = (az.from_netcdf(tmp_path / name / "samples.nc") for name in ("whole", "killed"))
+    for group in ("posterior", "sample_stats"):
+        for var in getattr(want, group).data_vars:
+            np.testing.assert_array_equal(getattr(got, group)[var].values, getattr(want, group)[var].values)
+    reports = [json.loads((tmp_path / name / "report.json").read_text()) for name in ("whole", "killed")]
+    assert reports[0]["bma"] == reports[1]["bma"] and reports[0]["diagnostics"] == reports[1]["diagnostics"]
+    assert not checkpoints.exists()

@@ -119,6 +119,10 @@ class MNIST79Config(StudyConfig):
     prior_scale: float = option(0.5, "prior sd of the weights")
     out: str = out_option("pyro-flat-out/mnist79")
     threads: Optional[int] = threads_option(None)
+    resume: bool = option(False, "continue the run into --out that was killed, from its checkpoints (beside --out, "
+                                 "in .NAME.checkpoints/): the same draws as a run never stopped", action="store_true",
+                          default_text="")
+    checkpoint_every: float = option(60.0, "seconds between a sampler's checkpoints (--resume continues from the last)")
 
     COMMAND: ClassVar[str] = "mnist79"
     #: 2 chains x (200 warm-up + 300 draws), no thinning, a reference of 2 x (50 + 100) EntropyHMC draws
@@ -138,7 +142,7 @@ class MNIST79Config(StudyConfig):
             raise StudyError(f"--reference {self.reference!r}: the reference must be exact: entropy-hmc or none")
         self.require_int(1, "reference_samples")
         self.require_int(0, "reference_warmup")
-        self.require_positive("eta", "step_size", "prior_scale")
+        self.require_positive("eta", "step_size", "prior_scale", "checkpoint_every")
         if isinstance(self.momentum, bool) or not isinstance(self.momentum, (int, float)) or not 0 < self.momentum < 1:
             raise StudyError(f"--momentum {self.momentum!r} must lie in (0, 1): the velocity's decay per iteration "
                              "(the study's default 0.5 is near critical damping in the dense metric's units)")

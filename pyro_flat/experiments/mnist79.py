@@ -17,6 +17,8 @@ An interrupted run across ranks leaves the folder as it was.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,6 +32,7 @@ import pyro
 from .. import metrics
 from ..datasets import load_mnist79, pixel_index
 from ..distributed import Ranks
+from ..checkpoint import CheckpointError
 from ..diagnostics import (MAX_R_HAT, chain_correlation, convergence_verdict, diagnostics_table, guidance_correlation,
                            mcmc_sample_stats, write_netcdf)
 from ..kernels import EntropyHMC, kernel_class, kernel_settings, make_kernel
@@ -38,7 +41,8 @@ from ..models import logistic_probs, logistic_regression
 from .configs import MNIST79Config
 from .mnist79_report import (ECE_BINS, RELIABILITY_BINS, chains_text, metric_text, metrics_text, reference_worth, report_markdown,
                              schedule_text)
-from .output import Terminated, across_ranks, hold_signals, threads_record
+from .output import (StudyError, Terminated, across_ranks, checkpoint_folder, hold_signals, study_checkpoints,
+                     threads_record)
 
 #: The pixel shown in the trace and rank plots: the image's centre.
 CENTRE_PIXEL = pixel_index(14, 14)
@@ -97,10 +101,12 @@ def _stack_partial(chains: List[Dict[str, torch.Tensor]]) -> Dict[str, torch.Ten
 
 
 def run_sampler(name: str, config: MNIST79Config, X: torch.Tensor, y: torch.Tensor,
-                ranks: Optional[Ranks] = None) -> SamplerRun:
+                ranks: Optional[Ranks] = None, checkpoint: Optional[Path] = None) -> SamplerRun:
     """Run one sampler of :data:`~pyro_flat.experiments.configs.SAMPLERS` on the logistic regression; Ctrl-C keeps the draws
     (in one process). EntropyHMC runs ``config.reference_samples`` draws after ``config.reference_warmup``, unthinned.
-    With ``ranks`` of several processes the chains are split over them; ranks other than 0 return no draws."""
+    With ``ranks`` of several processes the chains are split over them; ranks other than 0 return no draws.
+    ``checkpoint``: the file of this sampler's checkpoints (every ``config.checkpoint_every`` seconds), which
+    the run continues from when it holds one."""
     distributed = ranks is not None and ranks.distributed
     kernel = make_study_kernel(name, config, logistic_regression)
     exact = is_full_batch(name)
@@ -109,12 +115,15 @@ def run_sampler(name: str, config: MNIST79Config, X: torch.Tensor, y: torch.Tens
     warmup = config.reference_warmup if exact else config.warmup
     mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup, thinning=thin, num_chains=config.chains,
                 minibatches=config.minibatches, disable_progbar=not config.progress,
-                chain_method="distributed" if distributed else "auto")  # vectorized chains
+                chain_method="distributed" if distributed else "auto",  # vectorized chains
+                checkpoint=checkpoint, checkpoint_every=config.checkpoint_every)
     pyro.set_rng_seed(config.seed)
     start = time.perf_counter()
     batch_size = None if is_full_batch(name) else min(config.batch_size, len(X))
     try:
         mcmc.run(X, y, batch_size=batch_size, prior_scale=config.prior_scale)
+    except CheckpointError as err:  # --resume with other settings, or a damaged file: one line, not a traceback
+        raise StudyError(f"--resume: {err}") from None
     except KeyboardInterrupt as stop:
         if distributed:  # the other ranks' draws are out of reach: the output folder stays as it was
             raise
@@ -219,13 +228,21 @@ def run_mnist79(config: MNIST79Config, *, log: Callable[[str], None] = print) ->
 
     matplotlib.use("Agg")
     config.validate()
+    if config.resume and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # before the ranks start work
+        raise StudyError("--resume continues a run of one process; runs across torchrun's ranks write no checkpoints yet")
     try:
-        return across_ranks(config, lambda config, staging, ranks: _run_mnist79(config, staging, log, ranks),
-                            _follow, log)
+        report = across_ranks(config, lambda config, staging, ranks: _run_mnist79(config, staging, log, ranks),
+                              _follow, log)
     except _NothingDrawn as stop:
         log(f"interrupted ({stop.report['interrupted_by']}) before the first draw: "
             f"{Path(config.out).expanduser()} left as it was")
         return stop.report
+    folder = checkpoint_folder(config.out)
+    if report.get("interrupted"):
+        log(f"checkpoints kept in {folder}: the same command with --resume continues the run")
+    elif "rank" not in report:  # the run is complete (rank 0, or one process): its checkpoints are done with
+        shutil.rmtree(folder, ignore_errors=True)
+    return report
 
 
 def _follow(config: MNIST79Config, ranks: Ranks) -> None:
@@ -285,9 +302,10 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None], r
     if ranks is not None and ranks.distributed:
         log(f"{ranks.world_size} ranks (torch.distributed, {ranks.backend}): each sampler's {config.chains} chains "
             f"split over them, {config.threads} thread(s) per rank; rank 0 gathers the draws and writes")
+    checkpoints = study_checkpoints(config, ranks is not None and ranks.distributed, log)
     runs = {}
     for name in _sampler_names(config):
-        runs[name] = run_sampler(name, config, X, y, ranks)
+        runs[name] = run_sampler(name, config, X, y, ranks, None if checkpoints is None else checkpoints / f"{name}.ckpt")
         log(f"{name}: {runs[name].seconds:.1f} s" + (" (interrupted)" if runs[name].interrupted else ""))
         if runs[name].interrupted:
             break

@@ -297,6 +297,32 @@ def auto_threads() -> Tuple[Optional[int], str]:
     return None, ""
 
 
+def checkpoint_folder(out: str) -> Path:
+    """Where a study keeps its samplers' checkpoints: beside ``--out`` (``.NAME.checkpoints/``), so that ``--out``
+    holds one run's files and a run killed before its first draw leaves it as it was."""
+    out = Path(out).expanduser()
+    return out.parent / f".{out.name}.checkpoints"
+
+
+def study_checkpoints(config, distributed: bool, log: Callable[[str], None] = print) -> Optional[Path]:
+    """The folder for this run's checkpoints (``None`` across ranks): with ``--resume`` the killed run's, kept;
+    otherwise emptied, so that an old run's checkpoints never continue into a new one."""
+    folder = checkpoint_folder(config.out)
+    if distributed:
+        if config.resume:
+            raise StudyError("--resume continues a run of one process; runs across torchrun's ranks write no "
+                             "checkpoints yet")
+        return None
+    if config.resume:
+        found = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+        log(f"--resume: continuing from {folder} ({', '.join(found)})" if found else
+            f"--resume: no checkpoints in {folder} (killed before the first): starting from the beginning")
+    elif folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def across_ranks(config, lead: Callable, follow: Callable, log: Callable[[str], None] = print):
     """Run a study on this process's rank of ``torchrun``'s group, or alone: what rank 0 and the other
     ranks each do, written once for every study.
