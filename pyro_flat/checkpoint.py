@@ -187,15 +187,16 @@ class Checkpointer:
         set_random_state(saved["random"])
         return saved["params"], saved["done"]
 
-    def maybe_write(self, kernel, params: Params, done: int, draws: Dict[str, torch.Tensor], kept: int) -> None:
+    def maybe_write(self, kernel, params: Params, done: int, draws, kept: int) -> None:
         if time.monotonic() - self.last >= self.every:
             self.write(kernel, params, done, draws, kept)
 
-    def write(self, kernel, params: Params, done: int, draws: Dict[str, torch.Tensor], kept: int) -> None:
-        kept = max(kept, 0)
+    def write(self, kernel, params: Params, done: int, draws, kept: int) -> None:
+        """Write the state after ``done`` iterations, ``kept`` of whose draws are in ``draws`` (a
+        :class:`~pyro_flat.draws.DrawBuffers` or :class:`~pyro_flat.draws.DrawFiles`)."""
         write_checkpoint(self.path, {
             "fingerprint": self.fingerprint, "done": done, "params": params, "kernel": kernel.state_dict(),
-            "random": random_state(), "draws": {n: v[:kept].clone() for n, v in draws.items()}})
+            "random": random_state(), "draws": draws.for_checkpoint(max(kept, 0))})
         self.last = time.monotonic()
 
 

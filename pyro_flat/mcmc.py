@@ -54,8 +54,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import warnings
+from pathlib import Path
 from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import torch
@@ -68,6 +70,7 @@ from pyro.util import optional
 
 from .chains import sharded
 from .checkpoint import Checkpointer, check_checkpoint_arguments, run_fingerprint
+from .draws import DrawBuffers, DrawFiles
 from .distributed.driver import RankRun, RanksFailed, checked, gather_draws, start_rank_run, with_draws
 from .kernels.protocol import ChainKernel
 from .mcmc_arguments import check_initial_params, check_kernel
@@ -156,6 +159,10 @@ class MCMC(pyro.infer.MCMC):
         run's checkpoint gives its draws back at once. Needs a pyro-flat kernel in this process (not
         Pyro's driver, nor ``"distributed"``/``"data_parallel"`` yet).
     :param checkpoint_every: seconds between checkpoints (default 60).
+    :param draws_dir: a folder: the kept draws go to ``DIR/SITE.npy`` as they are made, a block at a time,
+        instead of memory (:mod:`pyro_flat.draws`); ``get_samples()`` then gives memory-mapped tensors of
+        those files, and the kernel keeps no copy of its own (the draws made before an error or a Ctrl-C
+        are in the files). Vectorized chains in this process, as ``checkpoint``.
 
     The other arguments are ``pyro.infer.MCMC``'s. ``initial_params`` for ``num_chains > 1`` have
     a leading chain dimension, as in Pyro. ``run`` may be called again (with other data, say): with
@@ -165,10 +172,15 @@ class MCMC(pyro.infer.MCMC):
     def __init__(self, kernel, num_samples: int, warmup_steps: Optional[int] = None,
                  initial_params: Optional[Dict[str, torch.Tensor]] = None, num_chains: int = 1,
                  chain_method: str = "auto", thinning: int = 1, minibatches: str = "per_chain",
-                 checkpoint: Optional[str] = None, checkpoint_every: float = 60.0, **kwargs):
+                 checkpoint: Optional[str] = None, checkpoint_every: float = 60.0, draws_dir: Optional[str] = None,
+                 **kwargs):
         check_kernel(kernel)
         self.checkpoint = check_checkpoint_arguments(checkpoint, checkpoint_every)
         self.checkpoint_every = float(checkpoint_every)
+        if draws_dir is not None and not isinstance(draws_dir, (str, os.PathLike)):
+            raise ValueError(f"draws_dir must be a folder path (str or pathlib.Path), got {type(draws_dir).__name__}.")
+        self.draws_dir = None if draws_dir is None else Path(draws_dir).expanduser()
+        own_loop = self.checkpoint is not None or self.draws_dir is not None
         num_samples = check_positive_int("num_samples", num_samples,
                                          hint="It is the number of draws kept per chain.")
         if warmup_steps is not None:
@@ -182,9 +194,10 @@ class MCMC(pyro.infer.MCMC):
             raise ValueError(f"num_samples={num_samples} keeps no draw with thinning={thinning}; "
                              "pass num_samples >= thinning.")
         can_vectorize = isinstance(kernel, ChainKernel)
-        if self.checkpoint is not None and (not can_vectorize or not hasattr(kernel, "state_dict")
-                                            or chain_method not in ("auto", "vectorized")):
-            raise ValueError(f"checkpoint= needs a pyro-flat kernel run in this process (chain_method 'auto' or "
+        if own_loop and (not can_vectorize or not hasattr(kernel, "state_dict")
+                         or chain_method not in ("auto", "vectorized")):
+            what = "checkpoint=" if self.checkpoint is not None else "draws_dir="
+            raise ValueError(f"{what} needs a pyro-flat kernel run in this process (chain_method 'auto' or "
                              f"'vectorized'); got {type(kernel).__name__} with chain_method={chain_method!r}.")
         if chain_method in ("vectorized",) + RANK_METHODS and not can_vectorize:
             raise ValueError(
@@ -194,6 +207,8 @@ class MCMC(pyro.infer.MCMC):
         check_thinning(kernel, thinning)
         if initial_params is not None:
             initial_params = check_initial_params(initial_params, num_chains)
+            if own_loop and num_chains == 1:  # Pyro's one chain has no chain dimension; pyro-flat's loop has one
+                initial_params = {k: v.unsqueeze(0) for k, v in initial_params.items()}
         # before any work: at least one float per chain and draw (initial_params: the state itself); the
         # kernel checks the model's real state size before it traces the model for so many chains
         state = 4 if initial_params is None else sum(
@@ -205,8 +220,7 @@ class MCMC(pyro.infer.MCMC):
         self.kernel = kernel
         self.chain_method = chain_method
         # decided for good in run(), when the model's arguments are known
-        self._try_vectorized = (num_chains > 1 or self.checkpoint is not None) and can_vectorize and \
-            chain_method in ("auto", "vectorized")
+        self._try_vectorized = (num_chains > 1 or own_loop) and can_vectorize and chain_method in ("auto", "vectorized")
         self.rank, self.world_size, self.backend = 0, 1, None  # set by a run across ranks
         if self._try_vectorized or chain_method in RANK_METHODS:  # one kernel holds this process's chains
             super().__init__(kernel, num_samples, warmup_steps, num_chains=1, **kwargs)
@@ -267,10 +281,10 @@ class MCMC(pyro.infer.MCMC):
         return self._run_pyro(args, kwargs)
 
     def _run_pyro(self, args: tuple, kwargs: dict) -> None:
-        if self.checkpoint is not None:
-            raise ValueError("checkpoint= needs the chains vectorized in pyro-flat's loop, but they fell back to "
-                             "Pyro's driver (see the warning above); make the model broadcast over a leading chain "
-                             "dimension, or run without checkpoint=.")
+        if self.checkpoint is not None or self.draws_dir is not None:
+            raise ValueError("checkpoint= and draws_dir= need the chains vectorized in pyro-flat's loop, but they fell "
+                             "back to Pyro's driver (see the warning above); make the model broadcast over a leading "
+                             "chain dimension, or run without them.")
         self.minibatches = "per_chain"  # one chain per setup: each draws its own
         if isinstance(self.kernel, ChainKernel):  # one chain per setup; forget any earlier run
             self.kernel.configure(steps_per_draw=self.thinning)
@@ -318,45 +332,54 @@ class MCMC(pyro.infer.MCMC):
         hook = _LoggingHook(logger, progress_bar, self.sampler.hook, iterations_per_draw=self.thinning)
         saver = None if self.checkpoint is None else Checkpointer(
             self.checkpoint, self.checkpoint_every,
-            run_fingerprint(kernel, num_chains=num_chains, num_samples=num_samples, warmup_steps=warmup,
-                            thinning=self.thinning, minibatches=self.minibatches, initial_params=initial_params,
-                            args=args, kwargs=kwargs))
+            {**run_fingerprint(kernel, num_chains=num_chains, num_samples=num_samples, warmup_steps=warmup,
+                               thinning=self.thinning, minibatches=self.minibatches, initial_params=initial_params,
+                               args=args, kwargs=kwargs),
+             "draws_dir": None if self.draws_dir is None else str(self.draws_dir)})
+        recording = getattr(kernel, "record_draws", None)
+        if self.draws_dir is not None and recording:  # the files hold the draws: no second copy in memory
+            kernel.record_draws = False
         steps = run_chains(kernel, warmup, num_samples, args, kwargs,
                            resume=None if saver is None or saver.saved is None else lambda: saver.restore(kernel))
+        store = None
         try:
             with sharded(None if run is None else run.shard), poutine.block(), \
                     optional(pyro.validation_enabled(not self.disable_validation), self.disable_validation is not None):
                 for phase, i, params in checked(steps, run, self.thinning):
                     if phase == "Initial":
                         names = getattr(kernel, "save_params", None) or sorted(params)
-                        # (draw, chain, ...) in host memory, constrained where the state is: draws leave a
-                        # GPU as they are made
+                        # (draw, chain, ...) in host memory or files, constrained where the state is: draws
+                        # leave a GPU as they are made
                         transforms = kernel.transforms
-                        draws = {n: torch.empty((num_samples,) + params[n].shape, dtype=params[n].dtype)
-                                 for n in names}
-                        if saver is not None and saver.saved is not None:  # the draws made before the stop
-                            for n, kept in saver.saved["draws"].items():
-                                draws[n][:len(kept)].copy_(kept)
+                        shapes = {n: (tuple(params[n].shape), params[n].dtype) for n in names}
+                        resumed = saver is not None and saver.saved is not None
+                        store = DrawBuffers(shapes, num_samples) if self.draws_dir is None else DrawFiles(
+                            self.draws_dir, shapes, num_samples, fresh=not resumed)
+                        if resumed:  # the draws made before the stop
+                            store.restore(saver.saved["draws"])
                             progress_bar.update(saver.saved["done"])
                         continue
                     if phase == "Sample":
-                        for n in names:
-                            draws[n][i].copy_(transforms[n].inv(params[n]) if n in transforms else params[n])
+                        store.put(i, {n: transforms[n].inv(params[n]) if n in transforms else params[n] for n in names})
                     hook(kernel, params, phase, i)
                     if saver is not None:
                         done = i + 1 + (warmup if phase == "Sample" else 0)
-                        saver.maybe_write(kernel, params, done, draws, done - warmup)
+                        saver.maybe_write(kernel, params, done, store, done - warmup)
                 if saver is not None:  # the finished run: run() again gives its draws back at once
-                    saver.write(kernel, params, warmup + num_samples, draws, num_samples)
+                    saver.write(kernel, params, warmup + num_samples, store, num_samples)
                 hook.flush(kernel)
                 diagnostics = kernel.diagnostics()
             self.transforms = kernel.transforms
-            self._samples = {n: v.transpose(0, 1) for n, v in draws.items()}  # (chain, draw, ...) views
+            self._samples = {n: v.transpose(0, 1) for n, v in store.tensors().items()}  # (chain, draw, ...) views
         except RanksFailed as failed:
             steps.close()  # this rank's kernel cleans up: its draws so far are in kernel.partial_samples
             raise with_draws(failed.error, run, kernel.partial_samples) from failed.cause
         finally:
             progress_bar.close()
+            if self.draws_dir is not None:
+                kernel.record_draws = recording
+                if store is not None:  # an error or a Ctrl-C: the draws made so far are in the files
+                    store.flush()
         if run is None:
             self.chain_method = "vectorized"
         self.num_chains = num_chains if run is None else run.total_chains

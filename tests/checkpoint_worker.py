@@ -1,7 +1,8 @@
 """A run that ``tests/test_checkpoint.py`` starts in a process of its own, kills and starts again.
 
-``python tests/checkpoint_worker.py CASE CHECKPOINT|none OUT``: runs ``CASE`` (seeded), with checkpoints to
-``CHECKPOINT`` every 20 ms (at the first draw after), and saves its draws and statistics to ``OUT``.
+``python tests/checkpoint_worker.py CASE CHECKPOINT|none OUT [DRAWS_DIR]``: runs ``CASE`` (seeded), with
+checkpoints to ``CHECKPOINT`` every 20 ms (at the first draw after), its draws streamed to ``DRAWS_DIR`` if
+given, and saves its draws and statistics to ``OUT``.
 """
 
 import sys
@@ -42,16 +43,18 @@ CASES = {
 }
 
 
-def run(case: str, checkpoint, every: float = 0.02):
+def run(case: str, checkpoint, every: float = 0.02, draws_dir=None):
     kernel, warmup, samples, thinning, batch_size = CASES[case]()
     pyro.set_rng_seed(11)
     mcmc = MCMC(kernel, num_samples=samples, warmup_steps=warmup, num_chains=3, thinning=thinning,
-                disable_progbar=True, checkpoint=checkpoint, checkpoint_every=every)
+                disable_progbar=True, checkpoint=checkpoint, checkpoint_every=every, draws_dir=draws_dir)
     mcmc.run(*data(), batch_size=batch_size)
     stats = to_arviz(mcmc).sample_stats
-    return {"draws": mcmc.get_samples(group_by_chain=True), "stats": {k: stats[k].values for k in stats.data_vars}}
+    draws = {k: v.clone() for k, v in mcmc.get_samples(group_by_chain=True).items()}  # out of a draws_dir's files
+    return {"draws": draws, "stats": {k: stats[k].values for k in stats.data_vars}}
 
 
 if __name__ == "__main__":
     case, checkpoint, out = sys.argv[1:4]
-    torch.save(run(case, None if checkpoint == "none" else checkpoint), out)
+    draws_dir = sys.argv[4] if len(sys.argv) > 4 else None
+    torch.save(run(case, None if checkpoint == "none" else checkpoint, draws_dir=draws_dir), out)

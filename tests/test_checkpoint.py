@@ -28,13 +28,14 @@ from checkpoint_worker import CASES, data, model
 WORKER = str(Path(__file__).with_name("checkpoint_worker.py"))
 
 
-def _run_worker(case, checkpoint, out, timeout=240):
-    subprocess.run([sys.executable, WORKER, case, str(checkpoint), str(out)], check=True, timeout=timeout)
+def _run_worker(case, checkpoint, out, *extra, timeout=240):
+    subprocess.run([sys.executable, WORKER, case, str(checkpoint), str(out), *map(str, extra)], check=True,
+                   timeout=timeout)
 
 
-def _kill_after_first_checkpoint(case, checkpoint, out, seconds: float):
+def _kill_after_first_checkpoint(case, checkpoint, out, seconds: float, *extra):
     """Start the worker, wait for its first checkpoint, SIGKILL it ``seconds`` later; the checkpoint's step."""
-    process = subprocess.Popen([sys.executable, WORKER, case, str(checkpoint), str(out)])
+    process = subprocess.Popen([sys.executable, WORKER, case, str(checkpoint), str(out), *map(str, extra)])
     try:
         deadline = time.monotonic() + 120
         while not checkpoint.exists() and process.poll() is None and time.monotonic() < deadline:
@@ -49,6 +50,7 @@ def _kill_after_first_checkpoint(case, checkpoint, out, seconds: float):
 
 @pytest.mark.parametrize("case, kills", [
     ("SGLD", 1),
+    ("SGLD, streamed draws", 2),
     ("SGLD, dense preconditioner, cyclical", 1),
     ("EntropySGLD, jit fx, thinning 4 (fused)", 2),
     ("EntropySGHMC, diagonal preconditioner", 2),
@@ -56,17 +58,23 @@ def _kill_after_first_checkpoint(case, checkpoint, out, seconds: float):
 ])
 def test_a_run_killed_at_random_moments_resumes_to_the_uninterrupted_draws(tmp_path, case, kills):
     reference, resumed, checkpoint = tmp_path / "reference.pt", tmp_path / "resumed.pt", tmp_path / "run.ckpt"
+    streamed = case.endswith(", streamed draws")  # the draws go to .npy files, the checkpoint counts them
+    case = case.replace(", streamed draws", "")
+    extra = [tmp_path / "draws"] if streamed else []
     _run_worker(case, "none", reference)
-    rng = random.Random(f"{case}")
+    rng = random.Random(f"{case}{streamed}")
     warmup, hmc = CASES[case]()[1], case.startswith("EntropyHMC")
     for _ in range(kills):
         # EntropyHMC: within the first 0.4 s, while it adapts (its warm-up takes several seconds)
-        done = _kill_after_first_checkpoint(case, checkpoint, resumed, rng.uniform(0.0, 0.4 if hmc else 1.0))
+        done = _kill_after_first_checkpoint(case, checkpoint, resumed, rng.uniform(0.0, 0.4 if hmc else 1.0), *extra)
         assert not resumed.exists()  # killed before the end
         if hmc:
             assert done < warmup, "the kill was meant to interrupt the warm-up's adaptation"
-    _run_worker(case, checkpoint, resumed)
+    _run_worker(case, checkpoint, resumed, *extra)
     want, got = torch.load(reference, weights_only=False), torch.load(resumed, weights_only=False)
+    if streamed:  # the files themselves, read without pyro-flat
+        on_disk = np.load(tmp_path / "draws" / "w.npy")
+        np.testing.assert_array_equal(np.swapaxes(on_disk, 0, 1), want["draws"]["w"].numpy())
     for site, value in want["draws"].items():
         assert torch.equal(got["draws"][site], value), site
     assert set(got["stats"]) == set(want["stats"])
