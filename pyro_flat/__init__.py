@@ -50,7 +50,7 @@ LAYERS = (
      "mixture_basins", "mixtures"),
     ("kernels",),
     ("distributed",),
-    ("mcmc_arguments", "checkpoint", "draws", "mcmc", "diagnostics"),
+    ("mcmc_arguments", "checkpoint", "draws", "progress", "mcmc", "diagnostics"),
     ("flatness", "theory", "references", "ensemble_runner", "convergence_result", "convergence", "ensembles",
      "variational"),
     ("experiments",),

@@ -52,10 +52,8 @@ Example::
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import time
 import warnings
 from pathlib import Path
 from typing import Callable, Dict, Iterator, Optional, Tuple
@@ -65,12 +63,13 @@ import torch
 import pyro
 import pyro.infer
 from pyro import poutine
-from pyro.infer.mcmc.logger import DIAGNOSTIC_MSG, ProgressBar, initialize_logger
+from pyro.infer.mcmc.logger import ProgressBar, initialize_logger
 from pyro.util import optional
 
 from .chains import sharded
 from .checkpoint import Checkpointer, check_checkpoint_arguments, run_fingerprint
 from .draws import DrawBuffers, DrawFiles
+from .progress import ProgressHook
 from .distributed.driver import RankRun, RanksFailed, checked, gather_draws, start_rank_run, with_draws
 from .kernels.protocol import ChainKernel
 from .mcmc_arguments import check_initial_params, check_kernel
@@ -80,40 +79,6 @@ from .validation import check_chain_memory, check_nonnegative_int, check_positiv
 CHAIN_METHODS = ("auto", "vectorized", "sequential", "parallel", "distributed", "data_parallel")
 #: the chain methods that span the ranks of a torch.distributed process group
 RANK_METHODS = ("distributed", "data_parallel")
-
-
-class _LoggingHook:
-    """After every draw: the user's ``hook_fn``; at most every :attr:`interval` seconds (and when the
-    phase changes or the run ends, :meth:`flush`) the kernel's ``logging()`` to Pyro's MCMC logger,
-    which feeds the progress bar's postfix, and the bar advanced by the iterations made since. With
-    thinning inside the kernel a kept draw is ``iterations_per_draw`` iterations, and the bar counts
-    iterations, so its rate and time left stay true. Logging every draw cost a ``json.dumps``, a log
-    record and a ``json.loads`` per iteration, a third of a compiled iteration's time."""
-
-    interval = 0.1
-
-    def __init__(self, logger, progress_bar, user_hook=None, iterations_per_draw: int = 1):
-        self.logger, self.progress_bar, self.user_hook = logger, progress_bar, user_hook
-        self.iterations_per_draw = iterations_per_draw
-        self.pending, self.stage, self.last = 0, None, time.perf_counter()
-
-    def __call__(self, kernel, params, stage, i):
-        if stage != self.stage:
-            self.flush(kernel)
-            self.stage = stage
-        self.pending += self.iterations_per_draw if stage == "Sample" else 1
-        if time.perf_counter() - self.last >= self.interval:
-            self.flush(kernel)
-        if self.user_hook is not None:
-            self.user_hook(kernel, params, stage, i)
-
-    def flush(self, kernel) -> None:
-        if self.pending:
-            self.logger.info(json.dumps(kernel.logging()), extra={"msg_type": DIAGNOSTIC_MSG})  # the bar: +1
-            if self.pending > 1:
-                self.progress_bar.update(self.pending - 1)
-            self.progress_bar.set_description(f"{type(kernel).__name__} {self.stage}", refresh=False)
-        self.pending, self.last = 0, time.perf_counter()
 
 
 def run_chains(kernel, warmup_steps: int, num_samples: int, args: tuple = (),
@@ -329,7 +294,7 @@ class MCMC(pyro.infer.MCMC):
         quiet = self.sampler.disable_progbar or (run is not None and not run.ranks.is_main)
         progress_bar = ProgressBar(warmup, num_samples * self.thinning, disable=quiet)
         logger = initialize_logger(logging.getLogger("pyro.infer.mcmc"), "", progress_bar)
-        hook = _LoggingHook(logger, progress_bar, self.sampler.hook, iterations_per_draw=self.thinning)
+        hook = ProgressHook(logger, progress_bar, self.sampler.hook, iterations_per_draw=self.thinning)
         saver = None if self.checkpoint is None else Checkpointer(
             self.checkpoint, self.checkpoint_every,
             {**run_fingerprint(kernel, num_chains=num_chains, num_samples=num_samples, warmup_steps=warmup,

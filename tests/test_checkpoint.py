@@ -190,7 +190,7 @@ def test_a_model_that_falls_back_to_pyros_driver_says_checkpoint_needs_vectorize
 
     mcmc = MCMC(SGLD(scalar_only, step_size=1e-3), num_samples=5, warmup_steps=2, num_chains=2,
                 disable_progbar=True, checkpoint=tmp_path / "run.ckpt")
-    with pytest.warns(UserWarning), pytest.raises(ValueError, match="checkpoint= needs the chains vectorized"):
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="checkpoint= and draws_dir= need the chains vectorized"):
         mcmc.run(torch.tensor(0.5))
 
 
