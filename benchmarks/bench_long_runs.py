@@ -5,7 +5,8 @@ The MNIST 7-vs-9 study's run (EntropySGLD, dense metric, 4 vectorized chains, em
 1. the same seeded run without checkpoints and with one every ``--every`` seconds (default 2, so that a
    short run writes many): the extra time per write, and the share of a run's time at one checkpoint
    every 30 s (the issue's target: <= 2%) when a write costs what it cost at the end of this run;
-2. resuming: ``run()`` on the finished run's checkpoint (set-up, reading the file, restoring) against the
+2. the same run with its draws streamed to ``.npy`` files (``draws_dir``) against in memory (target <= 5%);
+3. resuming: ``run()`` on the finished run's checkpoint (set-up, reading the file, restoring) against the
    set-up alone (a run of one draw without checkpoint).
 
 Run:  python benchmarks/bench_long_runs.py [--samples 6000] [--every 2]
@@ -30,12 +31,12 @@ from pyro_flat.experiments.mnist79 import make_study_kernel
 from pyro_flat.models import logistic_regression
 
 
-def timed_run(samples: int, checkpoint=None, every: float = 30.0, warmup: int = 500):
+def timed_run(samples: int, checkpoint=None, every: float = 30.0, warmup: int = 500, draws_dir=None):
     X, y = load_mnist79(None, split="train")
     kernel = make_study_kernel("entropy-sgld", MNIST79Config(), logistic_regression)
     pyro.set_rng_seed(0)
     mcmc = MCMC(kernel, num_samples=samples, warmup_steps=warmup, num_chains=4, thinning=5, disable_progbar=True,
-                checkpoint=checkpoint, checkpoint_every=every)
+                checkpoint=checkpoint, checkpoint_every=every, draws_dir=draws_dir)
     start = time.perf_counter()
     mcmc.run(X, y, batch_size=100, prior_scale=0.5)
     return time.perf_counter() - start, mcmc
@@ -74,6 +75,10 @@ def main():
           f"{(with_checkpoints - plain) / plain * 100:+.1f} %: {sum(writes):.2f} s writing)")
     print(f"  last write: {last * 1e3:.0f} ms for {size / 1e6:.1f} MB; at one checkpoint every 30 s that is "
           f"{last / 30 * 100:.2f} % of the run's time (target <= 2 %)")
+
+    streamed, _ = timed_run(args.samples, draws_dir=os.path.join(folder, "draws"))
+    print(f"  draws streamed to .npy files {streamed:7.2f} s ({(streamed - plain) / plain * 100:+.1f} % against in "
+          "memory; target <= 5 %)")
 
     setup_only, _ = timed_run(5, warmup=0)  # the set-up and one draw (5 iterations)
     resumed, _ = timed_run(args.samples, path, args.every)  # the finished checkpoint: restore, no sampling
