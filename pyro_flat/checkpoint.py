@@ -23,11 +23,13 @@ never silently replaced by a new run. It is a pickle (``torch.save``): load only
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import os
 import random
 import time
+import warnings
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple, Union
 
@@ -53,10 +55,13 @@ def check_checkpoint_arguments(checkpoint, checkpoint_every) -> Optional[Path]:
     if not isinstance(checkpoint, (str, os.PathLike)):
         raise ValueError(f"checkpoint must be a file path (str or pathlib.Path), got {type(checkpoint).__name__}.")
     if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, (int, float)) \
-            or not checkpoint_every > 0 or checkpoint_every != checkpoint_every:
+            or not 0 < checkpoint_every < float("inf"):
         raise ValueError(f"checkpoint_every must be a positive number of seconds, got {checkpoint_every!r} (e.g. 60: "
                          "a checkpoint at the first draw after every minute).")
     path = Path(checkpoint).expanduser()
+    if path.is_dir() or str(checkpoint) == "":
+        raise ValueError(f"checkpoint={str(checkpoint)!r} is a folder; pass a file path in it (e.g. "
+                         f"{str(path / 'run.ckpt')!r}).")
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise ValueError(f"checkpoint={str(checkpoint)!r}: the folder {str(folder)!r} does not exist; create it first.")
@@ -111,9 +116,12 @@ def read_checkpoint(path: Union[str, os.PathLike]) -> dict:
     if version != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {str(path)!r} has format {version}, this pyro-flat reads {FORMAT_VERSION}; "
                               f"{fix}.")
-    if len(body) != length:
+    if len(body) < length:
         raise CheckpointError(f"checkpoint {str(path)!r} is truncated ({len(body):,} of {length:,} bytes): it was cut "
                               f"short while being copied or written; {fix}.")
+    if len(body) > length:
+        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {len(body) - length:,} bytes more than its header "
+                              f"says; {fix}.")
     if hashlib.sha256(body).hexdigest() != digest:
         raise CheckpointError(f"checkpoint {str(path)!r} is corrupt (its checksum does not match); {fix}.")
     return torch.load(io.BytesIO(body), weights_only=False)
@@ -148,18 +156,66 @@ def describe(value) -> object:
         return [describe(v) for v in value]
     if isinstance(value, dict):
         return {str(k): describe(v) for k, v in value.items()}
+    return _describe_object(value, depth=0)
+
+
+def _describe_object(value, depth: int) -> object:
+    """Functions by their code and what they capture (defaults, closure cells), ``functools.partial`` by its
+    function and arguments, modules by their weights, other objects by their attributes (a few levels down)."""
+    if depth > 3:
+        return type(value).__qualname__
     spec = getattr(value, "spec", None)  # a Preconditioner: what it was asked to be
-    if spec is not None:
+    if spec is not None and not callable(spec):
         return describe(spec)
     if hasattr(value, "__dataclass_fields__"):  # a schedule such as cyclical_cosine: its fields
         return repr(value)
-    return getattr(value, "__qualname__", type(value).__qualname__)
+    if isinstance(value, functools.partial):
+        return {"partial": _describe_object(value.func, depth + 1), "args": describe(list(value.args)),
+                "keywords": describe(value.keywords)}
+    code = getattr(value, "__code__", None)
+    if code is not None:  # a function or lambda: its code and what it closes over, not its qualified name
+        body = hashlib.sha256(code.co_code + repr(code.co_consts).encode()).hexdigest()[:16]
+        cells = [_describe_cell(c, depth) for c in (value.__closure__ or ())]
+        return {"function": value.__name__, "code": body, "defaults": describe(value.__defaults__),
+                "keyword defaults": describe(value.__kwdefaults__), "captured": cells}
+    if isinstance(value, torch.nn.Module):
+        return {"module": repr(value), "weights": describe(dict(value.state_dict())),
+                "attributes": _describe_attributes(value, depth)}
+    if hasattr(value, "__dict__"):
+        return {"object": type(value).__qualname__, "attributes": _describe_attributes(value, depth)}
+    return type(value).__qualname__
+
+
+def _describe_cell(cell, depth: int) -> object:
+    try:
+        content = cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
+    if content is None or isinstance(content, (bool, int, float, str)) or torch.is_tensor(content):
+        return describe(content)
+    return _describe_object(content, depth + 1)
+
+
+def _describe_attributes(value, depth: int) -> dict:
+    out = {}
+    for name, attribute in sorted(vars(value).items()):
+        if name.startswith("_") or isinstance(attribute, torch.nn.Module):  # private: hooks, caches, Pyro's own
+            continue
+        if attribute is None or isinstance(attribute, (bool, int, float, str)) or torch.is_tensor(attribute):
+            out[name] = describe(attribute)
+        elif isinstance(attribute, (list, tuple, dict)) or callable(attribute) or hasattr(attribute, "__dict__"):
+            out[name] = _describe_object(attribute, depth + 1) if not isinstance(attribute, (list, tuple, dict)) \
+                else describe(attribute) if depth < 2 else type(attribute).__qualname__
+    return out
 
 
 def differences(saved: Dict[str, object], current: Dict[str, object]) -> List[str]:
-    """What differs between two fingerprints, one line per setting: ``name: here ..., in the checkpoint ...``."""
+    """What differs between two fingerprints, one line per setting: ``name: here ..., in the checkpoint ...``
+    (only the kernel when that differs: its settings differ with it)."""
+    if saved.get("kernel") != current.get("kernel"):
+        return [f"kernel: {current.get('kernel')!r} here, {saved.get('kernel')!r} in the checkpoint"]
     lines = []
-    for name in sorted(set(saved) | set(current)):
+    for name in sorted((set(saved) | set(current)) - {"random start"}):
         if saved.get(name) != current.get(name):
             lines.append(f"{name}: {current.get(name)!r} here, {saved.get(name)!r} in the checkpoint")
     return lines
@@ -171,14 +227,31 @@ class Checkpointer:
 
     def __init__(self, path, every: float, fingerprint: dict):
         self.path, self.every, self.fingerprint = path, every, fingerprint
-        self.saved = read_checkpoint(path) if path.exists() else None
-        if self.saved is not None:
-            changed = differences(self.saved["fingerprint"], fingerprint)
-            if changed:
-                raise CheckpointError(f"checkpoint {str(path)!r} was written by another run configuration: "
-                                      + "; ".join(changed) + ". Pass the same settings and data to continue it, or "
-                                      "another checkpoint= path (or delete the file) to start a new run.")
+        self._lock = _lock(path)  # one run per checkpoint file: another would overwrite this one's state
+        try:
+            for stale in path.parent.glob(f".{path.name}.*.tmp"):  # a write killed halfway (the lock is ours)
+                stale.unlink()
+            self.saved = read_checkpoint(path) if path.exists() else None
+            if self.saved is not None:
+                changed = differences(self.saved["fingerprint"], fingerprint)
+                if changed:
+                    raise CheckpointError(f"checkpoint {str(path)!r} was written by another run configuration: "
+                                          + "; ".join(changed) + ". Pass the same settings and data to continue it, "
+                                          "or another checkpoint= path (or delete the file) to start a new run.")
+                if self.saved["fingerprint"].get("random start") != fingerprint.get("random start"):
+                    warnings.warn(f"checkpoint {str(path)!r} was started from other random streams (another seed, or "
+                                  "random numbers drawn before run()): the run continues the checkpoint's streams, "
+                                  "as it would have without the stop.", RuntimeWarning, stacklevel=4)
+        except BaseException:
+            self.close()
+            raise
         self.last = time.monotonic()
+
+    def close(self) -> None:
+        """Let another run use the file."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     def restore(self, kernel) -> Tuple[Params, int]:
         """After the kernel's set-up: its state, the random streams and the parameters of the checkpoint."""
@@ -201,19 +274,49 @@ class Checkpointer:
 
 
 
+def _lock(path: Path):
+    """An exclusive lock on ``path + ".lock"`` for this process's run (``None`` where ``fcntl`` is missing)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not on Linux or macOS
+        return None
+    handle = open(path.with_name(path.name + ".lock"), "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise CheckpointError(f"checkpoint {str(path)!r} is in use by another running process; two runs on one file "
+                              "would overwrite each other's state. Give each run its own checkpoint= path.") from None
+    return handle
+
+
+def refuse_loaders(args: tuple, kwargs: dict) -> None:
+    """A ``ValueError`` if the data come from a DataLoader (:class:`~pyro_flat.nn.Batches`): its position and
+    shuffling are the loader's own, which no checkpoint can restore."""
+    for value in (*args, *kwargs.values()):
+        if type(value).__name__ == "Batches":
+            raise ValueError("checkpoint= cannot continue a run whose data come from a DataLoader (Batches): its "
+                             "position and shuffling are the loader's own. Pass the data as tensors (the kernel then "
+                             "draws the minibatches, and a checkpoint holds their stream).")
+
+
 def run_fingerprint(kernel, *, num_chains: int, num_samples: int, warmup_steps: int, thinning: int, minibatches: str,
                     initial_params, args: tuple, kwargs: dict) -> dict:
     """What a checkpoint must share with a run to continue it: the kernel, its settings, the chains and
     lengths, the data (shapes and hashes of their bytes) and the initial point."""
     from .kernels.base import constructor_signature
 
+    refuse_loaders(args, kwargs)
     model = kernel.model if getattr(kernel, "model", None) is not None else getattr(kernel, "potential_fn", None)
-    left_out = {"model", "potential_fn", "init_strategy", "record_draws"}  # the initial point is checked itself
+    left_out = {"model", "potential_fn", "record_draws"}  # the initial point is checked itself
     settings = {f"{type(kernel).__name__}.{name}": describe(getattr(kernel, name, None))
                 for name in constructor_signature(type(kernel)).parameters if name not in left_out}
     return {"kernel": type(kernel).__name__, "model": describe(model), **settings, "num_chains": num_chains,
             "num_samples": num_samples, "warmup_steps": warmup_steps, "thinning": thinning, "minibatches": minibatches,
-            "args": describe(list(args)), "kwargs": describe(kwargs), "initial_params": describe(initial_params)}
+            **{f"args[{i}]": describe(a) for i, a in enumerate(args)},
+            **{f"kwargs[{k!r}]": describe(v) for k, v in kwargs.items()}, "initial_params": describe(initial_params),
+            # the random streams when the run starts (another seed): said, not refused (see Checkpointer)
+            "random start": describe(torch.get_rng_state())}
 
 
 __all__ = ["Checkpointer", "run_fingerprint", "CheckpointError", "check_checkpoint_arguments", "write_checkpoint", "read_checkpoint", "random_state",

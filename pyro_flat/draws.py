@@ -42,6 +42,10 @@ class DrawBuffers:
         for name, kept in saved.items():
             self.draws[name][:len(kept)].copy_(kept)
 
+    def row(self, i: int) -> Dict[str, torch.Tensor]:
+        """Draw ``i`` of every site, ``{site: (chains, ...)}``."""
+        return {n: v[i] for n, v in self.draws.items()}
+
     def flush(self) -> None:
         """Nothing to write: the draws are in memory."""
 
@@ -100,6 +104,10 @@ class DrawFiles:
                 file.seek(self.offsets[name] + self.written * rows[0].nbytes)
                 file.write(rows.tobytes())
         self.written, self.pending = self.written + self.pending, 0
+
+    def row(self, i: int) -> Dict[str, torch.Tensor]:
+        """Draw ``i`` of every site (from the files; ``i`` below the rows written)."""
+        return {n: torch.from_numpy(np.array(np.load(self.path(n), mmap_mode="r")[i])) for n in self.shapes}
 
     def for_checkpoint(self, kept: int) -> dict:
         """What a checkpoint holds: the folder and how many rows its files hold (all ``kept`` draws, flushed)."""

@@ -67,7 +67,7 @@ from pyro.infer.mcmc.logger import ProgressBar, initialize_logger
 from pyro.util import optional
 
 from .chains import sharded
-from .checkpoint import Checkpointer, check_checkpoint_arguments, run_fingerprint
+from .checkpoint import Checkpointer, check_checkpoint_arguments, refuse_loaders, run_fingerprint
 from .draws import DrawBuffers, DrawFiles
 from .progress import ProgressHook
 from .distributed.driver import RankRun, RanksFailed, checked, gather_draws, start_rank_run, with_draws
@@ -207,6 +207,8 @@ class MCMC(pyro.infer.MCMC):
 
     def run(self, *args, **kwargs) -> None:
         num_chains, method, initial_params, *_ = self._requested
+        if self.checkpoint is not None:
+            refuse_loaders(args, kwargs)
         if method in RANK_METHODS:
             return self._run_across_ranks(num_chains, initial_params, args, kwargs)
         if self._try_vectorized:  # vectorization requested: can it be done with these data?
@@ -320,9 +322,14 @@ class MCMC(pyro.infer.MCMC):
                         resumed = saver is not None and saver.saved is not None
                         store = DrawBuffers(shapes, num_samples) if self.draws_dir is None else DrawFiles(
                             self.draws_dir, shapes, num_samples, fresh=not resumed)
-                        if resumed:  # the draws made before the stop
+                        if resumed:  # the draws made before the stop, handed to the user's hook as when made
                             store.restore(saver.saved["draws"])
                             progress_bar.update(saver.saved["done"])
+                            if self.sampler.hook is not None:
+                                for j in range(max(saver.saved["done"] - warmup, 0)):
+                                    row = store.row(j)
+                                    self.sampler.hook(kernel, {n: transforms[n](v) if n in transforms else v
+                                                               for n, v in row.items()}, "Sample", j)
                         continue
                     if phase == "Sample":
                         store.put(i, {n: transforms[n].inv(params[n]) if n in transforms else params[n] for n in names})
@@ -341,6 +348,8 @@ class MCMC(pyro.infer.MCMC):
             raise with_draws(failed.error, run, kernel.partial_samples) from failed.cause
         finally:
             progress_bar.close()
+            if saver is not None:
+                saver.close()
             if self.draws_dir is not None:
                 kernel.record_draws = recording
                 if store is not None:  # an error or a Ctrl-C: the draws made so far are in the files

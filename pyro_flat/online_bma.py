@@ -31,7 +31,9 @@ class OnlineBMA:
     and ``history[use]`` gains :func:`~pyro_flat.metrics.classification_metrics` of :math:`\bar p_k`.
     With Pyro's driver the draws come chain by chain, and only chains run in this process reach it:
     ``pyro.infer.MCMC``'s parallel chains call a copy in each worker (use :class:`pyro_flat.MCMC`'s
-    vectorized chains, or ``chain_method="sequential"``). Across ranks each rank averages its chains.
+    vectorized chains, or ``chain_method="sequential"``). Across ranks each rank averages its chains. A
+    run resumed from a checkpoint hands the hook the draws it restored first, so the average is the
+    uninterrupted run's.
 
     :param model: the Pyro model sampled (the original, not its :func:`~pyro_flat.flat_posterior`).
     :param args: its arguments for the held-out inputs (``X_test``), as for :func:`~pyro_flat.bma_predict`.
@@ -63,6 +65,8 @@ class OnlineBMA:
             raise TypeError(f"OnlineBMA: model must be the Pyro model sampled, got {type(model).__name__}.")
         if not torch.is_tensor(y):
             raise ValueError(f"OnlineBMA: y must be a tensor of held-out labels, got {type(y).__name__}.")
+        if isinstance(uses, str):
+            uses = (uses,)
         if uses is not None:
             unknown = [u for u in uses if u not in USES]
             if unknown or not uses:
@@ -77,13 +81,17 @@ class OnlineBMA:
 
     def __call__(self, kernel, params: Dict[str, torch.Tensor], stage: str, i: int) -> None:
         """``MCMC``'s ``hook_fn``: a sampling-phase draw (unconstrained ``params``) joins the average."""
-        if stage != "Sample":
+        if not stage.startswith("Sample"):  # Pyro's driver names a chain's phase "Sample [c]" with several chains
             return
         transforms = kernel.transforms
         values = {name: (transforms[name].inv(v) if name in transforms else v).detach() for name, v in params.items()}
         if getattr(kernel, "num_chains", None) is None:  # Pyro's driver: one chain, no chain dimension
             values = {name: v.unsqueeze(0) for name, v in values.items()}
-        self.update(values)
+        # predicting runs the model, whose sample sites may draw random numbers: not from the run's stream,
+        # or the chains would not be those of a run without this hook
+        devices = [v.device for v in values.values() if v.device.type == "cuda"]
+        with torch.random.fork_rng(devices=devices):
+            self.update(values)
 
     def update(self, draws: Dict[str, torch.Tensor]) -> None:
         """Add one draw, ``{site: (chains, ...)}`` in the constrained space (θ sites and their twins)."""

@@ -97,12 +97,14 @@ def test_a_finished_runs_checkpoint_gives_its_draws_back_without_sampling(tmp_pa
     path = tmp_path / "run.ckpt"
     first = _small_run(path)
     assert read_checkpoint(path)["done"] == 15  # written at the end, whatever checkpoint_every says
-    calls = []
-    pyro.set_rng_seed(99)  # another seed: the draws come from the checkpoint, not from sampling
-    again = MCMC(SGLD(model, step_size=1e-4), num_samples=10, warmup_steps=5, num_chains=2, disable_progbar=True,
-                 checkpoint=path, hook_fn=lambda *a: calls.append(a))
-    again.run(*data())
-    assert calls == []
+    calls, kernel = [], SGLD(model, step_size=1e-4)
+    kernel.sample = lambda params: pytest.fail("a finished run's checkpoint made an iteration")
+    pyro.set_rng_seed(99)  # another seed: said; the draws come from the checkpoint, not from sampling
+    again = MCMC(kernel, num_samples=10, warmup_steps=5, num_chains=2, disable_progbar=True, checkpoint=path,
+                 hook_fn=lambda kernel, params, stage, i: calls.append((stage, i)))
+    with pytest.warns(RuntimeWarning, match="started from other random streams"):
+        again.run(*data())
+    assert calls == [("Sample", i) for i in range(10)]  # the restored draws, handed to the hook
     for site, value in first.get_samples(group_by_chain=True).items():
         assert torch.equal(again.get_samples(group_by_chain=True)[site], value)
 
@@ -110,7 +112,7 @@ def test_a_finished_runs_checkpoint_gives_its_draws_back_without_sampling(tmp_pa
 @pytest.mark.parametrize("changes, named", [
     (dict(num_samples=20), "num_samples: 20 here, 10 in the checkpoint"),
     (dict(step_size=2e-4), "SGLD.step_size: 0.0002 here, 0.0001 in the checkpoint"),
-    (dict(data=(data()[0], data()[1] + 1)), "args: "),
+    (dict(data=(data()[0], data()[1] + 1)), "args\\[1\\]: "),
 ])
 def test_a_checkpoint_of_another_configuration_is_refused_and_names_the_difference(tmp_path, changes, named):
     path = tmp_path / "run.ckpt"
@@ -126,6 +128,56 @@ def test_another_kernel_is_refused(tmp_path):
                 disable_progbar=True, checkpoint=path)
     with pytest.raises(CheckpointError, match="kernel: 'EntropySGLD' here, 'SGLD' in the checkpoint"):
         mcmc.run(*data())
+
+
+def test_a_changed_model_is_refused_even_under_the_same_name(tmp_path):
+    """The model is compared by its code and what it captures, not by its name: data in a closure, a default."""
+    path = tmp_path / "run.ckpt"
+    X, y = data()
+
+    def make(labels, scale=1.0):
+        def closure_model(X):
+            w = pyro.sample("w", dist.Normal(torch.zeros(3, dtype=X.dtype), scale).to_event(1))
+            with pyro.plate("data", X.shape[0], subsample_size=20) as idx:
+                pyro.sample("y", dist.Normal((X[idx] * w).sum(-1), 1.0), obs=labels[idx])
+        return closure_model
+
+    def run(m):
+        pyro.set_rng_seed(0)
+        MCMC(SGLD(m, step_size=1e-4), num_samples=5, warmup_steps=2, num_chains=2, checkpoint=path,
+             disable_progbar=True).run(X)
+
+    run(make(y))
+    run(make(y))  # the same closure again: continues (here, gives the finished run back)
+    for other in (make(-y), make(y, scale=0.5)):
+        with pytest.raises(CheckpointError, match="model: "):
+            run(other)
+
+
+def test_one_checkpoint_file_serves_one_run_at_a_time(tmp_path):
+    from pyro_flat.checkpoint import Checkpointer
+
+    path = tmp_path / "run.ckpt"
+    holder = Checkpointer(path, 60.0, {})
+    try:
+        with pytest.raises(CheckpointError, match="is in use by another running process"):
+            _small_run(path)
+    finally:
+        holder.close()
+    _small_run(path)  # released
+
+
+def test_a_folder_or_a_dataloader_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="is a folder; pass a file path in it"):
+        MCMC(SGLD(model, step_size=1e-4), num_samples=10, checkpoint=tmp_path)
+    from pyro_flat.nn import Batches
+
+    X, y = data()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, y), batch_size=20, shuffle=True)
+    mcmc = MCMC(SGLD(model, step_size=1e-4), num_samples=5, warmup_steps=2, checkpoint=tmp_path / "run.ckpt",
+                disable_progbar=True)
+    with pytest.raises(ValueError, match="from a DataLoader \\(Batches\\)"):
+        mcmc.run(Batches(loader))
 
 
 @pytest.mark.parametrize("damage, named", [

@@ -85,3 +85,44 @@ def test_labels_of_another_length_are_refused_at_the_first_draw():
                 disable_progbar=True)
     with pytest.raises(ValueError, match="y has 50 labels but the model predicts 100 points"):
         mcmc.run(X, y)
+
+
+def test_sequential_chains_and_a_resumed_run_reach_the_average_of_every_draw(tmp_path):
+    """Pyro's driver names a chain's phase "Sample [c]"; a run resumed from a checkpoint hands the hook the
+    restored draws first: both give the average of all the draws."""
+    X, y, X_test, y_test = data()
+    pyro.set_rng_seed(2)
+    bma = OnlineBMA(model, X_test, y=y_test)
+    mcmc = MCMC(SGLD(model, step_size=2e-3), num_samples=10, warmup_steps=5, num_chains=2, chain_method="sequential",
+                hook_fn=bma, disable_progbar=True)
+    mcmc.run(X, y)
+    assert bma.num_draws == 20
+    torch.testing.assert_close(bma.probs["theta"], bma_predict(model, mcmc.get_samples(), X_test).double())
+
+    def run(hook, checkpoint=None):
+        pyro.set_rng_seed(3)
+        mcmc = MCMC(EntropySGLD(model, eta=0.1, step_size=2e-3), num_samples=40, warmup_steps=10, num_chains=2,
+                    hook_fn=hook, checkpoint=checkpoint, checkpoint_every=1e-9, disable_progbar=True)
+        mcmc.run(X, y)
+
+    whole = OnlineBMA(model, X_test, y=y_test)
+    run(whole)
+    plain = MCMC(EntropySGLD(model, eta=0.1, step_size=2e-3), num_samples=40, warmup_steps=10, num_chains=2,
+                 disable_progbar=True)
+    pyro.set_rng_seed(3)
+    plain.run(X, y)  # the hook draws no number from the run's stream: the same chains as without it
+    torch.testing.assert_close(whole.probs["both"], bma_predict(model, plain.get_samples(), X_test).double())
+    first = OnlineBMA(model, X_test, y=y_test)
+
+    def stop_at_25(kernel, params, stage, i):
+        first(kernel, params, stage, i)
+        if stage == "Sample" and i == 25:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(stop_at_25, tmp_path / "run.ckpt")
+    resumed = OnlineBMA(model, X_test, y=y_test)
+    run(resumed, tmp_path / "run.ckpt")
+    assert resumed.num_draws == 40
+    for use in ("theta", "aux", "both"):
+        torch.testing.assert_close(resumed.probs[use], whole.probs[use], rtol=1e-12, atol=1e-12)

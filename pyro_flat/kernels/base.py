@@ -110,7 +110,7 @@ class TargetKernel(DrawRecording, MCMCKernel):
     #: The attributes that carry a run from one iteration to the next, beside ``params``: what
     #: :meth:`state_dict` saves. Each class lists its own; :meth:`state_dict` collects them over the MRO.
     run_state: Tuple[str, ...] = ("_iteration", "_warmup_steps", "_draws", "_stats", "_divergences", "_last_stats",
-                                  "_last_draw")
+                                  "_last_draw", "_draw_device")
 
     def state_dict(self) -> Dict[str, object]:
         """The run's state after :meth:`setup` (every class's :attr:`run_state`, and the target's minibatch
