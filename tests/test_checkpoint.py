@@ -268,6 +268,9 @@ def test_the_mnist79_study_killed_and_run_again_with_resume_writes_the_uninterru
         process.kill()
         process.wait(timeout=30)
     assert not (tmp_path / "killed").exists() and any(checkpoints.iterdir())
+    other = subprocess.run([*args, "--out", str(tmp_path / "killed"), "--resume", "--seed", "1"], capture_output=True,
+                           text=True, timeout=300)  # another seed would mix two runs in one report
+    assert other.returncode == 2 and "--seed 1 here, 0 in the killed run" in other.stderr, other.stderr[-2000:]
     resumed = subprocess.run([*args, "--out", str(tmp_path / "killed"), "--resume"], capture_output=True, text=True,
                              timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
