@@ -267,9 +267,13 @@ class Checkpointer:
     def write(self, kernel, params: Params, done: int, draws, kept: int) -> None:
         """Write the state after ``done`` iterations, ``kept`` of whose draws are in ``draws`` (a
         :class:`~pyro_flat.draws.DrawBuffers` or :class:`~pyro_flat.draws.DrawFiles`)."""
-        write_checkpoint(self.path, {
-            "fingerprint": self.fingerprint, "done": done, "params": params, "kernel": kernel.state_dict(),
-            "random": random_state(), "draws": draws.for_checkpoint(max(kept, 0))})
+        try:
+            write_checkpoint(self.path, {
+                "fingerprint": self.fingerprint, "done": done, "params": params, "kernel": kernel.state_dict(),
+                "random": random_state(), "draws": draws.for_checkpoint(max(kept, 0))})
+        except OSError as err:  # a full disk must not end the run: its draws are in memory (or draws_dir)
+            warnings.warn(f"checkpoint {str(self.path)!r} could not be written ({err}); the run goes on and the "
+                          "previous checkpoint stands.", RuntimeWarning, stacklevel=3)
         self.last = time.monotonic()
 
 

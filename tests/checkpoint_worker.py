@@ -10,23 +10,9 @@ import sys
 import torch
 
 import pyro
-import pyro.distributions as dist
 from pyro_flat import MCMC, SGLD, EntropyHMC, EntropySGHMC, EntropySGLD, schedules, to_arviz
 
-N, D = 400, 3
-
-
-def data():
-    g = torch.Generator().manual_seed(3)
-    X = torch.randn(N, D, generator=g, dtype=torch.float64)
-    y = X @ torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64) + torch.randn(N, generator=g, dtype=torch.float64)
-    return X, y
-
-
-def model(X, y, batch_size=20):
-    w = pyro.sample("w", dist.Normal(torch.zeros(D, dtype=X.dtype), 1.0).to_event(1))
-    with pyro.plate("data", X.shape[0], subsample_size=batch_size) as idx:
-        pyro.sample("y", dist.Normal((X[idx] * w).sum(-1), 1.0), obs=y[idx])
+from test_distributed import data, model  # the linear regression of the across-ranks tests: N = 400, D = 3
 
 
 #: name -> (kernel, warm-up, draws, thinning, minibatch size)

@@ -243,7 +243,8 @@ def test_rerun_replaces_the_whole_folder_and_a_failed_run_keeps_the_old_one(tmp_
     with pytest.raises(RuntimeError, match="disk full"):
         main(["mnist79", *SMALL, "--baseline", "none", "--seed", "1", "--out", str(out)])
     assert json.loads((out / "report.json").read_text()) == first  # the old run, whole
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".run.")]  # no staging left
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".run.")] == [".run.checkpoints"]  # no staging
+    # left; the failed run's checkpoints stay, for --resume (its sampler had finished)
     monkeypatch.undo()
     assert main(["mnist79", *SMALL, "--baseline", "none", "--seed", "1", "--out", str(out)]) == 0
     assert json.loads((out / "report.json").read_text())["config"]["seed"] == 1

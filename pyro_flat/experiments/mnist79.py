@@ -41,8 +41,8 @@ from ..models import logistic_probs, logistic_regression
 from .configs import MNIST79Config
 from .mnist79_report import (ECE_BINS, RELIABILITY_BINS, chains_text, metric_text, metrics_text, reference_worth, report_markdown,
                              schedule_text)
-from .output import (StudyError, Terminated, across_ranks, checkpoint_folder, hold_signals, study_checkpoints,
-                     threads_record)
+from .output import StudyError, Terminated, across_ranks, hold_signals, threads_record
+from .resume import checkpoint_folder, study_checkpoints
 
 #: The pixel shown in the trace and rank plots: the image's centre.
 CENTRE_PIXEL = pixel_index(14, 14)

@@ -1,12 +1,13 @@
 """The report of a diverged stochastic-gradient step: which chain, which site, what to change.
 
-:func:`divergence_error` turns a step that :func:`~pyro_flat.kernels.stochastic_gradient.step_blow_up`
-called a divergence into a :class:`~pyro_flat.DivergenceError` whose message names the chain, the
+:func:`step_blow_up` (and :func:`fused_blow_up` for fused iterations) tells a divergence, and
+:func:`divergence_error` turns a step it called a divergence into a :class:`~pyro_flat.DivergenceError` whose message names the chain, the
 iteration, the site and a smaller step size, and which carries the draws made before it.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -14,6 +15,49 @@ import torch
 from ..targets import Params
 from ..chains import global_chain
 from ..errors import DivergenceError
+
+
+def inf_norm(params: Params) -> float:
+    """The largest absolute coordinate of a state (NaN if it holds one), with one host sync."""
+    return float(torch.stack(torch._foreach_norm(list(params.values()), math.inf)).amax())
+
+
+def _blow_up(energy_norm: float, norm_after: float, norm_before: float, max_growth: Optional[float]) -> Optional[str]:
+    if not (math.isfinite(energy_norm) and math.isfinite(norm_after)):
+        return "non-finite"
+    if max_growth is not None and norm_after > max_growth * max(1.0, norm_before):
+        return "growth"
+    return None
+
+
+def fused_blow_up(norms: torch.Tensor, norm_before: float, max_growth: Optional[float]) -> Tuple[Optional[str], float]:
+    """:func:`step_blow_up` for ``k`` fused iterations, from the graph's ``(2, k)`` output of
+    ``[energy inf-norm, state inf-norm]`` per iteration; one host sync. ``(why the first divergent
+    iteration is one or None, the last state's largest |coordinate|)``."""
+    energy_norms, state_norms = norms.tolist()
+    for energy_norm, norm_after in zip(energy_norms, state_norms):
+        problem = _blow_up(energy_norm, norm_after, norm_before, max_growth)
+        if problem is not None:
+            return problem, norm_after
+        norm_before = norm_after
+    return None, norm_before
+
+
+def step_blow_up(energy: torch.Tensor, new_params: Params, norm_before: float,
+                 max_growth: Optional[float]) -> Tuple[Optional[str], float]:
+    """``(why the step is a divergence or None, the new state's largest |coordinate|)``; one host sync.
+
+    A divergence is either a NaN/inf energy or state, or a finite blow-up: the largest absolute
+    coordinate of the state growing more than ``max_growth`` times in one iteration,
+    :math:`\\|\\theta_{k+1}\\|_\\infty > g \\max(1, \\|\\theta_k\\|_\\infty)`
+    (``None`` turns that part off); ``norm_before`` is :math:`\\|\\theta_k\\|_\\infty`, the previous
+    step's second value. The largest absolute value of each tensor (an inf-norm, which keeps NaN)
+    is finite exactly when the tensor is: unlike a sum, it cannot overflow while every entry is finite.
+    """
+    norms = torch.stack(torch._foreach_norm([energy.reshape(-1), *new_params.values()], math.inf))
+    energy_norm, norm_after = torch.stack([norms[0], norms[1:].amax()]).tolist()
+    return _blow_up(energy_norm, norm_after, norm_before, max_growth), norm_after
+
 
 
 def _growth(params: Params, new_params: Params, num_chains: Optional[int], max_growth: float
@@ -87,4 +131,4 @@ def divergence_error(kernel_name: str, problem: str, *, params: Params, grads: P
     )
 
 
-__all__ = ["divergence_error"]
+__all__ = ["divergence_error", "step_blow_up", "fused_blow_up", "inf_norm"]

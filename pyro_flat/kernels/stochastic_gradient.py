@@ -4,7 +4,7 @@ r"""The stochastic-gradient loop shared by SGLD, SGD, EntropySGLD and their rela
 potential per iteration and applies the subclass's :meth:`~StochasticGradientKernel.update`
 (SGLD: :math:`z \leftarrow z - \alpha\nabla\tilde U(z) + \sqrt{2\alpha T}\,\xi`). The loop
 handles schedules (cyclical ones included), thinning inside the kernel, the preconditioner's
-warm-up, the compiled iteration (``jit_compile``) and divergences (:func:`step_blow_up`, reported by
+warm-up, the compiled iteration (``jit_compile``) and divergences (:func:`~pyro_flat.kernels.divergence.step_blow_up`, reported by
 :func:`~pyro_flat.kernels.divergence.divergence_error`).
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from typing import Callable, Dict, Iterator, Optional, Tuple, Union
+from typing import Callable, Dict, Iterator, Optional, Union
 
 import torch
 from pyro.infer.autoguide.initialization import init_to_sample
@@ -22,51 +22,9 @@ from ..targets import Params
 from ..validation import check_positive
 from .base import TargetKernel
 from .compiled_step import MAX_FUSED_STEPS, CompiledSteps
-from .divergence import divergence_error
+from .divergence import divergence_error, fused_blow_up, inf_norm, step_blow_up
 from .integrators import Transition, langevin_step
 from .preconditioning import DEFAULT_STEP_SIZE, Preconditioner
-
-
-def inf_norm(params: Params) -> float:
-    """The largest absolute coordinate of a state (NaN if it holds one), with one host sync."""
-    return float(torch.stack(torch._foreach_norm(list(params.values()), math.inf)).amax())
-
-
-def _blow_up(energy_norm: float, norm_after: float, norm_before: float, max_growth: Optional[float]) -> Optional[str]:
-    if not (math.isfinite(energy_norm) and math.isfinite(norm_after)):
-        return "non-finite"
-    if max_growth is not None and norm_after > max_growth * max(1.0, norm_before):
-        return "growth"
-    return None
-
-
-def fused_blow_up(norms: torch.Tensor, norm_before: float, max_growth: Optional[float]) -> Tuple[Optional[str], float]:
-    """:func:`step_blow_up` for ``k`` fused iterations, from the graph's ``(2, k)`` output of
-    ``[energy inf-norm, state inf-norm]`` per iteration; one host sync. ``(why the first divergent
-    iteration is one or None, the last state's largest |coordinate|)``."""
-    energy_norms, state_norms = norms.tolist()
-    for energy_norm, norm_after in zip(energy_norms, state_norms):
-        problem = _blow_up(energy_norm, norm_after, norm_before, max_growth)
-        if problem is not None:
-            return problem, norm_after
-        norm_before = norm_after
-    return None, norm_before
-
-
-def step_blow_up(energy: torch.Tensor, new_params: Params, norm_before: float,
-                 max_growth: Optional[float]) -> Tuple[Optional[str], float]:
-    """``(why the step is a divergence or None, the new state's largest |coordinate|)``; one host sync.
-
-    A divergence is either a NaN/inf energy or state, or a finite blow-up: the largest absolute
-    coordinate of the state growing more than ``max_growth`` times in one iteration,
-    :math:`\\|\\theta_{k+1}\\|_\\infty > g \\max(1, \\|\\theta_k\\|_\\infty)`
-    (``None`` turns that part off); ``norm_before`` is :math:`\\|\\theta_k\\|_\\infty`, the previous
-    step's second value. The largest absolute value of each tensor (an inf-norm, which keeps NaN)
-    is finite exactly when the tensor is: unlike a sum, it cannot overflow while every entry is finite.
-    """
-    norms = torch.stack(torch._foreach_norm([energy.reshape(-1), *new_params.values()], math.inf))
-    energy_norm, norm_after = torch.stack([norms[0], norms[1:].amax()]).tolist()
-    return _blow_up(energy_norm, norm_after, norm_before, max_growth), norm_after
 
 
 #: exploration iterations in a row after which a draw is given up on (a schedule that never samples)
@@ -408,4 +366,4 @@ def _restore_random_state(state: tuple) -> None:
         torch.cuda.set_rng_state(value, device)
 
 
-__all__ = ["StochasticGradientKernel", "Transition", "inf_norm", "step_blow_up", "fused_blow_up"]
+__all__ = ["StochasticGradientKernel", "Transition", "MAX_EXPLORATION_RUN"]
