@@ -12,7 +12,7 @@ import torch
 import pyro
 from pyro_flat import MCMC, SGLD, EntropyHMC, EntropySGHMC, EntropySGLD, schedules, to_arviz
 
-from test_distributed import data, model  # the linear regression of the across-ranks tests: N = 400, D = 3
+from linear_regression import data, model  # N = 400, D = 3
 
 
 #: name -> (kernel, warm-up, draws, thinning, minibatch size)
@@ -22,10 +22,10 @@ CASES = {
         SGLD(model, preconditioner="dense", schedule=schedules.cyclical_cosine(num_steps=6000, num_cycles=6)),
         300, 3000, 1, 20),
     "EntropySGLD, jit fx, thinning 4 (fused)": lambda: (EntropySGLD(model, eta=0.1, step_size=1e-4, jit_compile="fx"),
-                                                        200, 8000, 4, 20),
+                                                        200, 6000, 4, 20),
     "EntropySGHMC, diagonal preconditioner": lambda: (
         EntropySGHMC(model, eta=0.1, preconditioner="diagonal", momentum=0.7), 300, 3000, 1, 20),
-    "EntropyHMC, adaptation": lambda: (EntropyHMC(model, eta=0.1), 400, 300, 1, None),
+    "EntropyHMC, adaptation": lambda: (EntropyHMC(model, eta=0.1), 400, 100, 1, None),
 }
 
 

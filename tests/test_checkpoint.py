@@ -49,8 +49,7 @@ def _kill_after_first_checkpoint(case, checkpoint, out, seconds: float, *extra):
 
 
 @pytest.mark.parametrize("case, kills", [
-    ("SGLD", 1),
-    ("SGLD, streamed draws", 2),
+    ("SGLD, streamed draws", 2),  # plain SGLD, its draws in .npy files
     ("SGLD, dense preconditioner, cyclical", 1),
     ("EntropySGLD, jit fx, thinning 4 (fused)", 2),
     ("EntropySGHMC, diagonal preconditioner", 2),
@@ -252,7 +251,7 @@ def test_the_mnist79_study_killed_and_run_again_with_resume_writes_the_uninterru
     import arviz as az
     import json
 
-    args = [sys.executable, "-m", "pyro_flat", "mnist79", "--num-samples", "600", "--warmup", "100", "--chains", "2",
+    args = [sys.executable, "-m", "pyro_flat", "mnist79", "--num-samples", "400", "--warmup", "50", "--chains", "2",
             "--thin", "1", "--reference", "none", "--no-progress", "--checkpoint-every", "0.05", "--threads", "1"]
     subprocess.run([*args, "--out", str(tmp_path / "whole")], check=True, capture_output=True, timeout=300)
     process = subprocess.Popen([*args, "--out", str(tmp_path / "killed")], stdout=subprocess.DEVNULL,
@@ -262,7 +261,7 @@ def test_the_mnist79_study_killed_and_run_again_with_resume_writes_the_uninterru
         deadline = time.monotonic() + 120
         while not (checkpoints.is_dir() and any(checkpoints.iterdir())) and time.monotonic() < deadline:
             time.sleep(0.005)
-        time.sleep(random.Random(0).uniform(0.0, 2.0))
+        time.sleep(random.Random(0).uniform(0.0, 1.5))
         process.send_signal(signal.SIGKILL)
     finally:
         process.kill()

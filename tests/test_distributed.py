@@ -19,21 +19,7 @@ from pyro_flat.distributed import ChainShard, shard_rows
 from moments import assert_moments
 from ranks import run_ranks
 
-N, D = 400, 3
-
-
-def data(n=N):
-    g = torch.Generator().manual_seed(3)
-    X = torch.randn(n, D, generator=g, dtype=torch.float64)
-    y = X @ torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64) + torch.randn(n, generator=g, dtype=torch.float64)
-    return X, y
-
-
-def model(X, y, batch_size=20):
-    """Linear regression; per-chain minibatches gather as X[idx] ((C, B, D) against w (C, 1, D))."""
-    w = pyro.sample("w", dist.Normal(torch.zeros(D, dtype=X.dtype), 1.0).to_event(1))
-    with pyro.plate("data", X.shape[0], subsample_size=batch_size) as idx:
-        pyro.sample("y", dist.Normal((X[idx] * w).sum(-1), 1.0), obs=y[idx])
+from linear_regression import D, N, data, model
 
 
 KERNELS = {
