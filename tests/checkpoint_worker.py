@@ -25,7 +25,7 @@ CASES = {
                                                         200, 6000, 4, 20),
     "EntropySGHMC, diagonal preconditioner": lambda: (
         EntropySGHMC(model, eta=0.1, preconditioner="diagonal", momentum=0.7), 300, 3000, 1, 20),
-    "EntropyHMC, adaptation": lambda: (EntropyHMC(model, eta=0.1), 400, 100, 1, None),
+    "EntropyHMC, adaptation": lambda: (EntropyHMC(model, eta=0.1), 250, 100, 1, None),
 }
 
 

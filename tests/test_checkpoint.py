@@ -251,7 +251,7 @@ def test_the_mnist79_study_killed_and_run_again_with_resume_writes_the_uninterru
     import arviz as az
     import json
 
-    args = [sys.executable, "-m", "pyro_flat", "mnist79", "--num-samples", "400", "--warmup", "50", "--chains", "2",
+    args = [sys.executable, "-m", "pyro_flat", "mnist79", "--num-samples", "300", "--warmup", "50", "--chains", "2",
             "--thin", "1", "--reference", "none", "--no-progress", "--checkpoint-every", "0.05", "--threads", "1"]
     subprocess.run([*args, "--out", str(tmp_path / "whole")], check=True, capture_output=True, timeout=300)
     process = subprocess.Popen([*args, "--out", str(tmp_path / "killed")], stdout=subprocess.DEVNULL,
