@@ -85,8 +85,7 @@ def kernel_settings(kernel) -> Tuple[str, ...]:
     ('step_size', 'schedule', 'preconditioner', 'init_strategy', 'record_draws', 'jit_compile')
     """
     cls = kernel_class(kernel) if isinstance(kernel, str) else kernel
-    left_out = {"model", "potential_fn", *getattr(cls, "fixed_settings", ())}
-    return tuple(n for n in constructor_signature(cls).parameters if n not in left_out)
+    return tuple(n for n in constructor_signature(cls).parameters if n not in ("model", "potential_fn"))
 
 
 def _why_not(cls: type, setting: str, accepted: Tuple[str, ...]) -> str:

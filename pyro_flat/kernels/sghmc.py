@@ -171,12 +171,11 @@ class SGHMC(StochasticGradientKernel):
         return {name: scale * chain_randn_like(value) for name, value in params.items()}
 
     def update(self, params: Params, grads: Params, step_size: float, temperature: float) -> Params:
-        h, mu = self.integrator(step_size)
-        momenta = {name: self.carried[name] for name in params}
+        h, mu = self.integrator(step_size)  # the carried momenta have params' names: passed as they are
         if self.preconditioner is None:
-            new, self.carried = underdamped_step(params, momenta, grads, h, mu, temperature)
+            new, self.carried = underdamped_step(params, self.carried, grads, h, mu, temperature)
         else:
-            new, self.carried = self.preconditioner.underdamped_step(params, momenta, grads, h, mu, temperature)
+            new, self.carried = self.preconditioner.underdamped_step(params, self.carried, grads, h, mu, temperature)
         return new
 
     def logging(self) -> Dict[str, str]:
