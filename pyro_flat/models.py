@@ -49,7 +49,7 @@ def logistic_regression(X: torch.Tensor, y: Optional[torch.Tensor] = None, *,
         w = pyro.sample("w", dist.Normal(zero, prior_scale))
     b = pyro.sample("b", dist.Normal(zero, prior_scale))
     subsample = None if batch_size is None else min(batch_size, X.shape[0])
-    with pyro.plate("data", X.shape[0], subsample_size=subsample) as idx:
+    with pyro.plate("data", X.shape[0], subsample_size=subsample, device=X.device) as idx:
         if subsample is None or subsample >= X.shape[0]:  # full batch: no copy of X
             logits = w @ X.T + b
         elif idx.dim() == 1:  # one minibatch (for every chain)
@@ -82,12 +82,13 @@ def _bernoulli_labels(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def take_rows(data: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """``data[idx]`` along the first dimension for 1-D or ``(C, B)`` indices: shape
     ``idx.shape + data.shape[1:]``. The same as ``data[idx]``, through ``index_select``, which is
-    several times faster than advanced indexing in eager torch.
+    several times faster than advanced indexing in eager torch. Indices on another device than the
+    data (a model's ``pyro.plate`` without ``device=``) are moved to the data's.
 
     >>> take_rows(torch.arange(10.0), torch.tensor([[0, 1], [8, 9]])).tolist()
     [[0.0, 1.0], [8.0, 9.0]]
     """
-    return data.index_select(0, idx.reshape(-1)).reshape(idx.shape + data.shape[1:])
+    return data.index_select(0, idx.reshape(-1).to(data.device)).reshape(idx.shape + data.shape[1:])
 
 
 def logistic_probs(samples: Dict[str, torch.Tensor], X: torch.Tensor, *, suffix: str = "") -> torch.Tensor:
@@ -174,8 +175,10 @@ class BayesianMLP(PyroModule):
             PyroModule[torch.nn.Linear](a, b) for a, b in zip(sizes[:-1], sizes[1:])
         ])
         for layer, (a, b) in zip(self.layers, zip(sizes[:-1], sizes[1:])):
-            layer.weight = PyroSample(dist.Normal(0.0, prior_scale).expand([b, a]).to_event(2))
-            layer.bias = PyroSample(dist.Normal(0.0, prior_scale).expand([b]).to_event(1))
+            # the prior's scale is a buffer, so that ``net.to("cuda")`` or ``net.double()`` moves the prior too
+            layer.register_buffer("prior_scale", torch.tensor(float(prior_scale)))
+            layer.weight = PyroSample(lambda m, shape=(b, a): dist.Normal(0.0, m.prior_scale).expand(shape).to_event(2))
+            layer.bias = PyroSample(lambda m, shape=(b,): dist.Normal(0.0, m.prior_scale).expand(shape).to_event(1))
 
     def logits(self, X: torch.Tensor, weights=None) -> torch.Tensor:
         """Class logits, shape ``(N, K)``, or ``(C, N, K)`` for weights with a leading chain dim.
@@ -207,7 +210,7 @@ class BayesianMLP(PyroModule):
                 batch_size: Optional[int] = None) -> None:
         weights = [(layer.weight, layer.bias) for layer in self.layers]  # drawn outside the plate
         subsample = None if batch_size is None or batch_size >= X.shape[0] else int(batch_size)
-        with pyro.plate("data", X.shape[0], subsample_size=subsample) as idx:
+        with pyro.plate("data", X.shape[0], subsample_size=subsample, device=X.device) as idx:
             if subsample is not None:  # (B,) indices, or (C, B) with per-chain minibatches
                 X, y = take_rows(X, idx), None if y is None else take_rows(y, idx)
             pyro.sample("y", dist.Categorical(logits=self.logits(X, weights)), obs=y)

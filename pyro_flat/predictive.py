@@ -186,17 +186,18 @@ def bma_predict(
         )
     draws = stacked_draws(samples, use, suffix, latents, supports)
     count = next(iter(draws.values())).shape[0]
+    device = tr.nodes[latents[0]]["value"].device  # where the model draws its latents
     with torch.no_grad():
-        first, site = _predict_probs(model, args, kwargs, _rows(draws, 0, 1, squeeze=True), plates, site)
-        block = _block_size(model, args, kwargs, draws, plates, site, first)
+        first, site = _predict_probs(model, args, kwargs, _rows(draws, 0, 1, True, device), plates, site)
+        block = _block_size(model, args, kwargs, draws, plates, site, first, device)
         if block == 1:  # one draw at a time
             total = first.clone()
             for s in range(1, count):
-                total.add_(_predict_probs(model, args, kwargs, _rows(draws, s, s + 1, squeeze=True), plates, site)[0])
+                total.add_(_predict_probs(model, args, kwargs, _rows(draws, s, s + 1, True, device), plates, site)[0])
             return total / count
         total = torch.zeros_like(first)
         for start in range(0, count, block):
-            probs = _predict_probs(model, args, kwargs, _rows(draws, start, start + block), plates, site)[0]
+            probs = _predict_probs(model, args, kwargs, _rows(draws, start, start + block, device=device), plates, site)[0]
             total.add_(probs.sum(0))
     return total / count
 
@@ -205,11 +206,14 @@ def bma_predict(
 BLOCK_ELEMENTS = 2 ** 21
 
 
-def _rows(draws: Dict[str, torch.Tensor], start: int, stop: int, squeeze: bool = False) -> Dict[str, torch.Tensor]:
-    return {n: v[start] if squeeze else v[start:stop] for n, v in draws.items()}
+def _rows(draws: Dict[str, torch.Tensor], start: int, stop: int, squeeze: bool = False,
+          device: Optional[torch.device] = None) -> Dict[str, torch.Tensor]:
+    """Draws ``start:stop`` (or draw ``start``) on the model's ``device``: draws kept in host memory (those
+    of vectorized chains) move to a GPU model a block at a time."""
+    return {n: (v[start] if squeeze else v[start:stop]).to(device) for n, v in draws.items()}
 
 
-def _block_size(model, args, kwargs, draws, plates, site, first: torch.Tensor) -> int:
+def _block_size(model, args, kwargs, draws, plates, site, first: torch.Tensor, device: torch.device) -> int:
     """How many draws :func:`bma_predict` evaluates at once: as many as :data:`BLOCK_ELEMENTS` allows
     when the model broadcasts over a leading dimension of its latents (the first two draws together
     give each one's probabilities, within round-off), else 1."""
@@ -218,8 +222,8 @@ def _block_size(model, args, kwargs, draws, plates, site, first: torch.Tensor) -
     if block < 2:
         return 1
     try:
-        both = _predict_probs(model, args, kwargs, _rows(draws, 0, 2), plates, site)[0]
-        second = _predict_probs(model, args, kwargs, _rows(draws, 1, 2, squeeze=True), plates, site)[0]
+        both = _predict_probs(model, args, kwargs, _rows(draws, 0, 2, device=device), plates, site)[0]
+        second = _predict_probs(model, args, kwargs, _rows(draws, 1, 2, True, device), plates, site)[0]
     except Exception:  # the model does not take a leading dimension: one draw at a time
         return 1
     if both.shape != (2, *first.shape):

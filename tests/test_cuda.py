@@ -71,5 +71,18 @@ def test_a_bayesian_module_cnn_runs_vectorized_on_cuda_and_its_draws_leave_the_g
     samples = mcmc.get_samples()
     assert mcmc.chain_method == "vectorized"
     assert all(not v.is_cuda and bool(torch.isfinite(v).all()) for v in samples.values())
-    probs = bma_predict(model, {k: v.cuda() for k, v in samples.items()}, X[:32], batchnorm_data=X[:256])
+    # the draws as the run left them, in host memory: bma_predict moves them to the model's device
+    probs = bma_predict(model, samples, X[:32], batchnorm_data=X[:256])
     assert probs.is_cuda and torch.allclose(probs.sum(-1), torch.ones(32, device="cuda"))
+
+
+def test_a_bayesian_mlp_moved_to_cuda_draws_its_prior_there_and_its_minibatch_indices_too():
+    from pyro_flat.models import BayesianMLP
+
+    net = BayesianMLP(20, [16], 3).cuda()
+    X, y = torch.randn(200, 20, device="cuda"), torch.randint(0, 3, (200,), device="cuda")
+    trace = pyro.poutine.trace(net).get_trace(X, y, batch_size=50)
+    assert trace.nodes["layers.0.weight"]["value"].is_cuda and trace.nodes["data"]["value"].is_cuda
+    mcmc = MCMC(SGLD(net, step_size=1e-4), 20, 0, num_chains=4, disable_progbar=True)
+    mcmc.run(X, y, batch_size=50)
+    assert all(bool(torch.isfinite(v).all()) for v in mcmc.get_samples().values())

@@ -448,3 +448,16 @@ def test_the_progress_bar_counts_every_iteration_while_logging_seldom(monkeypatc
     seconds = time.perf_counter() - start
     assert sum(counted) == 7 + 40
     assert 2 <= len(logged) <= 2 + seconds / 0.1
+
+
+def test_a_bayesian_mlp_moved_by_to_takes_its_prior_along():
+    """``net.double()`` (or ``net.to("cuda")``) moves the prior: its scale is a buffer of the module."""
+    from pyro_flat.models import BayesianMLP
+
+    net = BayesianMLP(4, [8], 3, prior_scale=0.5).double()
+    X, y = torch.randn(30, 4, dtype=torch.float64), torch.randint(0, 3, (30,))
+    trace = pyro.poutine.trace(net).get_trace(X, y, batch_size=10)
+    weight = trace.nodes["layers.0.weight"]
+    assert weight["value"].dtype == torch.float64 and bool((weight["fn"].base_dist.scale == 0.5).all())
+    trace.compute_log_prob()
+    assert trace.nodes["y"]["log_prob"].dtype == torch.float64

@@ -138,7 +138,7 @@ class BayesianModule(PyroModule):
                              f"rows of x), got {batch_size!r}.")
         subsample = None if batch_size is None or batch_size >= x.shape[0] else int(batch_size)
         full_y = y
-        with pyro.plate("data", x.shape[0], subsample_size=subsample) as idx:
+        with pyro.plate("data", x.shape[0], subsample_size=subsample, device=x.device) as idx:
             per_network = subsample is not None and idx.dim() > 1  # (C, B) indices: each chain its own rows
             if subsample is not None:
                 x, y = take_rows(x, idx), None if y is None else take_rows(y, idx)
@@ -153,7 +153,7 @@ class BayesianModule(PyroModule):
                              "model(Batches(loader)) without y and batch_size.")
         weights = {n: pyro.sample(n, p) for n, p in self.priors.items()}
         batch = _common_batch_dims(weights, self.shapes)
-        with pyro.plate("data", data.num_data, subsample_size=data.batch_size) as idx:
+        with pyro.plate("data", data.num_data, subsample_size=data.batch_size, device=self.device) as idx:
             x, y = data.take(idx)
             self._check_inputs(x, y)
             out = self.output(weights, self._augment(x, idx), batch, idx.dim() > 1)
