@@ -148,6 +148,17 @@ def _all_reduce(value: torch.Tensor, op) -> torch.Tensor:
     return value
 
 
+def chains_average(mean: torch.Tensor, count: int) -> torch.Tensor:
+    """An average over this process's ``count`` chains made the average over every chain of every rank
+    (the same on every rank); unchanged in one process."""
+    import torch.distributed as dist
+
+    shard = shard_of(count)
+    if shard is None:
+        return mean
+    return _all_reduce(mean * count, dist.ReduceOp.SUM) / shard.total
+
+
 def chains_min(x: torch.Tensor) -> torch.Tensor:
     """The smallest entry of ``x`` over every chain of every rank (a 0-dim tensor)."""
     import torch.distributed as dist
@@ -163,4 +174,4 @@ def chains_all(flag: torch.Tensor) -> bool:
 
 
 __all__ = ["ChainShard", "current_shard", "shard_of", "sharded", "chain_draw", "chain_randn_like",
-           "chain_rand_like", "chain_indices", "owns", "global_chain", "chains_min", "chains_all"]
+           "chain_rand_like", "chain_indices", "owns", "global_chain", "chains_average", "chains_min", "chains_all"]

@@ -71,8 +71,9 @@ def check_checkpoint_arguments(checkpoint, checkpoint_every) -> Optional[Path]:
     return path
 
 
-def write_checkpoint(path: Union[str, os.PathLike], payload: dict) -> None:
-    """Write ``payload`` to ``path`` atomically (temporary file, fsync, rename), with a checksum."""
+def write_checkpoint(path: Union[str, os.PathLike], payload: dict, previous: Optional[Path] = None) -> None:
+    """Write ``payload`` to ``path`` atomically (temporary file, fsync, rename), with a checksum; with
+    ``previous``, the checkpoint it replaces is kept there (renamed, so one of the two stays whole)."""
     path = Path(path)
     buffer = io.BytesIO()
     torch.save(payload, buffer)
@@ -84,6 +85,8 @@ def write_checkpoint(path: Union[str, os.PathLike], payload: dict) -> None:
             file.write(header + body)
             file.flush()
             os.fsync(file.fileno())
+        if previous is not None and path.exists():
+            os.replace(path, previous)
         os.replace(temporary, path)
     finally:
         if temporary.exists():
@@ -223,29 +226,45 @@ def differences(saved: Dict[str, object], current: Dict[str, object]) -> List[st
 
 class Checkpointer:
     """Writes a vectorized run's state to ``path`` every ``every`` seconds (:mod:`pyro_flat.checkpoint`); holds
-    the checkpoint the run continues from (``saved``), refused if its configuration is not this run's."""
+    the checkpoint the run continues from (``saved``), refused if its configuration is not this run's.
 
-    def __init__(self, path, every: float, fingerprint: dict):
-        self.path, self.every, self.fingerprint = path, every, fingerprint
+    With ``previous`` (a second path) each write keeps the checkpoint it replaces there, and both are
+    read back (``found``, by iterations done): a run across ranks continues from the latest checkpoint
+    that every rank holds (:meth:`continue_from`), even when a kill stopped one rank's write halfway."""
+
+    def __init__(self, path, every: float, fingerprint: dict, previous: Optional[Path] = None):
+        self.path, self.every, self.fingerprint, self.previous = path, every, fingerprint, previous
         self._lock = _lock(path)  # one run per checkpoint file: another would overwrite this one's state
         try:
             for stale in path.parent.glob(f".{path.name}.*.tmp"):  # a write killed halfway (the lock is ours)
                 stale.unlink()
-            self.saved = read_checkpoint(path) if path.exists() else None
-            if self.saved is not None:
-                changed = differences(self.saved["fingerprint"], fingerprint)
-                if changed:
-                    raise CheckpointError(f"checkpoint {str(path)!r} was written by another run configuration: "
-                                          + "; ".join(changed) + ". Pass the same settings and data to continue it, "
-                                          "or another checkpoint= path (or delete the file) to start a new run.")
-                if self.saved["fingerprint"].get("random start") != fingerprint.get("random start"):
-                    warnings.warn(f"checkpoint {str(path)!r} was started from other random streams (another seed, or "
-                                  "random numbers drawn before run()): the run continues the checkpoint's streams, "
-                                  "as it would have without the stop.", RuntimeWarning, stacklevel=4)
+            self.found = {}
+            for source in (path, previous):
+                if source is not None and source.exists():
+                    saved = self._check(source, read_checkpoint(source))
+                    self.found.setdefault(saved["done"], saved)
+            self.saved = self.found[max(self.found)] if self.found else None
         except BaseException:
             self.close()
             raise
         self.last = time.monotonic()
+
+    def _check(self, path: Path, saved: dict) -> dict:
+        changed = differences(saved["fingerprint"], self.fingerprint)
+        if changed:
+            raise CheckpointError(f"checkpoint {str(path)!r} was written by another run configuration: "
+                                  + "; ".join(changed) + ". Pass the same settings and data to continue it, "
+                                  "or another checkpoint= path (or delete the file) to start a new run.")
+        if saved["fingerprint"].get("random start") != self.fingerprint.get("random start"):
+            warnings.warn(f"checkpoint {str(path)!r} was started from other random streams (another seed, or "
+                          "random numbers drawn before run()): the run continues the checkpoint's streams, "
+                          "as it would have without the stop.", RuntimeWarning, stacklevel=5)
+        return saved
+
+    def continue_from(self, done: Optional[int]) -> None:
+        """Continue from the checkpoint of ``done`` iterations (one of ``found``), or from the start (``None``)."""
+        self.saved = None if done is None else self.found[done]
+        self.found = {}  # the others are not needed: let them go
 
     def close(self) -> None:
         """Let another run use the file."""
@@ -270,12 +289,19 @@ class Checkpointer:
         try:
             write_checkpoint(self.path, {
                 "fingerprint": self.fingerprint, "done": done, "params": params, "kernel": kernel.state_dict(),
-                "random": random_state(), "draws": draws.for_checkpoint(max(kept, 0))})
+                "random": random_state(), "draws": draws.for_checkpoint(max(kept, 0))}, previous=self.previous)
         except OSError as err:  # a full disk must not end the run: its draws are in memory (or draws_dir)
             warnings.warn(f"checkpoint {str(self.path)!r} could not be written ({err}); the run goes on and the "
                           "previous checkpoint stands.", RuntimeWarning, stacklevel=3)
         self.last = time.monotonic()
 
+
+
+def rank_checkpoint_paths(path: Path, rank: int) -> Tuple[Path, Path]:
+    """The checkpoint file of ``rank`` in a run across ranks, and where it keeps its previous one:
+    ``run.ckpt`` gives ``run.rank1.ckpt`` and ``run.rank1.previous.ckpt`` for rank 1."""
+    return (path.with_name(f"{path.stem}.rank{rank}{path.suffix}"),
+            path.with_name(f"{path.stem}.rank{rank}.previous{path.suffix}"))
 
 
 def _lock(path: Path):
@@ -323,5 +349,5 @@ def run_fingerprint(kernel, *, num_chains: int, num_samples: int, warmup_steps: 
             "random start": describe(torch.get_rng_state())}
 
 
-__all__ = ["Checkpointer", "run_fingerprint", "CheckpointError", "check_checkpoint_arguments", "write_checkpoint", "read_checkpoint", "random_state",
+__all__ = ["Checkpointer", "run_fingerprint", "rank_checkpoint_paths", "CheckpointError", "check_checkpoint_arguments", "write_checkpoint", "read_checkpoint", "random_state",
            "set_random_state", "describe", "differences", "FORMAT_VERSION"]

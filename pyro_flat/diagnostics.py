@@ -17,7 +17,7 @@ from typing import Dict, Mapping, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from .validation import to_numpy
+from .validation import check_memory, to_numpy
 
 ArrayDict = Dict[str, np.ndarray]
 
@@ -158,14 +158,55 @@ def chain_correlation(draws, *, num_shifts: int = 40, seed: int = 0) -> Dict[str
             "pairs": len(pairs)}
 
 
-def _from_mcmc(mcmc) -> tuple[ArrayDict, ArrayDict]:
+def _from_mcmc(mcmc, var_names=None, coordinates=None) -> tuple[ArrayDict, ArrayDict]:
     if not hasattr(mcmc, "get_samples"):
         raise TypeError(f"to_arviz takes an MCMC object or a dict {{site: tensor}}, got {type(mcmc).__name__}.")
     from .mcmc import require_draws
 
     require_draws(mcmc, "to_arviz(mcmc)")
-    posterior = {k: to_numpy(v, None) for k, v in mcmc.get_samples(group_by_chain=True).items()}
+    samples = select_draws(mcmc.get_samples(group_by_chain=True), var_names, coordinates, "to_arviz")
+    posterior = {k: to_numpy(v, None) for k, v in samples.items()}
     return posterior, {k: to_numpy(v, None) for k, v in mcmc_sample_stats(mcmc).items()}
+
+
+def select_draws(samples: Mapping[str, torch.Tensor], var_names: Optional[Sequence[str]] = None,
+                 coordinates: Optional[Mapping[str, object]] = None, what: str = "select_draws",
+                 lead: int = 2) -> Dict[str, torch.Tensor]:
+    """The sites ``var_names`` of ``samples`` (``(chain, draw, ...)``, or ``lead`` leading dims), and of a site
+    in ``coordinates`` only those entries of its flattened value (a list of indices or a ``slice``), copied
+    out: memory-mapped draws (``MCMC(..., draws_dir=...)``) are read for those entries alone. A selection
+    that would need more than half of this machine's memory is refused, naming both arguments.
+
+    >>> draws = {"w": torch.arange(24.).reshape(1, 2, 3, 4), "b": torch.zeros(1, 2)}
+    >>> select_draws(draws, ["w"], {"w": [0, 11]})["w"].tolist()
+    [[[0.0, 11.0], [12.0, 23.0]]]
+    """
+    names = list(samples) if var_names is None else list(var_names)
+    unknown = [n for n in names if n not in samples] + [n for n in (coordinates or {}) if n not in names]
+    if unknown:
+        raise ValueError(f"{what}: no site(s) {unknown} among the draws (or left out by var_names); the sites are "
+                         f"{sorted(samples)}.")
+    picked = {}
+    for name in names:
+        value = torch.as_tensor(samples[name])  # numpy arrays too (without a copy)
+        if coordinates is not None and name in coordinates:
+            flat = value.reshape(*value.shape[:lead], -1)
+            index = coordinates[name]
+            index = torch.arange(flat.shape[-1])[index] if isinstance(index, slice) else torch.as_tensor(index)
+            if index.dtype == torch.bool or index.dim() != 1 or (len(index) and not (
+                    0 <= int(index.min()) and int(index.max()) < flat.shape[-1])):
+                raise ValueError(f"{what}: coordinates[{name!r}] must be a slice or a list of flat indices in "
+                                 f"[0, {flat.shape[-1]}) of the site's {tuple(value.shape[lead:])} values.")
+            value = flat
+        else:
+            index = None
+        picked[name] = (value, index)
+    needed = sum((v.numel() if i is None else v.shape[:lead].numel() * len(i)) * v.element_size() * 2
+                 for v, i in picked.values())  # the copy and ArviZ's own
+    check_memory("var_names / coordinates", needed, what=f"draws for {what}",
+                 hint="pass var_names=[...] (the sites to convert) or coordinates={site: indices} (a subset of "
+                      "each site's entries), e.g. coordinates={'w': slice(0, 100)}.")
+    return {n: (v if i is None else v.index_select(v.dim() - 1, i)) for n, (v, i) in picked.items()}
 
 
 def to_arviz(
@@ -173,6 +214,8 @@ def to_arviz(
     *,
     sample_stats: Optional[Mapping[str, torch.Tensor]] = None,
     group_by_chain: bool = True,
+    var_names: Optional[Sequence[str]] = None,
+    coordinates: Optional[Mapping[str, object]] = None,
 ):
     """Convert a finished ``pyro.infer.MCMC`` (or a dict of samples) to an ArviZ object.
 
@@ -180,6 +223,9 @@ def to_arviz(
     :param sample_stats: extra per-draw statistics ``{name: tensor(chain, draw)}``.
     :param group_by_chain: for a dict, whether arrays are ``(chain, draw, ...)``; if ``False`` they
         are ``(draw, ...)`` of one chain.
+    :param var_names, coordinates: convert only these sites, and of a site in ``coordinates`` only those
+        entries of its flattened value (:func:`select_draws`): the way to diagnose a network's draws
+        streamed to disk (``draws_dir``) when all of them would not fit in memory (refused then, by name).
     :returns: ``arviz.InferenceData`` on ArviZ 0.x, ``xarray.DataTree`` on ArviZ 1.x.
 
     Example::
@@ -191,12 +237,13 @@ def to_arviz(
         (2, 100, 3)
     """
     if isinstance(mcmc_or_samples, Mapping):
-        posterior = {k: to_numpy(v, None) for k, v in mcmc_or_samples.items()}
+        chosen = select_draws(mcmc_or_samples, var_names, coordinates, "to_arviz", lead=2 if group_by_chain else 1)
+        posterior = {k: to_numpy(v, None) for k, v in chosen.items()}
         if not group_by_chain:
             posterior = {k: v[None] for k, v in posterior.items()}
         stats: ArrayDict = {}
     else:
-        posterior, stats = _from_mcmc(mcmc_or_samples)
+        posterior, stats = _from_mcmc(mcmc_or_samples, var_names, coordinates)
     if not posterior:
         raise ValueError("to_arviz: there are no samples to convert.")
     shapes = {k: v.shape[:2] for k, v in posterior.items()}

@@ -56,7 +56,7 @@ import logging
 import os
 import warnings
 from pathlib import Path
-from typing import Callable, Dict, Iterator, Optional, Tuple
+from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 import torch
 
@@ -64,13 +64,16 @@ import pyro
 import pyro.infer
 from pyro import poutine
 from pyro.infer.mcmc.logger import ProgressBar, initialize_logger
+from pyro.infer.mcmc.util import print_summary
 from pyro.util import optional
 
 from .chains import sharded
-from .checkpoint import Checkpointer, check_checkpoint_arguments, refuse_loaders, run_fingerprint
+from .diagnostics import select_draws
+from .checkpoint import Checkpointer, check_checkpoint_arguments, rank_checkpoint_paths, refuse_loaders, run_fingerprint
 from .draws import DrawBuffers, DrawFiles
 from .progress import ProgressHook
-from .distributed.driver import RankRun, RanksFailed, checked, gather_draws, start_rank_run, with_draws
+from .distributed.driver import (CheckpointClock, RankRun, RanksFailed, agree_on_checkpoints, checked, gather_draws,
+                                 start_rank_run, with_draws)
 from .kernels.protocol import ChainKernel
 from .mcmc_arguments import check_initial_params, check_kernel
 from .targets import Params, check_minibatches
@@ -121,8 +124,11 @@ class MCMC(pyro.infer.MCMC):
         checkpoint whole; :mod:`pyro_flat.checkpoint`). ``run`` given an existing checkpoint of the same
         configuration **continues** it, with the draws the uninterrupted run would have made (bit for bit on
         the same machine); one of another configuration, or a corrupt one, is refused by name. A finished
-        run's checkpoint gives its draws back at once. Needs a pyro-flat kernel in this process (not
-        Pyro's driver, nor ``"distributed"``/``"data_parallel"`` yet).
+        run's checkpoint gives its draws back at once. Needs a pyro-flat kernel in pyro-flat's loop (not
+        Pyro's driver). Across ranks (``"distributed"``, ``"data_parallel"``) each rank writes its own file
+        (``run.rank0.ckpt``, ``run.rank1.ckpt``, ... beside ``run.ckpt``, each with its previous one), every
+        rank after the same iteration (at the first error check, every 128 iterations, after the interval),
+        and a resumed run continues every rank from the latest iteration all the ranks' files hold.
     :param checkpoint_every: seconds between checkpoints (default 60).
     :param draws_dir: a folder: the kept draws go to ``DIR/SITE.npy`` as they are made, a block at a time,
         instead of memory (:mod:`pyro_flat.draws`); ``get_samples()`` then gives memory-mapped tensors of
@@ -160,10 +166,15 @@ class MCMC(pyro.infer.MCMC):
                              "pass num_samples >= thinning.")
         can_vectorize = isinstance(kernel, ChainKernel)
         if own_loop and (not can_vectorize or not hasattr(kernel, "state_dict")
-                         or chain_method not in ("auto", "vectorized")):
+                         or chain_method not in ("auto", "vectorized") + RANK_METHODS):
             what = "checkpoint=" if self.checkpoint is not None else "draws_dir="
-            raise ValueError(f"{what} needs a pyro-flat kernel run in this process (chain_method 'auto' or "
-                             f"'vectorized'); got {type(kernel).__name__} with chain_method={chain_method!r}.")
+            raise ValueError(f"{what} needs a pyro-flat kernel run by pyro-flat's loop (chain_method 'auto', "
+                             f"'vectorized', 'distributed' or 'data_parallel'); got {type(kernel).__name__} with "
+                             f"chain_method={chain_method!r}.")
+        if self.draws_dir is not None and chain_method in RANK_METHODS:
+            raise ValueError(f"draws_dir= is not supported with chain_method={chain_method!r} yet: the ranks' draws "
+                             "are gathered to rank 0's memory at the end. Leave draws_dir out (checkpoint= works "
+                             "across ranks), or run the chains in one process.")
         if chain_method in ("vectorized",) + RANK_METHODS and not can_vectorize:
             raise ValueError(
                 f"chain_method={chain_method!r} needs a pyro-flat kernel; {type(kernel).__name__} "
@@ -261,9 +272,15 @@ class MCMC(pyro.infer.MCMC):
         require_draws(self, "get_samples")
         return super().get_samples(num_samples, group_by_chain)
 
-    def summary(self, prob: float = 0.9):
+    def summary(self, prob: float = 0.9, var_names: Optional[Sequence[str]] = None,
+                coordinates: Optional[Dict[str, object]] = None) -> None:
+        """Pyro's summary table (mean, sd, quantiles, ESS, R-hat per coordinate); with ``var_names`` and
+        ``coordinates`` of those sites and entries only (:func:`~pyro_flat.diagnostics.select_draws`), the
+        way to summarise a network's draws that would not all fit in memory (``draws_dir``)."""
         require_draws(self, "summary")
-        return super().summary(prob)
+        if var_names is None and coordinates is None:
+            return super().summary(prob)
+        print_summary(select_draws(self.get_samples(group_by_chain=True), var_names, coordinates, "summary"), prob=prob)
 
     def _probe(self, num_chains: int, args, kwargs, initial_params, minibatches: Optional[str] = None):
         """Why ``num_chains`` chains cannot run as one batched kernel, or ``None``; the global random stream
@@ -297,12 +314,7 @@ class MCMC(pyro.infer.MCMC):
         progress_bar = ProgressBar(warmup, num_samples * self.thinning, disable=quiet)
         logger = initialize_logger(logging.getLogger("pyro.infer.mcmc"), "", progress_bar)
         hook = ProgressHook(logger, progress_bar, self.sampler.hook, iterations_per_draw=self.thinning)
-        saver = None if self.checkpoint is None else Checkpointer(
-            self.checkpoint, self.checkpoint_every,
-            {**run_fingerprint(kernel, num_chains=num_chains, num_samples=num_samples, warmup_steps=warmup,
-                               thinning=self.thinning, minibatches=self.minibatches, initial_params=initial_params,
-                               args=args, kwargs=kwargs),
-             "draws_dir": None if self.draws_dir is None else str(self.draws_dir)})
+        saver, clock = self._checkpointer(num_chains, initial_params, args, kwargs, run)
         recording = getattr(kernel, "record_draws", None)
         if self.draws_dir is not None and recording:  # the files hold the draws: no second copy in memory
             kernel.record_draws = False
@@ -312,7 +324,7 @@ class MCMC(pyro.infer.MCMC):
         try:
             with sharded(None if run is None else run.shard), poutine.block(), \
                     optional(pyro.validation_enabled(not self.disable_validation), self.disable_validation is not None):
-                for phase, i, params in checked(steps, run, self.thinning):
+                for phase, i, params in checked(steps, run, self.thinning, clock):
                     if phase == "Initial":
                         names = getattr(kernel, "save_params", None) or sorted(params)
                         # (draw, chain, ...) in host memory or files, constrained where the state is: draws
@@ -336,7 +348,11 @@ class MCMC(pyro.infer.MCMC):
                     hook(kernel, params, phase, i)
                     if saver is not None:
                         done = i + 1 + (warmup if phase == "Sample" else 0)
-                        saver.maybe_write(kernel, params, done, store, done - warmup)
+                        if clock is None:
+                            saver.maybe_write(kernel, params, done, store, done - warmup)
+                        elif clock.due:  # every rank, after the same iteration
+                            saver.write(kernel, params, done, store, done - warmup)
+                            clock.written()
                 if saver is not None:  # the finished run: run() again gives its draws back at once
                     saver.write(kernel, params, warmup + num_samples, store, num_samples)
                 hook.flush(kernel)
@@ -360,6 +376,27 @@ class MCMC(pyro.infer.MCMC):
         self._diagnostics = _split_diagnostics(diagnostics, num_chains)
         if run is not None and run.shard is not None and run.ranks.distributed:
             self._samples, self._diagnostics = gather_draws(run, self._samples, self._diagnostics)
+
+
+    def _checkpointer(self, num_chains: int, initial_params, args, kwargs,
+                      run: Optional[RankRun]) -> Tuple[Optional[Checkpointer], Optional[CheckpointClock]]:
+        """The run's checkpoint file (``None`` without ``checkpoint=``), and across ranks the clock that has
+        every rank write its own file (:func:`~pyro_flat.checkpoint.rank_checkpoint_paths`) after the same
+        iteration."""
+        if self.checkpoint is None:
+            return None, None
+        fingerprint = {**run_fingerprint(self.kernel, num_chains=num_chains, num_samples=self.num_samples,
+                                         warmup_steps=self.warmup_steps, thinning=self.thinning,
+                                         minibatches=self.minibatches, initial_params=initial_params, args=args,
+                                         kwargs=kwargs),
+                       "draws_dir": None if self.draws_dir is None else str(self.draws_dir)}
+        if run is None or not run.ranks.distributed:
+            return Checkpointer(self.checkpoint, self.checkpoint_every, fingerprint), None
+        ranks = run.ranks
+        fingerprint.update({"rank": ranks.rank, "world_size": ranks.world_size})
+        path, previous = rank_checkpoint_paths(self.checkpoint, ranks.rank)
+        saver = agree_on_checkpoints(ranks, lambda: Checkpointer(path, self.checkpoint_every, fingerprint, previous))
+        return saver, CheckpointClock(ranks, self.checkpoint_every)
 
 
 def _cuda_devices(args: tuple, kwargs: dict) -> list:

@@ -79,8 +79,13 @@ def accuracy(probs: torch.Tensor, y: torch.Tensor) -> float:
 
 def nll(probs: torch.Tensor, y: torch.Tensor) -> float:
     r"""Mean negative log predictive probability :math:`-\frac1N\sum_i \log p(y_i \mid x_i)`."""
+    return float(pointwise_nll(probs, y).mean())
+
+
+def pointwise_nll(probs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    r"""Each point's negative log predictive probability :math:`-\log p(y_i \mid x_i)`, shape ``(N,)``."""
     p, labels = _as_classes(probs, y)
-    return float(-(p.gather(-1, labels[:, None]).clamp_min(_EPS).log()).mean())
+    return -(p.gather(-1, labels[:, None]).clamp_min(_EPS).log()).squeeze(-1)
 
 
 def brier(probs: torch.Tensor, y: torch.Tensor) -> float:
@@ -183,6 +188,28 @@ def auroc(positive_scores: torch.Tensor, negative_scores: torch.Tensor) -> float
     return float(u / (len(pos) * len(neg)))
 
 
+def aupr(positive_scores: torch.Tensor, negative_scores: torch.Tensor) -> float:
+    """The area under the precision-recall curve of scores meant to be higher for the positives, as
+    average precision: the mean over the positives of the precision among the scores at least as high
+    (a tie counts every tied score in). Chance is the positives' share.
+
+    >>> aupr(torch.tensor([0.9, 0.4]), torch.tensor([0.8, 0.1]))  # (1/1 + 2/3) / 2
+    0.8333333333333333
+    """
+    pos = torch.as_tensor(positive_scores, dtype=torch.float64).reshape(-1)
+    neg = torch.as_tensor(negative_scores, dtype=torch.float64).reshape(-1)
+    auroc(pos, neg)  # the same checks: non-empty and finite
+    # for each positive: positives and negatives scoring at least as high
+    above_pos = len(pos) - torch.searchsorted(pos.sort().values, pos, right=False).to(torch.float64)
+    above_neg = len(neg) - torch.searchsorted(neg.sort().values, pos, right=False).to(torch.float64)
+    return float((above_pos / (above_pos + above_neg)).mean())
+
+
+def ood_aupr(probs_in: torch.Tensor, probs_out: torch.Tensor) -> float:
+    """AUPR of finding the out-of-distribution inputs (the positives) by predictive entropy."""
+    return aupr(_entropy("probs_out", probs_out), _entropy("probs_in", probs_in))
+
+
 def ood_auroc(probs_in: torch.Tensor, probs_out: torch.Tensor) -> float:
     """AUROC of telling out-of-distribution inputs from in-distribution ones by the predictive
     entropy of their (model-averaged) probabilities; 0.5 is chance, 1 is perfect."""
@@ -215,5 +242,5 @@ def running_bma(probs: torch.Tensor, y: torch.Tensor, *, warmup: int = 0, thin: 
     return {"iteration": iteration, "x": x, **{k: np.array(v) for k, v in out.items()}}
 
 
-__all__ = ["accuracy", "nll", "brier", "ece", "classification_metrics", "predictive_entropy", "auroc",
-           "ood_auroc", "running_bma"]
+__all__ = ["accuracy", "nll", "pointwise_nll", "brier", "ece", "classification_metrics", "predictive_entropy", "auroc",
+           "ood_auroc", "aupr", "ood_aupr", "running_bma"]

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional, Sequence
 
+import numpy as np
 import torch
 
 from . import metrics
+from .chains import chains_average
 from .predictive import bma_predict
 
 USES = ("theta", "aux", "both")
@@ -31,9 +33,11 @@ class OnlineBMA:
     and ``history[use]`` gains :func:`~pyro_flat.metrics.classification_metrics` of :math:`\bar p_k`.
     With Pyro's driver the draws come chain by chain, and only chains run in this process reach it:
     ``pyro.infer.MCMC``'s parallel chains call a copy in each worker (use :class:`pyro_flat.MCMC`'s
-    vectorized chains, or ``chain_method="sequential"``). Across ranks each rank averages its chains. A
-    run resumed from a checkpoint hands the hook the draws it restored first, so the average is the
-    uninterrupted run's.
+    vectorized chains, or ``chain_method="sequential"``). Across ranks (``chain_method="distributed"``)
+    the average pools every rank's chains (one all-reduce of the probabilities per draw), so every rank
+    holds the one-process average. A run resumed from a checkpoint hands the hook the draws it restored
+    first, so the average is the uninterrupted run's. :meth:`curve` gives the running average as
+    :func:`~pyro_flat.metrics.running_bma` gives it from stored draws (the studies' figure).
 
     :param model: the Pyro model sampled (the original, not its :func:`~pyro_flat.flat_posterior`).
     :param args: its arguments for the held-out inputs (``X_test``), as for :func:`~pyro_flat.bma_predict`.
@@ -56,7 +60,7 @@ class OnlineBMA:
         ...             num_chains=2, hook_fn=bma, disable_progbar=True)
         >>> mcmc.run(X[:100], y[:100])
         >>> len(bma.history["both"]), sorted(bma.history["theta"][-1])
-        (50, ['accuracy', 'brier', 'ece', 'ece_mass', 'nll'])
+        (50, ['accuracy', 'accuracy_se', 'brier', 'ece', 'ece_mass', 'nll', 'nll_se'])
     """
 
     def __init__(self, model: Callable, *args, y: torch.Tensor, uses: Optional[Sequence[str]] = None,
@@ -100,15 +104,35 @@ class OnlineBMA:
             self.uses = USES if twins else ("theta",)
         self.num_draws += 1
         k = self.num_draws
+        count = next(iter(draws.values())).shape[0]
         for use in self.uses:
             p = bma_predict(self.model, draws, *self.args, use=use, suffix=self.suffix, **self.kwargs).double()
+            p = chains_average(p, count)  # across ranks: every rank's chains
             if p.shape[0] != self.y.shape[0]:
                 raise ValueError(f"OnlineBMA: y has {self.y.shape[0]} labels but the model predicts {p.shape[0]} "
                                  "points; pass the labels of the held-out inputs given as args.")
             average = self.probs.get(use)
             self.probs[use] = p if average is None else average + (p - average) / k
-            self.history.setdefault(use, []).append(
-                metrics.classification_metrics(self.probs[use], self.y, n_bins=self.n_bins))
+            row = metrics.classification_metrics(self.probs[use], self.y, n_bins=self.n_bins)
+            n = self.y.shape[0]
+            row["accuracy_se"] = float(np.sqrt(row["accuracy"] * (1 - row["accuracy"]) / n))
+            row["nll_se"] = float(metrics.pointwise_nll(self.probs[use], self.y).std() / np.sqrt(n))
+            self.history.setdefault(use, []).append(row)
+
+    def curve(self, use: str, *, warmup: int = 0, thin: int = 1, num_points: int = 50,
+              cost: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
+        """``use``'s accuracy and NLL (with standard errors over the held-out points) after ``num_points``
+        numbers of draws k, laid out as :func:`~pyro_flat.metrics.running_bma`'s: ``iteration = warmup +
+        k * thin``, ``x = cost[k - 1]`` (e.g. gradient evaluations per chain) or the iteration."""
+        if use not in self.history:
+            raise ValueError(f"OnlineBMA.curve: no draws averaged for use={use!r} (it has {sorted(self.history)}).")
+        rows = self.history[use]
+        ks = np.unique(np.linspace(1, len(rows), min(num_points, len(rows))).astype(int))
+        iteration = warmup + ks * thin
+        out = {"iteration": iteration, "x": iteration if cost is None else np.asarray(cost)[ks - 1]}
+        for key in ("accuracy", "accuracy_se", "nll", "nll_se"):
+            out[key] = np.array([rows[k - 1][key] for k in ks])
+        return out
 
 
 __all__ = ["OnlineBMA", "USES"]

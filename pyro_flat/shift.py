@@ -26,8 +26,8 @@ import math
 from typing import List, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 
+from .corruptions import rotate
 from .validation import check_number
 
 #: the corruptions of :func:`shifted_test_sets`, in the order it returns them
@@ -49,14 +49,7 @@ def rotate_images(images: torch.Tensor, degrees: float) -> torch.Tensor:
     the corners)."""
     side = _square_side(images)
     check_number("degrees", degrees, "30")
-    angle = math.radians(float(degrees))
-    cos, sin = math.cos(angle), math.sin(angle)
-    # grid_sample reads the output pixel at (x, y) from the input at theta @ (x, y, 1), y pointing down:
-    # the inverse rotation, so the picture turns counter-clockwise on screen
-    theta = images.new_tensor([[cos, -sin, 0.0], [sin, cos, 0.0]]).expand(len(images), 2, 3)
-    square = images.reshape(-1, 1, side, side)
-    grid = F.affine_grid(theta, list(square.shape), align_corners=False)
-    return F.grid_sample(square, grid, mode="bilinear", padding_mode="zeros", align_corners=False).reshape(images.shape)
+    return rotate(images.reshape(-1, 1, side, side), float(degrees)).reshape(images.shape)
 
 
 def add_noise(images: torch.Tensor, sd: float, generator: torch.Generator) -> torch.Tensor:

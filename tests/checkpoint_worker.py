@@ -2,10 +2,14 @@
 
 ``python tests/checkpoint_worker.py CASE CHECKPOINT|none OUT [DRAWS_DIR]``: runs ``CASE`` (seeded), with
 checkpoints to ``CHECKPOINT`` every 20 ms (at the first draw after), its draws streamed to ``DRAWS_DIR`` if
-given, and saves its draws and statistics to ``OUT``.
+given, and saves its draws and statistics to ``OUT``. Under ``torchrun`` (``RANK`` set) the chains are
+split over the ranks (``chain_method="distributed"``, each iteration slowed by 1 ms so that a kill lands
+mid-run) and rank 0 saves them.
 """
 
+import os
 import sys
+import time
 
 import torch
 
@@ -18,6 +22,7 @@ from linear_regression import data, model  # N = 400, D = 3
 #: name -> (kernel, warm-up, draws, thinning, minibatch size)
 CASES = {
     "SGLD": lambda: (SGLD(model, step_size=1e-4), 300, 3000, 1, 20),
+    "SGLD, short": lambda: (SGLD(model, step_size=1e-4), 100, 3000, 1, 20),
     "SGLD, dense preconditioner, cyclical": lambda: (
         SGLD(model, preconditioner="dense", schedule=schedules.cyclical_cosine(num_steps=6000, num_cycles=6)),
         300, 3000, 1, 20),
@@ -32,9 +37,13 @@ CASES = {
 def run(case: str, checkpoint, every: float = 0.02, draws_dir=None):
     kernel, warmup, samples, thinning, batch_size = CASES[case]()
     pyro.set_rng_seed(11)
+    ranks = {} if "RANK" not in os.environ else {
+        "chain_method": "distributed", "hook_fn": lambda *_: time.sleep(1e-3)}
     mcmc = MCMC(kernel, num_samples=samples, warmup_steps=warmup, num_chains=3, thinning=thinning,
-                disable_progbar=True, checkpoint=checkpoint, checkpoint_every=every, draws_dir=draws_dir)
+                disable_progbar=True, checkpoint=checkpoint, checkpoint_every=every, draws_dir=draws_dir, **ranks)
     mcmc.run(*data(), batch_size=batch_size)
+    if mcmc.rank != 0:
+        return None
     stats = to_arviz(mcmc).sample_stats
     draws = {k: v.clone() for k, v in mcmc.get_samples(group_by_chain=True).items()}  # out of a draws_dir's files
     return {"draws": draws, "stats": {k: stats[k].values for k in stats.data_vars}}
@@ -43,4 +52,6 @@ def run(case: str, checkpoint, every: float = 0.02, draws_dir=None):
 if __name__ == "__main__":
     case, checkpoint, out = sys.argv[1:4]
     draws_dir = sys.argv[4] if len(sys.argv) > 4 else None
-    torch.save(run(case, None if checkpoint == "none" else checkpoint, draws_dir=draws_dir), out)
+    result = run(case, None if checkpoint == "none" else checkpoint, draws_dir=draws_dir)
+    if result is not None:
+        torch.save(result, out)  # the process group pyro-flat made under torchrun ends at exit (atexit)

@@ -92,6 +92,61 @@ def _small_run(path, **changes):
     return mcmc
 
 
+def _torchrun_worker(case, checkpoint, out, kill_after=None, timeout=120):
+    """The worker under ``torchrun`` on 2 ranks, in a session of its own; with ``kill_after``, SIGKILL to the whole
+    session that many seconds after both ranks' first checkpoints (as a pre-emption kills a job). (code, output)"""
+    from ranks import free_port, kill_tree
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+               str(free_port()), WORKER, case, str(checkpoint), str(out)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True, env={**os.environ, "PYRO_FLAT_DIST_TIMEOUT": "60"})
+    try:
+        if kill_after is not None:
+            files = [checkpoint.with_name(f"run.rank{r}.ckpt") for r in range(2)]
+            deadline = time.monotonic() + timeout
+            while not all(f.exists() for f in files) and process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.005)
+            time.sleep(kill_after)
+            kill_tree(process.pid)
+        output, _ = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:  # torchrun's workers run in sessions of their own: none may outlive the test
+            kill_tree(process.pid)
+            process.wait()
+    return process.returncode, output
+
+
+def test_chains_across_two_ranks_killed_together_resume_from_the_iteration_every_rank_holds(tmp_path):
+    """torchrun, 2 ranks, SIGKILL to both at a random moment; then rank 1's newest checkpoint is taken away (its
+    write, as if killed halfway): the ranks continue from the previous one, which every rank holds, and give
+    the uninterrupted run's draws bit for bit. With no file at all on rank 1 the resume is refused."""
+    import shutil
+
+    reference, resumed, checkpoint = tmp_path / "reference.pt", tmp_path / "resumed.pt", tmp_path / "run.ckpt"
+    code, output = _torchrun_worker("SGLD, short", "none", reference)
+    assert code == 0, output
+    code, output = _torchrun_worker("SGLD, short", checkpoint, resumed, kill_after=random.Random(3).uniform(0.3, 0.9))
+    assert not resumed.exists(), "killed before the end"
+    rank1, previous1 = tmp_path / "run.rank1.ckpt", tmp_path / "run.rank1.previous.ckpt"
+    dones = [read_checkpoint(tmp_path / f"run.rank{r}.ckpt")["done"] for r in range(2)]
+    assert dones[0] == dones[1] and previous1.exists(), "every rank writes after the same iteration, keeping one"
+    backup = tmp_path / "backup"
+    backup.mkdir()
+    for f in (rank1, previous1):
+        shutil.move(f, backup / f.name)
+    code, output = _torchrun_worker("SGLD, short", checkpoint, resumed)
+    assert code != 0 and "rank(s) [1] have none" in output, output
+    shutil.move(backup / previous1.name, rank1)  # rank 1 holds only the older checkpoint
+    code, output = _torchrun_worker("SGLD, short", checkpoint, resumed)
+    assert code == 0, output
+    want, got = torch.load(reference, weights_only=False), torch.load(resumed, weights_only=False)
+    for site, value in want["draws"].items():
+        assert torch.equal(got["draws"][site], value), site
+    for name, value in want["stats"].items():
+        np.testing.assert_array_equal(got["stats"][name], value, err_msg=name)
+
+
 def test_a_finished_runs_checkpoint_gives_its_draws_back_without_sampling(tmp_path):
     path = tmp_path / "run.ckpt"
     first = _small_run(path)
@@ -210,7 +265,7 @@ def test_a_write_killed_halfway_leaves_the_previous_checkpoint_whole(tmp_path):
     (dict(checkpoint_every=float("nan")), "checkpoint_every must be a positive number"),
     (dict(checkpoint_every=True), "checkpoint_every must be a positive number"),
     (dict(checkpoint=3), "checkpoint must be a file path"),
-    (dict(chain_method="sequential"), "checkpoint= needs a pyro-flat kernel run in this process"),
+    (dict(chain_method="sequential"), "checkpoint= needs a pyro-flat kernel run by pyro-flat.s loop"),
 ])
 def test_bad_checkpoint_arguments_are_refused_by_name(tmp_path, kwargs, named):
     settings = dict(checkpoint=tmp_path / "run.ckpt", checkpoint_every=60.0)

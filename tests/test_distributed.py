@@ -13,7 +13,7 @@ import torch
 
 import pyro
 import pyro.distributions as dist
-from pyro_flat import MCMC, SGHMC, SGLD, DivergenceError, EntropyHMC, EntropySGHMC, EntropySGLD, to_arviz
+from pyro_flat import MCMC, SGHMC, SGLD, DivergenceError, EntropyHMC, EntropySGHMC, EntropySGLD, OnlineBMA, to_arviz
 from pyro_flat.distributed import ChainShard, shard_rows
 
 from moments import assert_moments
@@ -50,8 +50,38 @@ def run_case(name, chain_method, num_chains=3):
             "chain_method": mcmc.chain_method, "world": (mcmc.rank, mcmc.world_size, mcmc.backend)}
 
 
+def classifier(X, y=None):
+    w = pyro.sample("w", dist.Normal(torch.zeros(D, dtype=X.dtype), 1.0).to_event(1))
+    with pyro.plate("data", X.shape[0]):
+        pyro.sample("y", dist.Bernoulli(logits=(X * w).sum(-1)), obs=y)
+
+
+def online_bma_history(chain_method):
+    """EntropySGLD's 3 chains with an OnlineBMA hook on a held-out half: its metrics after every draw."""
+    X, y = data()
+    labels = (y > y.median()).to(X.dtype)
+    pyro.set_rng_seed(6)
+    bma = OnlineBMA(classifier, X[200:], y=labels[200:])
+    MCMC(EntropySGLD(classifier, eta=0.1, step_size=1e-3), num_samples=12, warmup_steps=5, num_chains=3,
+         chain_method=chain_method, hook_fn=bma, disable_progbar=True).run(X[:200], labels[:200])
+    return bma.history
+
+
 def _all_cases(rank):
-    return {name: run_case(name, "distributed") for name in KERNELS}
+    return {**{name: run_case(name, "distributed") for name in KERNELS}, "OnlineBMA": online_bma_history("distributed")}
+
+
+def test_an_online_bma_hook_pools_every_ranks_chains(distributed_runs):
+    """Each rank's OnlineBMA averages every chain of every rank: both ranks hold the one-process history."""
+    single = online_bma_history("vectorized")
+    for rank in range(2):
+        history = distributed_runs[rank]["OnlineBMA"]
+        assert set(history) == set(single) == {"theta", "aux", "both"}
+        for use, rows in single.items():
+            assert len(history[use]) == len(rows) == 12
+            for mine, want in zip(history[use], rows):
+                for key, value in want.items():
+                    assert mine[key] == pytest.approx(value, rel=1e-9, abs=1e-12), (rank, use, key)
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +162,7 @@ def _data_parallel_law(rank):
     X, y = shard_rows(X, rank, 2), shard_rows(y, rank, 2)
     pyro.set_rng_seed(1)
     mcmc = MCMC(SGLD(model, step_size=LAW_STEP, init_strategy=pyro.infer.autoguide.init_to_median),
-                num_samples=12_000, warmup_steps=1_000, num_chains=2, chain_method="data_parallel",
+                num_samples=6_000, warmup_steps=500, num_chains=2, chain_method="data_parallel",
                 disable_progbar=True)
     mcmc.run(X, y, batch_size=LAW_B)
     return mcmc.get_samples(group_by_chain=True)["w"].numpy()
@@ -270,9 +300,9 @@ def _torchrun(args, timeout, interrupt_after=None):
             time.sleep(interrupt_after)
             os.killpg(proc.pid, signal.SIGINT)
         output, _ = proc.communicate(timeout=timeout)
-    finally:
+    finally:  # torchrun starts each worker in a session of its own: kill them all, not torchrun's group alone
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            __import__("ranks").kill_tree(proc.pid)
             proc.wait()
     return proc.returncode, output
 

@@ -67,6 +67,32 @@ def test_resident_memory_does_not_grow_with_the_draws(tmp_path):
 def test_a_bad_draws_dir_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match="draws_dir must be a folder path"):
         MCMC(SGHMC(model, step_size=1e-4), num_samples=10, draws_dir=3)
-    with pytest.raises(ValueError, match="draws_dir= needs a pyro-flat kernel run in this process"):
+    with pytest.raises(ValueError, match="draws_dir= needs a pyro-flat kernel run by pyro-flat.s loop"):
         MCMC(SGHMC(model, step_size=1e-4), num_samples=10, num_chains=2, chain_method="sequential",
              draws_dir=tmp_path)
+
+
+def test_arviz_and_summary_read_a_subset_of_streamed_draws(tmp_path, monkeypatch, capsys):
+    """to_arviz and summary on chosen sites and entries of memory-mapped draws; a selection that would not fit in
+    memory is refused with the arguments that make it fit."""
+    from pyro_flat import to_arviz, validation
+
+    mcmc = _run(draws_dir=tmp_path / "draws")
+    full = mcmc.get_samples(group_by_chain=True)["w"]  # (3 chains, 100 draws, 3)
+    idata = to_arviz(mcmc, var_names=["w"], coordinates={"w": [2, 0]})
+    assert list(idata.posterior.data_vars) == ["w"]
+    np.testing.assert_array_equal(idata.posterior["w"].values, full[..., [2, 0]].numpy())
+    sliced = to_arviz(mcmc.get_samples(group_by_chain=True), coordinates={"w": slice(1, 3)})
+    np.testing.assert_array_equal(sliced.posterior["w"].values, full[..., 1:3].numpy())
+    capsys.readouterr()
+    mcmc.summary(var_names=["w"], coordinates={"w": [1]})
+    table = capsys.readouterr().out
+    assert "w[0]" in table and "w[1]" not in table and " b" not in table
+    for bad, named in [(dict(var_names=["nope"]), "no site"), (dict(coordinates={"w": [3]}), r"in \[0, 3\)"),
+                       (dict(var_names=["b"], coordinates={"w": [0]}), "no site")]:
+        with pytest.raises(ValueError, match=named):
+            to_arviz(mcmc, **bad)
+    monkeypatch.setattr(validation, "machine_memory", lambda: 10_000)  # a machine of 10 kB
+    with pytest.raises(ValueError, match=r"var_names / coordinates.*coordinates=\{site: indices\}"):
+        to_arviz(mcmc)
+    assert to_arviz(mcmc, var_names=["w"], coordinates={"w": [0]}).posterior["w"].shape == (3, 100, 1)

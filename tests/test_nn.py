@@ -276,7 +276,7 @@ def test_a_shuffling_dataloader_feeds_the_chains_the_conjugate_posterior():
                         generator=torch.Generator().manual_seed(0))
     pyro.set_rng_seed(0)
     mcmc = MCMC(SGLD(_linear_model(), step_size=STEP, init_strategy=pyro.infer.autoguide.init_to_median),
-                num_samples=10_000, warmup_steps=1_000, num_chains=2, disable_progbar=True)
+                num_samples=5_000, warmup_steps=500, num_chains=2, disable_progbar=True)
     mcmc.run(Batches(loader))
     assert mcmc.chain_method == "vectorized"
     s = mcmc.get_samples(group_by_chain=True)

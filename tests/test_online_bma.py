@@ -52,6 +52,16 @@ def test_the_running_average_is_the_stored_draws_bma_after_every_draw():
     curve = metrics.running_bma(probs, y_test, num_points=15)
     np.testing.assert_allclose([h["accuracy"] for h in bma.history["theta"]], curve["accuracy"], atol=1e-12)
     np.testing.assert_allclose([h["nll"] for h in bma.history["theta"]], curve["nll"], rtol=1e-8)
+    # the studies' curve (every few draws, against a cost) is running_bma's, standard errors included
+    cost = np.arange(1, 16) * 7.0
+    for points in (15, 6):
+        want = metrics.running_bma(probs, y_test, warmup=20, thin=2, num_points=points, cost=cost)
+        got = bma.curve("theta", warmup=20, thin=2, num_points=points, cost=cost)
+        assert set(got) == set(want)
+        for key, value in want.items():
+            np.testing.assert_allclose(got[key], value, rtol=1e-8, atol=1e-12, err_msg=key)
+    with pytest.raises(ValueError, match="use='nope'"):
+        bma.curve("nope")
 
 
 def test_through_pyros_driver():

@@ -8,19 +8,23 @@ goes, and bring the draws to rank 0.
   (:class:`~pyro_flat.chains.ChainShard`) or hand the kernel its data shards
   (:class:`~pyro_flat.distributed.DataParallelShards`), and check on every rank that the model batches;
 - :func:`checked`: the sampling loop with the collective error check, so that every rank raises the
-  same error within :data:`CHECK_ITERATIONS` iterations of a failure;
+  same error within :data:`CHECK_ITERATIONS` iterations of a failure, and writes its checkpoint after
+  the same iteration (:class:`CheckpointClock`);
+- :func:`agree_on_checkpoints`: every rank continues from the same iteration of its own checkpoint file;
 - :func:`with_draws` and :func:`gather_draws`: the draws made so far (after an error) and at the end,
   gathered to rank 0 in chain order.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, List, Optional, Tuple
 
 import torch
 
 from ..chains import ChainShard
+from ..checkpoint import Checkpointer, CheckpointError
 from ..errors import DivergenceError
 from ..targets import Params
 from .data_parallel import DataParallelShards
@@ -90,12 +94,28 @@ class RanksFailed(Exception):
         self.error, self.cause = error, cause
 
 
+class CheckpointClock:
+    """When the ranks of a run write their checkpoints: at a collective check of :func:`checked` (every
+    :data:`CHECK_ITERATIONS` iterations) where rank 0's ``every`` seconds have passed, so that every rank
+    writes the state after the same iteration. :func:`checked` sets ``due`` for the item it yields next."""
+
+    def __init__(self, ranks: Ranks, every: float):
+        self.ranks, self.every, self.last, self.due = ranks, every, time.monotonic(), False
+
+    def wish(self) -> bool:
+        return self.ranks.is_main and time.monotonic() - self.last >= self.every
+
+    def written(self) -> None:
+        self.last, self.due = time.monotonic(), False
+
+
 def checked(steps: Iterator[Tuple[str, int, Params]], run: Optional[RankRun],
-            iterations_per_draw: int = 1) -> Iterator[Tuple[str, int, Params]]:
+            iterations_per_draw: int = 1, clock: Optional[CheckpointClock] = None) -> Iterator[Tuple[str, int, Params]]:
     """``steps``, with the collective error check when the run spans ranks: after set-up, every
     :data:`CHECK_ITERATIONS` iterations, at the end, and at once on a rank that raised. Every rank then
     raises :class:`RanksFailed` with the same error (see :meth:`pyro_flat.distributed.Ranks.check`), at
-    most :data:`CHECK_ITERATIONS` iterations after the failure."""
+    most :data:`CHECK_ITERATIONS` iterations after the failure. With a ``clock``, the same all-reduce
+    decides whether every rank writes its checkpoint after the item it yields next."""
     if run is None or not run.ranks.distributed:
         yield from steps
         return
@@ -111,12 +131,42 @@ def checked(steps: Iterator[Tuple[str, int, Params]], run: Optional[RankRun],
             since += iterations_per_draw if item[0] == "Sample" else 1
         if item is None or item[0] == "Initial" or since >= CHECK_ITERATIONS:
             since = 0
-            failure = run.ranks.check(error)
+            failure, due = run.ranks.check_and_ask(error, clock is not None and item is not None and clock.wish())
             if failure is not None:
                 raise RanksFailed(failure, error)
+            if clock is not None:
+                clock.due = due and item[0] != "Initial"
         if item is None:
             return
         yield item
+
+
+def agree_on_checkpoints(ranks: Ranks, open_checkpoint: Callable[[], Checkpointer]) -> Checkpointer:
+    """Open every rank's checkpoint (``open_checkpoint()``) and continue all of them from the latest
+    iteration that every rank's files hold (each keeps its last two), or all from the start. A rank that
+    cannot (a corrupt file, another configuration, a missing file) stops every rank with its error."""
+    saver, error = None, None
+    try:
+        saver = open_checkpoint()
+    except Exception as err:
+        error = err
+    failure = ranks.check(error)
+    if failure is not None:
+        if saver is not None:
+            saver.close()
+        raise failure from error
+    held = ranks.all_objects(sorted(saver.found), "comparing the ranks' checkpoints")
+    common = set(held[0]).intersection(*held[1:])
+    if any(held) and not common:
+        saver.close()
+        lost = [r for r, dones in enumerate(held) if not dones]
+        raise CheckpointError(
+            f"the ranks' checkpoints of {str(saver.path.name)!r} do not continue one run: "
+            + (f"rank(s) {lost} have none" if lost else "they hold no common iteration ("
+               + "; ".join(f"rank {r}: {dones}" for r, dones in enumerate(held)) + ")")
+            + ". Restore the missing files, or delete every rank's file to start a new run.")
+    saver.continue_from(max(common) if common else None)
+    return saver
 
 
 def with_draws(error: BaseException, run: RankRun, partial: List[dict]) -> BaseException:
@@ -164,4 +214,5 @@ def _cpu(diagnostics: list) -> list:
     return [move(chain) for chain in diagnostics]
 
 
-__all__ = ["CHECK_ITERATIONS", "RankRun", "RanksFailed", "start_rank_run", "checked", "with_draws", "gather_draws"]
+__all__ = ["CHECK_ITERATIONS", "RankRun", "RanksFailed", "CheckpointClock", "start_rank_run", "checked",
+           "agree_on_checkpoints", "with_draws", "gather_draws"]

@@ -18,13 +18,14 @@ script that created its own group (``dist.init_process_group``) keeps it.
 
 from __future__ import annotations
 
+import atexit
 import builtins
 import hashlib
 import math
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -70,8 +71,18 @@ def init_from_env(backend: Optional[str] = None, timeout: Optional[float] = None
         if backend == "nccl":
             torch.cuda.set_device(device if device is not None else int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+        atexit.register(_leave_group)  # a script that never calls Ranks.finish(): the group ends before exit
         return Ranks(dist.get_rank(), dist.get_world_size(), None, dist.get_backend(), timeout, owns_group=True)
     return Ranks(dist.get_rank(), dist.get_world_size(), None, dist.get_backend(), timeout)
+
+
+def _leave_group() -> None:
+    """Destroy the default group at interpreter exit, if it is still there: a gloo group left to the
+    interpreter's teardown aborts the process ("terminate called without an active exception")."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def env_timeout() -> float:
@@ -151,20 +162,26 @@ class Ranks:
     def check(self, error: Optional[BaseException]) -> Optional[BaseException]:
         """The collective error check: ``None`` if no rank raised, else the first failing rank's error,
         rebuilt on every rank with its rank in the message (the same type where it can be)."""
+        return self.check_and_ask(error, False)[0]
+
+    def check_and_ask(self, error: Optional[BaseException], wish: bool) -> Tuple[Optional[BaseException], bool]:
+        """:meth:`check`, and in the same all-reduce whether any rank ``wish``-ed (e.g. that a checkpoint
+        be written now): ``(error or None, any wish)``, the same on every rank."""
         import torch.distributed as dist
 
         if not self.distributed:
-            return error
-        flag = torch.tensor([0 if error is None else 1], dtype=torch.int32, device=self._device())
+            return error, bool(wish)
+        flag = torch.tensor([0 if error is None else 1, int(bool(wish))], dtype=torch.int32, device=self._device())
         self.collective("the error check", dist.all_reduce, flag, op=dist.ReduceOp.MAX)
-        if not int(flag.item()):
-            return None
+        failed, wished = (int(v) for v in flag.tolist())
+        if not failed:
+            return None, bool(wished)
         report = None if error is None or isinstance(error, OtherRankFailed) else _report(error)
         reports = self.all_objects(report, "sharing an error")
-        failed = [(r, rep) for r, rep in enumerate(reports) if rep is not None]
-        if not failed:  # every rank blamed another: its own words are all there is
-            return error if error is not None else RuntimeError("a rank failed without a report")
-        return _rebuild(*failed[0])
+        failing = [(r, rep) for r, rep in enumerate(reports) if rep is not None]
+        if not failing:  # every rank blamed another: its own words are all there is
+            return (error if error is not None else RuntimeError("a rank failed without a report")), False
+        return _rebuild(*failing[0]), False
 
     def all_sum(self, tensors: List[torch.Tensor], what: str) -> List[torch.Tensor]:
         """Each tensor summed over the ranks, in one all-reduce of them all packed into one vector (one

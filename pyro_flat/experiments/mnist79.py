@@ -37,7 +37,8 @@ from ..diagnostics import (MAX_R_HAT, chain_correlation, convergence_verdict, di
                            mcmc_sample_stats, write_netcdf)
 from ..kernels import EntropyHMC, kernel_class, kernel_settings, make_kernel
 from ..mcmc import MCMC
-from ..models import logistic_probs, logistic_regression
+from ..models import logistic_regression
+from ..online_bma import OnlineBMA
 from .configs import MNIST79Config
 from .mnist79_report import (ECE_BINS, RELIABILITY_BINS, chains_text, metric_text, metrics_text, reference_worth, report_markdown,
                              schedule_text)
@@ -101,12 +102,13 @@ def _stack_partial(chains: List[Dict[str, torch.Tensor]]) -> Dict[str, torch.Ten
 
 
 def run_sampler(name: str, config: MNIST79Config, X: torch.Tensor, y: torch.Tensor,
-                ranks: Optional[Ranks] = None, checkpoint: Optional[Path] = None) -> SamplerRun:
+                ranks: Optional[Ranks] = None, checkpoint: Optional[Path] = None,
+                hook: Optional[Callable] = None) -> SamplerRun:
     """Run one sampler of :data:`~pyro_flat.experiments.configs.SAMPLERS` on the logistic regression; Ctrl-C keeps the draws
     (in one process). EntropyHMC runs ``config.reference_samples`` draws after ``config.reference_warmup``, unthinned.
     With ``ranks`` of several processes the chains are split over them; ranks other than 0 return no draws.
     ``checkpoint``: the file of this sampler's checkpoints (every ``config.checkpoint_every`` seconds), which
-    the run continues from when it holds one."""
+    the run continues from when it holds one. ``hook``: MCMC's ``hook_fn`` (the study's :class:`~pyro_flat.OnlineBMA`)."""
     distributed = ranks is not None and ranks.distributed
     kernel = make_study_kernel(name, config, logistic_regression)
     exact = is_full_batch(name)
@@ -116,7 +118,7 @@ def run_sampler(name: str, config: MNIST79Config, X: torch.Tensor, y: torch.Tens
     mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup, thinning=thin, num_chains=config.chains,
                 minibatches=config.minibatches, disable_progbar=not config.progress,
                 chain_method="distributed" if distributed else "auto",  # vectorized chains
-                checkpoint=checkpoint, checkpoint_every=config.checkpoint_every)
+                checkpoint=checkpoint, checkpoint_every=config.checkpoint_every, hook_fn=hook)
     pyro.set_rng_seed(config.seed)
     start = time.perf_counter()
     batch_size = None if is_full_batch(name) else min(config.batch_size, len(X))
@@ -156,21 +158,21 @@ def _gradient_cost(run: SamplerRun, warmup: int) -> Optional[np.ndarray]:
     return None
 
 
-def evaluate(run: SamplerRun, X_test: torch.Tensor, y_test: torch.Tensor, *, warmup: int = 0, thin: int = 1):
-    """BMA metrics, running curves (against gradient evaluations per chain) and reliability
-    curves for θ, and for θa and both when the run has twins."""
-    def probs(suffix):  # (chain, draw, n)
-        return logistic_probs(run.samples, X_test, suffix=suffix).reshape(*run.samples["b"].shape[:2], -1)
-
-    per_use = {"theta": probs("")}
-    if run.has_aux:
-        per_use["aux"] = probs("_aux")
-        per_use["both"] = torch.cat([per_use["theta"], per_use["aux"]], dim=0)
-    final = {u: metrics.classification_metrics(p.mean((0, 1)), y_test, n_bins=ECE_BINS) for u, p in per_use.items()}
+def evaluate(run: SamplerRun, bma: OnlineBMA, X_test: torch.Tensor, y_test: torch.Tensor, *, warmup: int = 0,
+             thin: int = 1):
+    """BMA metrics, running curves (against gradient evaluations per chain) and reliability curves for θ,
+    and for θa and both when the run has twins: all from the average the run's :class:`~pyro_flat.OnlineBMA`
+    built as the draws came (``bma.probs``, ``bma.curve``)."""
+    kept = int(run.samples["b"].shape[1])
+    if bma.num_draws != kept:  # a Ctrl-C between a draw and its hook: average the kept draws once more
+        bma = OnlineBMA(logistic_regression, X_test, y=y_test, n_bins=ECE_BINS)
+        for j in range(kept):
+            bma.update({n: v[:, j] for n, v in run.samples.items()})
     cost = _gradient_cost(run, warmup)
-    curves = {u: metrics.running_bma(p, y_test, warmup=warmup, thin=thin, cost=cost) for u, p in per_use.items()}
-    reliability = {u: metrics.reliability_curve(p.mean((0, 1)), y_test, n_bins=RELIABILITY_BINS, binning="mass")
-                   for u, p in per_use.items()}
+    final = {u: {k: v for k, v in bma.history[u][-1].items() if not k.endswith("_se")} for u in bma.uses}
+    curves = {u: bma.curve(u, warmup=warmup, thin=thin, cost=cost) for u in bma.uses}
+    reliability = {u: metrics.reliability_curve(bma.probs[u], y_test, n_bins=RELIABILITY_BINS, binning="mass")
+                   for u in bma.uses}
     return final, curves, reliability
 
 
@@ -248,8 +250,9 @@ def run_mnist79(config: MNIST79Config, *, log: Callable[[str], None] = print) ->
 def _follow(config: MNIST79Config, ranks: Ranks) -> None:
     """A rank other than 0: its share of every sampler's chains (rank 0 gathers the draws and writes)."""
     X, y = load_mnist79(config.data_dir, split="train")
-    for name in _sampler_names(config):
-        run_sampler(name, config, X, y, ranks)
+    X_test, y_test = load_mnist79(config.data_dir, split="test")
+    for name in _sampler_names(config):  # the online average pools the ranks' chains: every rank takes part
+        run_sampler(name, config, X, y, ranks, hook=OnlineBMA(logistic_regression, X_test, y=y_test, n_bins=ECE_BINS))
 
 
 def _gap(run: SamplerRun, eta: float) -> Dict[str, float]:
@@ -303,9 +306,11 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None], r
         log(f"{ranks.world_size} ranks (torch.distributed, {ranks.backend}): each sampler's {config.chains} chains "
             f"split over them, {config.threads} thread(s) per rank; rank 0 gathers the draws and writes")
     checkpoints = study_checkpoints(config, ranks is not None and ranks.distributed, log)
-    runs = {}
+    runs, averages = {}, {}
     for name in _sampler_names(config):
-        runs[name] = run_sampler(name, config, X, y, ranks, None if checkpoints is None else checkpoints / f"{name}.ckpt")
+        averages[name] = OnlineBMA(logistic_regression, X_test, y=y_test, n_bins=ECE_BINS)  # as the draws come
+        runs[name] = run_sampler(name, config, X, y, ranks, None if checkpoints is None else checkpoints / f"{name}.ckpt",
+                                 hook=averages[name])
         log(f"{name}: {runs[name].seconds:.1f} s" + (" (interrupted)" if runs[name].interrupted else ""))
         if runs[name].interrupted:
             break
@@ -346,7 +351,7 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None], r
             continue
         exact = is_full_batch(name)
         final, run_curves, run_reliability = evaluate(
-            run, X_test, y_test, warmup=config.reference_warmup if exact else config.warmup,
+            run, averages[name], X_test, y_test, warmup=config.reference_warmup if exact else config.warmup,
             thin=1 if exact else config.thin)
         report["bma"][name] = final
         labels = {"theta": "θ", "aux": "θa", "both": "θ and θa"}

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Type
 
 from .configs import BNNConfig, MNIST79Config, PathConfig, Synthetic2DConfig
+from .images_config import ImagesConfig
 from .study_config import StudyConfig
 
 
@@ -93,4 +94,10 @@ STUDIES: Dict[str, Study] = {study.name: study for study in (
           "minimum-energy path (NEB) join them; write the loss, top Hessian eigenvalue and trace along both "
           "(paths.png), where each sampler's draws sit (draws.png) and SGD started on the path (dynamics.png), "
           "with report.md and report.json."),
+    Study(ImagesConfig, "pyro_flat.experiments.images.run_images_study",
+          "Entropy-MCMC against SGD, Entropy-SGD, SAM, SGLD and Entropy-SGLD on a ResNet: digits here, CIFAR "
+          "from --data-dir",
+          "Train a residual network with BatchNorm with each method of the Entropy-MCMC paper at several seeds; score "
+          "the model averages on clean, corrupted and out-of-distribution images and their flatness; count the "
+          "paper's claims by paired t-tests; write report.md, report.json, corruption.png and interpolation.png."),
 )}

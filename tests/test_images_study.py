@@ -1,0 +1,107 @@
+"""``pyro-flat images``: a reduced run writes its files and tables, the paper's claims are counted from the
+numbers (a changed number changes the verdict), CIFAR runs from generated files of the official layout, and
+bad options are one line."""
+
+import json
+
+import numpy as np
+import pytest
+
+from pyro_flat.cifar_files import write_cifar
+from pyro_flat.experiments.cli import main
+from pyro_flat.experiments.images_report import CLAIMS, claims
+
+#: a tiny ResNet on 160 digits, 2 seeds, two methods (the claims compare Entropy-MCMC with SGD)
+SMALL = ["--network", "tiny-resnet", "--epochs", "2", "--cycles", "1", "--seeds", "2", "--train-size", "160",
+         "--test-size", "40", "--flatness-images", "32", "--trace-probes", "2", "--batch-size", "32", "--lr", "0.05",
+         "--inner-steps", "2", "--no-progress", "--threads", "1"]
+
+
+def test_a_reduced_run_writes_the_report_tables_claims_and_figures(tmp_path):
+    out = tmp_path / "images"
+    assert main(["images", *SMALL, "--methods", "sgd", "sgld", "emcmc", "--out", str(out)]) == 0
+    assert {"corruption.png", "interpolation.png", "report.json", "report.md"} <= {p.name for p in out.iterdir()}
+    report = json.loads((out / "report.json").read_text())
+    labels = ["SGD", "SGLD", "Entropy-MCMC (θ)", "Entropy-MCMC (θa)", "Entropy-MCMC (both)"]
+    assert list(report["summary"]) == labels and len(report["rows"]) == 2 * len(labels)
+    assert report["data"]["n_train"] == 160 and report["data"]["n_test"] == 40
+    for row in report["rows"]:
+        assert 0 <= row["accuracy"] <= 1 and np.isfinite(row["nll"]) and len(row["corrupted_accuracy"]) == 5
+        assert 0 <= row["ood_auroc"] <= 1 and 0 <= row["ood_aupr"] <= 1
+        assert (row["use"] == "both") == ("top_eigenvalue" not in row)
+        assert row["grad_evals"] == 2 * 5 and row["draws"] == {"sgd": 1, "sgld": 2, "emcmc": 2}[row["method"]] * (
+            2 if row["use"] == "both" else 1)
+    assert [c["metric"] for c in report["claims"]] == [m for m, _, _ in CLAIMS]
+    assert all(c["verdict"] in ("reproduced", "tied", "contradicted") for c in report["claims"])
+    assert {p["other"] for p in report["claims"][0]["pairs"]} == {"SGD", "SGLD"}
+    text = (out / "report.md").read_text()
+    assert "| Entropy-MCMC (both) |" in text and "t = 12.71 standard errors" in text  # 2 seeds: df 1
+    assert report["protocol"]["lr"] == 0.05 and report["scaled"]["step_size"] == pytest.approx(0.05 / 160)
+
+
+def _rows(ours, theirs, metric="accuracy"):
+    return ([{"label": "Entropy-MCMC (both)", "seed": s, metric: v} for s, v in enumerate(ours)]
+            + [{"label": "SGD", "seed": s, metric: v} for s, v in enumerate(theirs)])
+
+
+@pytest.mark.parametrize("ours, verdict", [
+    ([0.910, 0.921, 0.931], "reproduced"),   # differences 0.010, 0.011, 0.011: 19 standard errors
+    ([0.910, 0.890, 0.931], "tied"),         # 0.010, -0.020, 0.011: within t = 4.30 standard errors
+    ([0.890, 0.899, 0.911], "contradicted"),  # -0.010, -0.011, -0.009
+])
+def test_a_claim_follows_the_paired_differences_at_the_t_critical_value(ours, verdict):
+    theirs = [0.900, 0.910, 0.920]
+    claim = claims(_rows(ours, theirs), [("accuracy", "the highest test accuracy", False)])[0]
+    assert claim["verdict"] == verdict
+    # lower is better flips the sign: the same numbers as NLLs make the opposite verdict
+    nll = claims(_rows(ours, theirs, "nll"), [("nll", "the lowest NLL", True)])[0]["verdict"]
+    assert nll == {"reproduced": "contradicted", "contradicted": "reproduced", "tied": "tied"}[verdict]
+
+
+def test_a_difference_just_inside_the_critical_value_is_a_tie_and_just_outside_is_not():
+    theirs = [0.0, 0.0, 0.0]
+    spread = np.array([-1.0, 0.0, 1.0])  # sd 1, se 1/sqrt(3)
+    se = 1 / np.sqrt(3)
+    for factor, verdict in ((4.25, "tied"), (4.36, "reproduced")):  # t(0.975, 2) = 4.303
+        ours = list(factor * se + spread)
+        assert claims(_rows(ours, theirs), [("accuracy", "x", False)])[0]["verdict"] == verdict
+
+
+def test_cifar10_runs_from_generated_files_of_the_official_layout(tmp_path):
+    from scipy.io import savemat
+
+    rng = np.random.default_rng(0)
+    data = tmp_path / "data"
+    labels = np.arange(100) % 10
+    # a learnable set: each class is a colour
+    images = (rng.integers(0, 40, size=(100, 3, 32, 32)) + (labels * 20)[:, None, None, None]).astype(np.uint8)
+    write_cifar(data, "cifar10", "train", images, labels, parts=5)
+    write_cifar(data, "cifar10", "test", images[:40], labels[:40])
+    savemat(data / "test_32x32.mat", {"X": images[:20].transpose(2, 3, 1, 0), "y": np.ones((20, 1))})
+    out = tmp_path / "out"
+    small = [a for a in SMALL if a not in ("--train-size", "160", "--test-size", "40")]
+    assert main(["images", "--dataset", "cifar10", "--data-dir", str(data), *small, "--lr", "0.02", "--methods", "sgd", "emcmc",
+                 "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["data"]["n_train"] == 100 and report["data"]["n_test"] == 40 and report["data"]["ood"] == "SVHN's test set"
+    assert report["data"]["corruptions"].startswith("generated here")  # no CIFAR-10-C folder
+    assert "95.69 %" in (out / "report.md").read_text()  # the paper's table beside the run
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--dataset", "cifar10"], "--dataset cifar10 reads the official files from --data-dir"),
+    (["--dataset", "cifar10", "--data-dir", "EMPTY"], "cifar-10-batches-py: missing; get cifar-10-python.tar.gz"),
+    (["--preset", "emcmc-cifar", "--dataset", "cifar10", "--data-dir", "EMPTY", "--epochs", "10"],
+     "fixes --epochs"),
+    (["--preset", "emcmc-cifar"], "pass --dataset cifar10 or cifar100"),
+    (["--epochs", "5", "--cycles", "2"], "must be a multiple of --cycles"),
+    (["--lr", "5", "--train-size", "100"], "lower --lr or raise --eta"),
+    (["--ood-digits", "12"], "--ood-digits"),
+])
+def test_bad_options_are_one_line_that_names_them(tmp_path, capsys, args, needle):
+    (tmp_path / "EMPTY").mkdir()
+    args = [str(tmp_path / "EMPTY") if a == "EMPTY" else a for a in args]
+    assert main(["images", *args, "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
