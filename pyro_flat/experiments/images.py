@@ -21,8 +21,9 @@ plus the prior, pyro-flat's potential. So with :math:`N` training images: step s
 noise-free (the paper injects noise at every step), and θa has no prior of its own (weight decay
 acts on θ only). The optimisers (SGD, SAM, Entropy-SGD) run one cosine cycle and give their last
 iterate; the samplers run ``cycles`` cycles and keep ``draws_per_cycle`` draws from the last
-``draw_epochs`` epochs of each. Entropy-SGD and Entropy-SGLD make ``inner_steps`` gradient
-evaluations per outer step, so they make that many times fewer outer steps.
+``draw_epochs`` epochs of each. Every method makes the same number of gradient evaluations:
+Entropy-SGD and Entropy-SGLD make ``inner_steps`` per outer step and SAM two per step, so they make
+that many times fewer steps (the paper gives every method the same epochs instead).
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ class ImageData:
     y_train: torch.Tensor
     X_test: torch.Tensor
     y_test: torch.Tensor
-    #: ``{(kind, severity): images}`` with the labels ``y_test``
+    #: ``{(kind, severity): images}``, each a corrupted copy of the same test images, labelled ``y_corrupted``
     corrupted: Dict[Tuple[str, int], torch.Tensor]
+    y_corrupted: torch.Tensor
     X_ood: Optional[torch.Tensor]
     num_classes: int
     source: str
@@ -108,8 +110,9 @@ def scaled_protocol(config: ImagesConfig, num_train: int) -> Dict[str, float]:
 def fit_method(method: str, config: ImagesConfig, data: ImageData, seed: int) -> Fit:
     """Train ``method`` from the network's own initial weights (seeded) on ``data``."""
     p, scaled = config.protocol(), scaled_protocol(config, len(data.X_train))
-    inner = config.inner_steps if method in ("entropy-sgd", "entropy-sgld") else 1
-    steps = scaled["iterations"] // inner  # outer steps: every method makes the same gradient evaluations
+    # gradient evaluations per step: every method makes the same number of them in all
+    inner = config.inner_steps if method in ("entropy-sgd", "entropy-sgld") else 2 if method == "sam" else 1
+    steps = scaled["iterations"] // inner
     torch.manual_seed(seed)
     net = network(p["network"], data.X_train.shape[1], data.num_classes)
     model = BayesianModule(net, prior=scaled["prior_sd"], transform=random_crop_flip if p["augment"] else None)
@@ -133,6 +136,7 @@ def fit_method(method: str, config: ImagesConfig, data: ImageData, seed: int) ->
                                              exploration=1 - sampled / cycle)
         num_samples, thinning = sampled * p["cycles"], sampled // config.draws_per_cycle
     kernel = make_kernel(METHOD_KERNELS[method], model, schedule=schedule, **settings)
+    assert kernel.grads_per_iteration == inner, (method, kernel.grads_per_iteration)
     pyro.set_rng_seed(seed)
     mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=0, thinning=thinning,
                 initial_params=model.initial_params(), disable_progbar=not config.progress)
@@ -153,35 +157,51 @@ def _draws(fit: Fit, use: str) -> Dict[str, torch.Tensor]:
     return {k: torch.cat([theta[k], aux[k]]) for k in theta}
 
 
-def evaluate(fit: Fit, use: str, config: ImagesConfig, data: ImageData, flat_data, seed: int) -> dict:
-    """The BMA's metrics on the clean, corrupted and out-of-distribution images; the flatness at the last draw."""
-    draws = _draws(fit, use)
-    sets = [data.X_test] + list(data.corrupted.values()) + ([] if data.X_ood is None else [data.X_ood])
-    reference = flat_data[0]  # each draw's BatchNorm statistics, from these training images
-    with torch.no_grad():
-        probs = bma_predict(fit.model, draws, torch.cat(sets), batchnorm_data=reference).split([len(x) for x in sets])
+def _scores(probs: List[torch.Tensor], data: ImageData) -> dict:
+    """The metrics of one model average's probabilities on the test, corrupted and out-of-distribution sets."""
     row = metrics.classification_metrics(probs[0], data.y_test)
     row.pop("ece_mass")
-    by_severity: Dict[int, List[float]] = {}
-    nll_by_severity: Dict[int, List[float]] = {}
+    accuracy: Dict[int, List[float]] = {}
+    nll: Dict[int, List[float]] = {}
     for (kind, severity), p in zip(data.corrupted, probs[1:1 + len(data.corrupted)]):
-        by_severity.setdefault(severity, []).append(metrics.accuracy(p, data.y_test))
-        nll_by_severity.setdefault(severity, []).append(metrics.nll(p, data.y_test))
-    row["corrupted_accuracy"] = [float(np.mean(by_severity[s])) for s in sorted(by_severity)]
-    row["corrupted_nll"] = [float(np.mean(nll_by_severity[s])) for s in sorted(nll_by_severity)]
+        accuracy.setdefault(severity, []).append(metrics.accuracy(p, data.y_corrupted))
+        nll.setdefault(severity, []).append(metrics.nll(p, data.y_corrupted))
+    row["corrupted_accuracy"] = [float(np.mean(accuracy[s])) for s in sorted(accuracy)]
+    row["corrupted_nll"] = [float(np.mean(nll[s])) for s in sorted(nll)]
     row["corrupted_accuracy_mean"] = float(np.mean(row["corrupted_accuracy"]))
     if data.X_ood is not None:
         row["ood_auroc"] = metrics.ood_auroc(probs[0], probs[-1])
         row["ood_aupr"] = metrics.ood_aupr(probs[0], probs[-1])
-    last = {k: v[-1:] for k, v in (fit.samples if use != "aux" else
-                                    {k: fit.samples[k + "_aux"] for k in _draws(fit, "theta")}).items()}
-    if use != "both":  # both: the draws of θ and θa, each measured on its own row
-        measured = flatness.flatness_at_samples(fit.model, {k: v for k, v in last.items() if not k.endswith("_aux")},
-                                                *flat_data, k=1, num_probes=config.trace_probes, seed=seed,
-                                                likelihood_only=True)
-        row["top_eigenvalue"] = float(measured["top_eigenvalues"][0, 0]) / len(flat_data[0])
-        row["trace"] = float(measured["trace"][0]) / len(flat_data[0])
     return row
+
+
+def evaluate(fit: Fit, config: ImagesConfig, data: ImageData, flat_data, seed: int) -> Dict[str, dict]:
+    """``{use: row}``: each use's model average scored on the clean, corrupted and out-of-distribution images
+    (θ's and θa's draws predicted once each; "both" averages the two), and the top Hessian eigenvalue and trace
+    of the training NLL per image at θ's (θa's) last draw."""
+    sets = [data.X_test] + list(data.corrupted.values()) + ([] if data.X_ood is None else [data.X_ood])
+    images = torch.cat(sets)
+    sizes = [len(x) for x in sets]
+    probs = {}
+    with torch.no_grad():  # each draw's BatchNorm statistics from the flatness images (training images)
+        for use in [u for u in fit.uses if u != "both"]:
+            probs[use] = bma_predict(fit.model, _draws(fit, use), images, batchnorm_data=flat_data[0])
+    if "both" in fit.uses:  # as many θ draws as θa draws: the average of the two averages
+        probs["both"] = (probs["theta"] + probs["aux"]) / 2
+    rows = {use: _scores(list(p.split(sizes)), data) for use, p in probs.items()}
+    for use in rows:
+        if use == "both":  # the draws of θ and θa: each measured on its own row
+            continue
+        last = {k: v[-1:] for k, v in _draws(fit, use).items()}
+        measured = flatness.flatness_at_samples(fit.model, last, *flat_data, k=1, num_probes=config.trace_probes,
+                                                seed=seed, likelihood_only=True)
+        rows[use]["top_eigenvalue"] = float(measured["top_eigenvalues"][0, 0]) / len(flat_data[0])
+        rows[use]["trace"] = float(measured["trace"][0]) / len(flat_data[0])
+        loss = flatness.FlatLoss.from_model(fit.model, {k: v[0] for k, v in last.items()}, *flat_data,
+                                            likelihood_only=True)
+        with torch.no_grad():  # how far training got: the NLL per image there (ln of the classes at the start)
+            rows[use]["train_nll"] = float(loss(loss.params)) / len(flat_data[0])
+    return rows
 
 
 def interpolation(fit: Fit, config: ImagesConfig, flat_data, points: int = 11) -> Optional[Dict[str, List[float]]]:
@@ -241,20 +261,23 @@ def load_image_data(config: ImagesConfig) -> ImageData:
     X_train, y_train = X_train[keep], y_train[keep]
     keep = _first_of_each_class(y_test, config.test_size)
     X_test, y_test = X_test[keep], y_test[keep]
-    if X_ood is not None and config.test_size is not None:
-        X_ood = X_ood[:config.test_size]
+    if X_ood is not None and config.test_size is not None and len(X_ood) > config.test_size:
+        X_ood = X_ood[torch.linspace(0, len(X_ood) - 1, config.test_size).long()]  # evenly spread (classes in turn)
+    subset = _first_of_each_class(y_test, config.corrupted_size)  # the test images the corruptions are made of
     corrupted, corruption_source = None, f"generated here ({', '.join(KINDS)}; pyro_flat.corruptions)"
     if config.dataset == "cifar10":
         try:
-            corrupted = {(kind, s): to_float(read_cifar10c(config.data_dir, kind, s)[0][keep])
+            rows = keep[subset].numpy()
+            corrupted = {(kind, s): to_float(read_cifar10c(config.data_dir, kind, s)[0][rows])
                          for kind in ("gaussian_noise", "defocus_blur", "contrast", "fog", "pixelate") for s in range(1, 6)}
             corruption_source = "CIFAR-10-C (gaussian_noise, defocus_blur, contrast, fog, pixelate)"
         except ImageFileError:
             corrupted = None
     if corrupted is None:
-        corrupted = corrupted_test_sets(X_test, seed=config.seed)
-    return ImageData(X_train, y_train.long(), X_test, y_test.long(), corrupted, X_ood, classes, source,
-                     corruption_source, ood_source)
+        corrupted = corrupted_test_sets(X_test[subset], seed=config.seed)
+    corruption_source += f", {len(subset):,} test images at each of 5 severities"
+    return ImageData(X_train, y_train.long(), X_test, y_test.long(), corrupted, y_test[subset].long(), X_ood, classes,
+                     source, corruption_source, ood_source)
 
 
 def run_images_study(config: ImagesConfig, *, log: Callable[[str], None] = print) -> dict:
@@ -282,12 +305,12 @@ def _fit_seeds(config: ImagesConfig, ranks, data: ImageData, log: Callable[[str]
             seed = config.seed + i
             for method in config.methods:
                 fit = fit_method(method, config, data, seed)
-                for use in fit.uses:
+                for use, scores in evaluate(fit, config, data, flat_data, seed).items():
                     label = METHOD_LABELS[method] + ("" if use == "theta" and method != "emcmc" else
                                                      {"theta": " (θ)", "aux": " (θa)", "both": " (both)"}[use])
                     row = {"label": label, "method": method, "use": use, "seed": seed, "seconds": fit.seconds,
                            "grad_evals": fit.grad_evals, "draws": int(next(iter(_draws(fit, use).values())).shape[0]),
-                           **evaluate(fit, use, config, data, flat_data, seed)}
+                           **scores}
                     rows.append(row)
                     log(f"seed {seed} {label}: accuracy {row['accuracy']:.4f}, NLL {row['nll']:.4f}, corrupted "
                         f"accuracy {row['corrupted_accuracy_mean']:.4f}"

@@ -7,7 +7,7 @@ except under ``--preset emcmc-cifar``, which is the published protocol unchanged
 
 >>> config = ImagesConfig()
 >>> config.protocol()["network"], config.protocol()["epochs"]
-('small-resnet', 6)
+('small-resnet', 12)
 >>> ImagesConfig(preset="emcmc-cifar", dataset="cifar10").protocol()["epochs"]
 200
 """
@@ -29,8 +29,8 @@ NETWORKS = ("tiny-resnet", "small-resnet", "resnet18")
 #: the protocol each preset fixes (the paper's values in its own scale: learning rate on the mean loss,
 #: weight decay, temperature and η as published; the study maps them to pyro-flat's, see images.py)
 PRESETS: Dict[str, Dict[str, object]] = {
-    # the paper's protocol on 2 CPU cores: a small ResNet, 6 epochs in 2 cycles, draws from the last epoch of each
-    "digits": dict(network="small-resnet", epochs=6, cycles=2, draw_epochs=1, lr=0.5, weight_decay=5e-4,
+    # the paper's protocol on 2 CPU cores: a small ResNet, 12 epochs in 2 cycles, draws from the last epoch of each
+    "digits": dict(network="small-resnet", epochs=12, cycles=2, draw_epochs=1, lr=0.5, weight_decay=5e-4,
                    temperature=1e-4, eta=4e-4, batch_size=128, augment=False),
     # Entropy-MCMC's CIFAR protocol unchanged (ResNet-18, 200 epochs, 4 cosine cycles, the last 2 epochs of each)
     "emcmc-cifar": dict(network="resnet18", epochs=200, cycles=4, draw_epochs=2, lr=0.5, weight_decay=5e-4,
@@ -79,16 +79,18 @@ class ImagesConfig(StudyConfig):
                                                  "(--dataset digits)")
     train_size: Optional[int] = option(None, "training images used (the first of each class in turn)", type=int,
                                        default_text="all")
-    test_size: Optional[int] = option(1000, "test images scored (clean, corrupted and out-of-distribution alike)")
-    flatness_images: int = option(512, "training images of the Hessian's top eigenvalue and trace")
-    trace_probes: int = option(8, "Hutchinson probes of the Hessian trace")
+    test_size: Optional[int] = option(800, "test images scored (and out-of-distribution images)")
+    corrupted_size: Optional[int] = option(200, "test images of each corrupted set (5 kinds x 5 severities)")
+    flatness_images: int = option(256, "training images of the Hessian's top eigenvalue and trace (and of each "
+                                       "draw's BatchNorm statistics)")
+    trace_probes: int = option(4, "Hutchinson probes of the Hessian trace")
     out: str = out_option("pyro-flat-out/images")
 
     COMMAND: ClassVar[str] = "images"
     #: a tiny ResNet, a few hundred images, 2 seeds, 2 short epochs (lr 0.05: with N = 320 the step lr / N must stay
     #: below η)
     REDUCED: ClassVar[Dict[str, object]] = dict(
-        network="tiny-resnet", epochs=2, cycles=1, seeds=2, train_size=320, test_size=96, flatness_images=64,
+        network="tiny-resnet", epochs=2, cycles=1, seeds=2, train_size=320, test_size=96, corrupted_size=40, flatness_images=64,
         trace_probes=2, inner_steps=2, batch_size=32, draws_per_cycle=2, lr=0.05)
 
     def protocol(self) -> Dict[str, object]:
@@ -135,6 +137,6 @@ class ImagesConfig(StudyConfig):
         if self.dataset == "digits" and (not self.ood_digits or any(d not in range(10) for d in self.ood_digits)
                                          or len(set(self.ood_digits)) > 8):
             raise StudyError(f"--ood-digits must be one to eight distinct digits 0-9, got {self.ood_digits}")
-        for name in ("train_size", "test_size"):
+        for name in ("train_size", "test_size", "corrupted_size"):
             if getattr(self, name) is not None:
                 self.require_int(2, name)

@@ -37,7 +37,7 @@ CLAIMS: Tuple[Tuple[str, str, bool], ...] = (
     ("top_eigenvalue", "the flattest solutions (lowest top Hessian eigenvalue)", True),
 )
 METRICS = ("accuracy", "nll", "ece", "brier", "corrupted_accuracy_mean", "ood_auroc", "ood_aupr", "top_eigenvalue",
-           "trace")
+           "trace", "train_nll")
 
 
 def summarize(rows: Sequence[dict]) -> Dict[str, Dict[str, dict]]:
@@ -129,9 +129,10 @@ def report_markdown(report: dict) -> str:
              f"Corrupted test sets: {report['data']['corruptions']}. Out-of-distribution: {report['data']['ood']}.", "",
              "Mean ± standard error over the seeds. NLL, ECE and Brier of the Bayesian model average of each "
              "method's draws (the optimisers: their one network); the Hessian measures are of the training NLL per "
-             f"image on {report['flatness_images']} training images, at the last draw.", "",
-             "| method | accuracy | NLL | ECE | Brier | corrupted accuracy | OOD AUROC | OOD AUPR | top eigenvalue | trace |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             f"image on {report['flatness_images']} training images, at the last draw, where the training NLL per image "
+             "says how far training got (a method far above the others has not converged at this budget).", "",
+             "| method | accuracy | NLL | ECE | Brier | corrupted accuracy | OOD AUROC | OOD AUPR | top eigenvalue | trace "
+             "| training NLL |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for label, entry in s.items():
         lines.append(f"| {label} | " + " | ".join(_cell(entry.get(m), 2 if m in ("top_eigenvalue", "trace") else 4)
                                                   for m in METRICS) + " |")
