@@ -42,7 +42,7 @@ from ..shift import shifted_test_sets
 from .bnn_families import Fit, fit_method, loss_trend, make_bnn_kernel, sampler_label
 from .bnn_report import findings, plot_families, plot_shift, report_markdown, row_text, summarize
 from .configs import BNN_SAMPLERS, BNNConfig
-from .output import across_ranks, hold_signals, threads_record
+from .output import across_ranks, hold_signals, seeds_over_ranks, threads_record
 
 
 def row_label(fit: Fit, use: str) -> str:
@@ -88,50 +88,38 @@ def _follow(config: BNNConfig, ranks: Ranks) -> None:
     _fit_all_seeds(config, ranks, load_mnist_ood(config.data_dir, in_digits=config.in_digits), lambda text: None)
 
 
-def _my_seeds(config: BNNConfig, ranks: Ranks) -> List[int]:
-    return [config.seed + i for i in range(config.seeds) if i % ranks.world_size == ranks.rank]
-
-
 def _fit_all_seeds(config: BNNConfig, ranks: Ranks, data, log: Callable[[str], None]):
-    """This rank's seeds fitted and evaluated, then every rank's rows gathered on rank 0 (in seed
-    order) with the first seed's BMA-by-size curves (rank 0 always fits the first seed):
-    ``(runs, ensembles)`` there, ``None`` elsewhere. A rank that raised makes every rank raise its
-    error."""
+    """Every seed fitted and evaluated, the seeds split over the ranks
+    (:func:`~.output.seeds_over_ranks`): ``(runs, ensembles)`` on rank 0, the rows in seed order with the
+    first seed's BMA-by-size curves, ``None`` elsewhere."""
     model = BayesianMLP(data.X_train.shape[1], config.hidden, len(data.in_digits), prior_scale=config.prior_scale)
     shifted = shifted_test_sets(data.X_test, rotations=config.rotations, noise_sds=config.noise_sds, seed=config.seed)
-    runs: List[dict] = []  # one row per fit, variable and seed
-    ensembles: Dict[str, dict] = {}
-    start, error = time.perf_counter(), None
-    try:
-        for seed in _my_seeds(config, ranks):
-            for method in config.methods:
-                fit = fit_method(method, config, model, data, seed)
-                drop, drop_se = loss_trend(fit.records)
-                for use in fit.uses:
-                    label = row_label(fit, use)
-                    row = {"label": label, "method": method, "seed": seed, "steps": fit.steps,
-                           "grad_evals": fit.grad_evals, "seconds": fit.seconds, "loss_drop": drop,
-                           "loss_drop_se": drop_se, **evaluate(fit, use, config, data, shifted, seed)}
-                    runs.append(row)
-                    log(f"seed {seed}: {row_text(row)}")
-                    if seed == config.seed and use == "theta":
-                        ensembles[label] = bma_by_ensemble_size(fit.model, fit.samples, data.X_test, data.y_test)
-            log(f"seed {seed} done ({time.perf_counter() - start:.0f} s in all)")
-    except Exception as err:
-        if not ranks.distributed:
-            raise
-        error = err
-    failure = ranks.check(error)
-    if failure is not None:
-        raise failure
-    gathered = ranks.gather(runs, "gathering the fits' rows")
-    if gathered is None:
+    start = time.perf_counter()
+
+    def fit_seed(seed: int):
+        runs: List[dict] = []  # one row per fit and variable
+        ensembles: Dict[str, dict] = {}
+        for method in config.methods:
+            fit = fit_method(method, config, model, data, seed)
+            drop, drop_se = loss_trend(fit.records)
+            for use in fit.uses:
+                label = row_label(fit, use)
+                row = {"label": label, "method": method, "seed": seed, "steps": fit.steps,
+                       "grad_evals": fit.grad_evals, "seconds": fit.seconds, "loss_drop": drop,
+                       "loss_drop_se": drop_se, **evaluate(fit, use, config, data, shifted, seed)}
+                runs.append(row)
+                log(f"seed {seed}: {row_text(row)}")
+                if seed == config.seed and use == "theta":
+                    ensembles[label] = bma_by_ensemble_size(fit.model, fit.samples, data.X_test, data.y_test)
+        log(f"seed {seed} done ({time.perf_counter() - start:.0f} s in all)")
+        return runs, ensembles
+
+    results = seeds_over_ranks(ranks, [config.seed + i for i in range(config.seeds)], fit_seed,
+                               "gathering the fits' rows")
+    if results is None:
         return None
-    by_seed: Dict[int, List[dict]] = {}
-    for rows in gathered:
-        for row in rows:
-            by_seed.setdefault(row["seed"], []).append(row)
-    return [row for seed in sorted(by_seed) for row in by_seed[seed]], ensembles
+    return ([row for runs, _ in results for row in runs],
+            {label: curve for _, ensembles in results for label, curve in ensembles.items()})
 
 
 def _run_bnn_study(config: BNNConfig, out, log: Callable[[str], None], ranks: Ranks) -> dict:

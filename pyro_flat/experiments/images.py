@@ -46,7 +46,7 @@ from ..mcmc import MCMC
 from ..nn import BayesianModule, ResNet, random_crop_flip, resnet18
 from ..predictive import bma_predict
 from .images_config import OPTIMISERS, ImagesConfig
-from .output import StudyError, hold_signals, threads_record
+from .output import StudyError, hold_signals, seeds_over_ranks, threads_record
 
 #: the kernel of each method (names of :data:`pyro_flat.kernels.KERNELS`)
 METHOD_KERNELS = {"sgd": "sgd", "entropy-sgd": "local-entropy-sgd", "sam": "sam-sgd", "sgld": "sgld",
@@ -293,48 +293,42 @@ def run_images_study(config: ImagesConfig, *, log: Callable[[str], None] = print
 
 
 def _fit_seeds(config: ImagesConfig, ranks, data: ImageData, log: Callable[[str], None]):
-    """This rank's seeds (the i-th on rank i mod R) fitted and scored; every rank's rows gathered on rank 0 in
-    seed order, with the first seed's interpolation curves: ``(rows, curves)`` there, ``None`` elsewhere."""
+    """Every seed fitted and scored, the seeds split over the ranks (:func:`~.output.seeds_over_ranks`):
+    ``(rows, curves)`` on rank 0, the rows in seed order with the first seed's interpolation curves, ``None``
+    elsewhere."""
     flat_rows = _first_of_each_class(data.y_train, config.flatness_images)
     flat_data = (data.X_train[flat_rows], data.y_train[flat_rows])
-    rows, curves, error = [], {}, None
     start = time.perf_counter()
-    try:
-        for i in range(config.seeds):
-            if i % ranks.world_size != ranks.rank:
-                continue
-            seed = config.seed + i
-            for method in config.methods:
-                fit = fit_method(method, config, data, seed)
-                for use, scores in evaluate(fit, config, data, flat_data, seed).items():
-                    label = METHOD_LABELS[method] + ("" if use == "theta" and method != "emcmc" else
-                                                     {"theta": " (θ)", "aux": " (θa)", "both": " (both)"}[use])
-                    row = {"label": label, "method": method, "use": use, "seed": seed, "seconds": fit.seconds,
-                           "grad_evals": fit.grad_evals, "draws": int(next(iter(_draws(fit, use).values())).shape[0]),
-                           **scores}
-                    rows.append(row)
-                    log(f"seed {seed} {label}: accuracy {row['accuracy']:.4f}, NLL {row['nll']:.4f}, corrupted "
-                        f"accuracy {row['corrupted_accuracy_mean']:.4f}"
-                        + (f", OOD AUROC {row['ood_auroc']:.3f}" if "ood_auroc" in row else "")
-                        + (f", top eigenvalue {row['top_eigenvalue']:.3g}" if "top_eigenvalue" in row else "")
-                        + f" ({fit.seconds:.0f} s)")
-                if i == 0:
-                    curve = interpolation(fit, config, flat_data)
-                    if curve is not None:
-                        curves[METHOD_LABELS[method]] = curve
-            log(f"seed {seed} done ({time.perf_counter() - start:.0f} s in all)")
-    except Exception as err:
-        if not ranks.distributed:
-            raise
-        error = err
-    failure = ranks.check(error)
-    if failure is not None:
-        raise failure
-    gathered = ranks.gather((rows, curves), "gathering the fits' rows")
-    if gathered is None:
+
+    def fit_seed(seed: int):
+        rows, curves = [], {}
+        for method in config.methods:
+            fit = fit_method(method, config, data, seed)
+            for use, scores in evaluate(fit, config, data, flat_data, seed).items():
+                label = METHOD_LABELS[method] + ("" if use == "theta" and method != "emcmc" else
+                                                 {"theta": " (θ)", "aux": " (θa)", "both": " (both)"}[use])
+                row = {"label": label, "method": method, "use": use, "seed": seed, "seconds": fit.seconds,
+                       "grad_evals": fit.grad_evals, "draws": int(next(iter(_draws(fit, use).values())).shape[0]),
+                       **scores}
+                rows.append(row)
+                log(f"seed {seed} {label}: accuracy {row['accuracy']:.4f}, NLL {row['nll']:.4f}, corrupted "
+                    f"accuracy {row['corrupted_accuracy_mean']:.4f}"
+                    + (f", OOD AUROC {row['ood_auroc']:.3f}" if "ood_auroc" in row else "")
+                    + (f", top eigenvalue {row['top_eigenvalue']:.3g}" if "top_eigenvalue" in row else "")
+                    + f" ({fit.seconds:.0f} s)")
+            if seed == config.seed:
+                curve = interpolation(fit, config, flat_data)
+                if curve is not None:
+                    curves[METHOD_LABELS[method]] = curve
+        log(f"seed {seed} done ({time.perf_counter() - start:.0f} s in all)")
+        return rows, curves
+
+    results = seeds_over_ranks(ranks, [config.seed + i for i in range(config.seeds)], fit_seed,
+                               "gathering the fits' rows")
+    if results is None:
         return None
-    all_rows = sorted((r for rank_rows, _ in gathered for r in rank_rows), key=lambda r: r["seed"])
-    return all_rows, {k: v for _, rank_curves in gathered for k, v in rank_curves.items()}
+    return ([row for rows, _ in results for row in rows],
+            {label: curve for _, curves in results for label, curve in curves.items()})
 
 
 def _lead(config: ImagesConfig, out, log: Callable[[str], None], ranks) -> dict:

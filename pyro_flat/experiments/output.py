@@ -26,7 +26,7 @@ import tempfile
 import threading
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 #: The file that marks a folder as a pyro-flat study's output: the command's name on its first
 #: line, then the names of the files the run wrote (a folder holding any other file is not replaced).
@@ -295,6 +295,28 @@ def auto_threads() -> Tuple[Optional[int], str]:
         return 1, (f"the machine is busy (load average {load:.1f} on {cores} cores): running on one thread, "
                    "which suffers least from the load (--threads N to choose)")
     return None, ""
+
+
+def seeds_over_ranks(ranks, seeds: Sequence[int], fit_seed: Callable[[int], Any], what: str) -> Optional[List[Any]]:
+    """A study's seeds split over the ranks: ``fit_seed(seed)`` for this rank's seeds (the i-th on rank i mod R),
+    then every seed's result on rank 0, in the order of ``seeds`` (``None`` on the other ranks). A rank that
+    raised makes every rank raise its error (``what`` names the gathering in a timeout's message)."""
+    mine, error = [], None
+    try:
+        for i, seed in enumerate(seeds):
+            if i % ranks.world_size == ranks.rank:
+                mine.append((i, fit_seed(seed)))
+    except Exception as err:
+        if not ranks.distributed:
+            raise
+        error = err
+    failure = ranks.check(error)
+    if failure is not None:
+        raise failure
+    gathered = ranks.gather(mine, what)
+    if gathered is None:
+        return None
+    return [result for _, result in sorted((pair for rank in gathered for pair in rank), key=lambda pair: pair[0])]
 
 
 def across_ranks(config, lead: Callable, follow: Callable, log: Callable[[str], None] = print):
