@@ -349,5 +349,6 @@ def run_fingerprint(kernel, *, num_chains: int, num_samples: int, warmup_steps: 
             "random start": describe(torch.get_rng_state())}
 
 
-__all__ = ["Checkpointer", "run_fingerprint", "rank_checkpoint_paths", "CheckpointError", "check_checkpoint_arguments", "write_checkpoint", "read_checkpoint", "random_state",
-           "set_random_state", "describe", "differences", "FORMAT_VERSION"]
+__all__ = ["Checkpointer", "run_fingerprint", "rank_checkpoint_paths", "CheckpointError", "check_checkpoint_arguments",
+           "write_checkpoint", "read_checkpoint", "random_state", "set_random_state", "describe", "differences",
+           "FORMAT_VERSION"]

@@ -169,6 +169,25 @@ def _from_mcmc(mcmc, var_names=None, coordinates=None) -> tuple[ArrayDict, Array
     return posterior, {k: to_numpy(v, None) for k, v in mcmc_sample_stats(mcmc).items()}
 
 
+def per_chain_diagnostics(diagnostics: dict, num_chains: int) -> list:
+    """A vectorized kernel's diagnostics as Pyro's list of one dict per chain (numbers as floats,
+    as Pyro's driver gives them)."""
+    per_chain = []
+    for c in range(num_chains):
+        chain = {}
+        for key, value in diagnostics.items():
+            if key == "divergences":
+                chain[key] = list(value[c])
+            elif key == "sample_stats":
+                chain[key] = {name: stat[:, c] for name, stat in value.items()}
+            elif torch.is_tensor(value) and value.dim() > 0 and value.shape[0] == num_chains:
+                chain[key] = float(value[c]) if value[c].dim() == 0 else value[c]
+            else:
+                chain[key] = value
+        per_chain.append(chain)
+    return per_chain
+
+
 def select_draws(samples: Mapping[str, torch.Tensor], var_names: Optional[Sequence[str]] = None,
                  coordinates: Optional[Mapping[str, object]] = None, what: str = "select_draws",
                  lead: int = 2) -> Dict[str, torch.Tensor]:

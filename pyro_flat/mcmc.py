@@ -20,22 +20,17 @@ arguments, ``chain_method`` and ``thinning``. ``chain_method`` is one of:
   over the ranks (:class:`~pyro_flat.distributed.DataParallelTarget`); the chains are identical on
   every rank.
 
-Whatever ran is in ``mcmc.chain_method``, and how its chains drew minibatches in
-``mcmc.minibatches`` (``"per_chain"`` whenever Pyro's driver ran them). Vectorized chains of a subsampled model draw their own
-minibatches (``minibatches="per_chain"``, the default): the plate's indices are ``(C, B)``, chain
-``c``'s in row ``c``, and a model that gathers its data as ``X[idx]`` evaluates all chains in one
-batched pass. Chains are then independent, as R-hat and ESS assume. ``minibatches="shared"``
-gives all chains the same minibatch at a step (the ``(B,)`` indices of one chain): cheaper for a
-model that cannot gather per chain, but the chains share their gradient noise and are correlated,
-so R-hat and ESS overstate convergence. Chains run by Pyro's driver always draw their own. Samples, ``summary()``, ``diagnostics()`` and
-:func:`pyro_flat.to_arviz` look exactly as after Pyro's own run: ``(chain, draw, ...)``.
-With ``pyro.set_rng_seed(s)`` before ``run`` a vectorized run is reproducible bit for bit.
+Whatever ran is in ``mcmc.chain_method``; how its chains drew minibatches in ``mcmc.minibatches``.
+Vectorized chains draw their own (``minibatches="per_chain"``, the default: the plate's indices are
+``(C, B)``, chain ``c``'s in row ``c``, and a model that gathers ``X[idx]`` evaluates all chains in one
+pass), so they are independent, as R-hat and ESS assume; ``"shared"`` gives every chain one minibatch
+(cheaper for a model that cannot gather per chain, but correlated chains: R-hat and ESS overstate
+convergence). Samples, ``summary()``, ``diagnostics()`` and :func:`pyro_flat.to_arviz` look as after
+Pyro's own run; with ``pyro.set_rng_seed(s)`` before ``run`` a vectorized run is reproducible bit for bit.
 
-``thinning=k`` (NumPyro's meaning) keeps every ``k``-th of the ``num_samples`` post-warm-up
-iterations, ``num_samples // k`` draws per chain. The kernel makes the ``k`` iterations of a draw
-inside one ``sample`` call, so the skipped states are never stored, by either driver: a Bayesian
-neural network's chain of thousands of iterations holds only the draws it keeps. The progress bar
-counts kept draws.
+``thinning=k`` (NumPyro's meaning) keeps every ``k``-th of the ``num_samples`` post-warm-up iterations,
+``num_samples // k`` draws per chain, made inside one ``sample`` call: the skipped states are never
+stored, by either driver. The progress bar counts kept draws.
 
 Example::
 
@@ -68,11 +63,11 @@ from pyro.infer.mcmc.util import print_summary
 from pyro.util import optional
 
 from .chains import sharded
-from .diagnostics import select_draws
-from .checkpoint import Checkpointer, check_checkpoint_arguments, rank_checkpoint_paths, refuse_loaders, run_fingerprint
+from .diagnostics import per_chain_diagnostics, select_draws
+from .checkpoint import check_checkpoint_arguments, refuse_loaders, run_fingerprint
 from .draws import DrawBuffers, DrawFiles
 from .progress import ProgressHook
-from .distributed.driver import (CheckpointClock, RankRun, RanksFailed, agree_on_checkpoints, checked, gather_draws,
+from .distributed.driver import (RankRun, RanksFailed, checked, gather_draws, open_checkpoints,
                                  start_rank_run, with_draws)
 from .kernels.protocol import ChainKernel
 from .mcmc_arguments import check_initial_params, check_kernel
@@ -314,7 +309,13 @@ class MCMC(pyro.infer.MCMC):
         progress_bar = ProgressBar(warmup, num_samples * self.thinning, disable=quiet)
         logger = initialize_logger(logging.getLogger("pyro.infer.mcmc"), "", progress_bar)
         hook = ProgressHook(logger, progress_bar, self.sampler.hook, iterations_per_draw=self.thinning)
-        saver, clock = self._checkpointer(num_chains, initial_params, args, kwargs, run)
+        saver, clock = (None, None) if self.checkpoint is None else open_checkpoints(  # across ranks: one file each
+            self.checkpoint, self.checkpoint_every,
+            {**run_fingerprint(kernel, num_chains=num_chains, num_samples=num_samples, warmup_steps=warmup,
+                               thinning=self.thinning, minibatches=self.minibatches, initial_params=initial_params,
+                               args=args, kwargs=kwargs),
+             "draws_dir": None if self.draws_dir is None else str(self.draws_dir)},
+            run)
         recording = getattr(kernel, "record_draws", None)
         if self.draws_dir is not None and recording:  # the files hold the draws: no second copy in memory
             kernel.record_draws = False
@@ -373,30 +374,9 @@ class MCMC(pyro.infer.MCMC):
         if run is None:
             self.chain_method = "vectorized"
         self.num_chains = num_chains if run is None else run.total_chains
-        self._diagnostics = _split_diagnostics(diagnostics, num_chains)
+        self._diagnostics = per_chain_diagnostics(diagnostics, num_chains)
         if run is not None and run.shard is not None and run.ranks.distributed:
             self._samples, self._diagnostics = gather_draws(run, self._samples, self._diagnostics)
-
-
-    def _checkpointer(self, num_chains: int, initial_params, args, kwargs,
-                      run: Optional[RankRun]) -> Tuple[Optional[Checkpointer], Optional[CheckpointClock]]:
-        """The run's checkpoint file (``None`` without ``checkpoint=``), and across ranks the clock that has
-        every rank write its own file (:func:`~pyro_flat.checkpoint.rank_checkpoint_paths`) after the same
-        iteration."""
-        if self.checkpoint is None:
-            return None, None
-        fingerprint = {**run_fingerprint(self.kernel, num_chains=num_chains, num_samples=self.num_samples,
-                                         warmup_steps=self.warmup_steps, thinning=self.thinning,
-                                         minibatches=self.minibatches, initial_params=initial_params, args=args,
-                                         kwargs=kwargs),
-                       "draws_dir": None if self.draws_dir is None else str(self.draws_dir)}
-        if run is None or not run.ranks.distributed:
-            return Checkpointer(self.checkpoint, self.checkpoint_every, fingerprint), None
-        ranks = run.ranks
-        fingerprint.update({"rank": ranks.rank, "world_size": ranks.world_size})
-        path, previous = rank_checkpoint_paths(self.checkpoint, ranks.rank)
-        saver = agree_on_checkpoints(ranks, lambda: Checkpointer(path, self.checkpoint_every, fingerprint, previous))
-        return saver, CheckpointClock(ranks, self.checkpoint_every)
 
 
 def _cuda_devices(args: tuple, kwargs: dict) -> list:
@@ -414,22 +394,3 @@ def require_draws(mcmc, what: str) -> None:
         raise ValueError(f"{what}: this MCMC has no draws: call mcmc.run(...) first. A run that stopped "
                          "with an error has none either; after a DivergenceError its draws are in "
                          "err.samples and err.completed_chains (also kernel.partial_samples).")
-
-
-def _split_diagnostics(diagnostics: dict, num_chains: int) -> list:
-    """A vectorized kernel's diagnostics as Pyro's list of one dict per chain (numbers as floats,
-    as Pyro's driver gives them)."""
-    per_chain = []
-    for c in range(num_chains):
-        chain = {}
-        for key, value in diagnostics.items():
-            if key == "divergences":
-                chain[key] = list(value[c])
-            elif key == "sample_stats":
-                chain[key] = {name: stat[:, c] for name, stat in value.items()}
-            elif torch.is_tensor(value) and value.dim() > 0 and value.shape[0] == num_chains:
-                chain[key] = float(value[c]) if value[c].dim() == 0 else value[c]
-            else:
-                chain[key] = value
-        per_chain.append(chain)
-    return per_chain

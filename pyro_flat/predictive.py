@@ -197,7 +197,8 @@ def bma_predict(
             return total / count
         total = torch.zeros_like(first)
         for start in range(0, count, block):
-            probs = _predict_probs(model, args, kwargs, _rows(draws, start, start + block, device=device), plates, site)[0]
+            rows = _rows(draws, start, start + block, device=device)
+            probs = _predict_probs(model, args, kwargs, rows, plates, site)[0]
             total.add_(probs.sum(0))
     return total / count
 

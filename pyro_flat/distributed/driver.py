@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator, List, Optional, Tuple
 
 import torch
 
 from ..chains import ChainShard
-from ..checkpoint import Checkpointer, CheckpointError
+from ..checkpoint import Checkpointer, CheckpointError, rank_checkpoint_paths
 from ..errors import DivergenceError
 from ..targets import Params
 from .data_parallel import DataParallelShards
@@ -141,6 +142,20 @@ def checked(steps: Iterator[Tuple[str, int, Params]], run: Optional[RankRun],
         yield item
 
 
+def open_checkpoints(path: Path, every: float, fingerprint: dict,
+                     run: Optional[RankRun]) -> Tuple[Checkpointer, Optional[CheckpointClock]]:
+    """A run's :class:`~pyro_flat.checkpoint.Checkpointer` at ``path``, and across ranks each rank's own file
+    (:func:`~pyro_flat.checkpoint.rank_checkpoint_paths`, which keeps the previous one), agreed on by every
+    rank (:func:`agree_on_checkpoints`), with the :class:`CheckpointClock` that times the writes."""
+    if run is None or not run.ranks.distributed:
+        return Checkpointer(path, every, fingerprint), None
+    ranks = run.ranks
+    fingerprint = {**fingerprint, "rank": ranks.rank, "world_size": ranks.world_size}
+    mine, previous = rank_checkpoint_paths(path, ranks.rank)
+    saver = agree_on_checkpoints(ranks, lambda: Checkpointer(mine, every, fingerprint, previous))
+    return saver, CheckpointClock(ranks, every)
+
+
 def agree_on_checkpoints(ranks: Ranks, open_checkpoint: Callable[[], Checkpointer]) -> Checkpointer:
     """Open every rank's checkpoint (``open_checkpoint()``) and continue all of them from the latest
     iteration that every rank's files hold (each keeps its last two), or all from the start. A rank that
@@ -215,4 +230,4 @@ def _cpu(diagnostics: list) -> list:
 
 
 __all__ = ["CHECK_ITERATIONS", "RankRun", "RanksFailed", "CheckpointClock", "start_rank_run", "checked",
-           "agree_on_checkpoints", "with_draws", "gather_draws"]
+           "agree_on_checkpoints", "open_checkpoints", "with_draws", "gather_draws"]

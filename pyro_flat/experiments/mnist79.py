@@ -1,13 +1,10 @@
 """The study behind ``pyro-flat mnist79``: Bayesian logistic regression on MNIST 7 vs 9.
 
-:func:`run_mnist79` samples the model with one of the kernels of :data:`~pyro_flat.experiments.configs.SAMPLERS` (and a baseline),
-then writes everything a user looks at: the draws (ArviZ netCDF), the ArviZ summary, figures, BMA
-metrics and a report. An interrupted run (Ctrl-C) still writes the draws made so far.
-
-Under ``torchrun --nproc-per-node R -m pyro_flat mnist79`` every sampler's chains are split over the
-``R`` ranks (``MCMC(chain_method="distributed")``, the same draws as one process for one seed, up to round-off); rank
-0 gathers them and alone writes the output folder, and the report names the ranks and the backend.
-An interrupted run across ranks leaves the folder as it was.
+:func:`run_mnist79` samples the model with one of the kernels of :data:`~.configs.SAMPLERS` (and a baseline), then
+writes the draws (ArviZ netCDF), the ArviZ summary, figures, BMA metrics and a report; a Ctrl-C keeps the draws made.
+Under ``torchrun --nproc-per-node R -m pyro_flat mnist79`` every sampler's chains are split over the ``R`` ranks
+(``chain_method="distributed"``: one process's draws, up to round-off); rank 0 gathers them and alone writes the
+folder (the report names the ranks and the backend); an interrupted run across ranks leaves it as it was.
 
 >>> cfg = MNIST79Config.reduced()
 >>> cfg.sampler, cfg.eta, cfg.num_samples
@@ -160,13 +157,11 @@ def _gradient_cost(run: SamplerRun, warmup: int) -> Optional[np.ndarray]:
 
 def evaluate(run: SamplerRun, bma: OnlineBMA, X_test: torch.Tensor, y_test: torch.Tensor, *, warmup: int = 0,
              thin: int = 1):
-    """BMA metrics, running curves (against gradient evaluations per chain) and reliability curves for θ,
-    and for θa and both when the run has twins: all from the average the run's :class:`~pyro_flat.OnlineBMA`
-    built as the draws came (``bma.probs``, ``bma.curve``)."""
-    kept = int(run.samples["b"].shape[1])
-    if bma.num_draws != kept:  # a Ctrl-C between a draw and its hook: average the kept draws once more
+    """BMA metrics, running curves (against gradient evaluations per chain) and reliability curves for θ (θa and
+    both with twins), from the average the run's :class:`~pyro_flat.OnlineBMA` built as the draws came."""
+    if bma.num_draws != run.samples["b"].shape[1]:  # a Ctrl-C between a draw and its hook: average them again
         bma = OnlineBMA(logistic_regression, X_test, y=y_test, n_bins=ECE_BINS)
-        for j in range(kept):
+        for j in range(run.samples["b"].shape[1]):
             bma.update({n: v[:, j] for n, v in run.samples.items()})
     cost = _gradient_cost(run, warmup)
     final = {u: {k: v for k, v in bma.history[u][-1].items() if not k.endswith("_se")} for u in bma.uses}

@@ -298,9 +298,8 @@ def auto_threads() -> Tuple[Optional[int], str]:
 
 
 def seeds_over_ranks(ranks, seeds: Sequence[int], fit_seed: Callable[[int], Any], what: str) -> Optional[List[Any]]:
-    """A study's seeds split over the ranks: ``fit_seed(seed)`` for this rank's seeds (the i-th on rank i mod R),
-    then every seed's result on rank 0, in the order of ``seeds`` (``None`` on the other ranks). A rank that
-    raised makes every rank raise its error (``what`` names the gathering in a timeout's message)."""
+    """``fit_seed(seed)`` for this rank's ``seeds`` (the i-th on rank i mod R); every result on rank 0 in the order of
+    ``seeds`` (``None`` elsewhere). A rank that raised makes every rank raise its error."""
     mine, error = [], None
     try:
         for i, seed in enumerate(seeds):
