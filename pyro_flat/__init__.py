@@ -32,7 +32,8 @@ points up or closes a cycle). From the ground up (:data:`LAYERS`):
    predictions and their metrics, the exact mixtures;
 4. kernels (:mod:`pyro_flat.kernels`), whose contract with the driver is
    :mod:`pyro_flat.kernels.protocol`;
-5. ranks: :mod:`pyro_flat.distributed` (process groups, data-parallel targets, the across-ranks driver);
+5. checkpoints (:mod:`pyro_flat.checkpoint`) and ranks: :mod:`pyro_flat.distributed` (process groups,
+   data-parallel targets, the across-ranks driver);
 6. the driver: :class:`MCMC` and ArviZ diagnostics;
 7. built on the driver: flatness measures, theory and convergence checks, ensembles, variational inference;
 8. the studies (:mod:`pyro_flat.experiments`).
@@ -46,11 +47,11 @@ from typing import TYPE_CHECKING, Any, List
 LAYERS = (
     ("errors", "validation", "tracing", "chains", "schedules"),
     ("targets",),
-    ("flat", "sam", "models", "nn", "mnist_files", "datasets", "predictive", "metrics", "online_bma", "shift",
-     "mixture_basins", "mixtures"),
+    ("flat", "sam", "models", "nn", "mnist_files", "cifar_files", "datasets", "predictive", "metrics", "online_bma",
+     "corruptions", "shift", "mixture_basins", "mixtures"),
     ("kernels",),
-    ("distributed",),
-    ("mcmc_arguments", "checkpoint", "draws", "progress", "mcmc", "diagnostics"),
+    ("checkpoint", "distributed"),
+    ("mcmc_arguments", "draws", "progress", "diagnostics", "mcmc"),
     ("flatness", "theory", "references", "ensemble_runner", "convergence_result", "convergence", "ensembles",
      "variational"),
     ("experiments",),

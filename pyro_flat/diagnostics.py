@@ -161,12 +161,21 @@ def chain_correlation(draws, *, num_shifts: int = 40, seed: int = 0) -> Dict[str
 def _from_mcmc(mcmc, var_names=None, coordinates=None) -> tuple[ArrayDict, ArrayDict]:
     if not hasattr(mcmc, "get_samples"):
         raise TypeError(f"to_arviz takes an MCMC object or a dict {{site: tensor}}, got {type(mcmc).__name__}.")
-    from .mcmc import require_draws
-
     require_draws(mcmc, "to_arviz(mcmc)")
     samples = select_draws(mcmc.get_samples(group_by_chain=True), var_names, coordinates, "to_arviz")
     posterior = {k: to_numpy(v, None) for k, v in samples.items()}
     return posterior, {k: to_numpy(v, None) for k, v in mcmc_sample_stats(mcmc).items()}
+
+
+def require_draws(mcmc, what: str) -> None:
+    """A ``ValueError`` that says why ``mcmc`` has no draws, instead of Pyro's ``NoneType`` errors."""
+    if getattr(mcmc, "_samples", None) is None:
+        if getattr(mcmc, "rank", 0) != 0 and getattr(mcmc, "chain_method", None) == "distributed":
+            raise ValueError(f"{what}: this is rank {mcmc.rank}; the draws of all chains were gathered to rank 0. "
+                             "Call it there (if mcmc.rank == 0: ...).")
+        raise ValueError(f"{what}: this MCMC has no draws: call mcmc.run(...) first. A run that stopped "
+                         "with an error has none either; after a DivergenceError its draws are in "
+                         "err.samples and err.completed_chains (also kernel.partial_samples).")
 
 
 def per_chain_diagnostics(diagnostics: dict, num_chains: int) -> list:

@@ -63,7 +63,7 @@ from pyro.infer.mcmc.util import print_summary
 from pyro.util import optional
 
 from .chains import sharded
-from .diagnostics import per_chain_diagnostics, select_draws
+from .diagnostics import per_chain_diagnostics, require_draws, select_draws
 from .checkpoint import check_checkpoint_arguments, refuse_loaders, run_fingerprint
 from .draws import DrawBuffers, DrawFiles
 from .progress import ProgressHook
@@ -383,14 +383,3 @@ def _cuda_devices(args: tuple, kwargs: dict) -> list:
     """The CUDA devices of the model's tensor arguments (whose random streams a run draws from)."""
     values = list(args) + list(kwargs.values())
     return sorted({v.device for v in values if torch.is_tensor(v) and v.device.type == "cuda"}, key=str)
-
-
-def require_draws(mcmc, what: str) -> None:
-    """A ``ValueError`` that says why ``mcmc`` has no draws, instead of Pyro's ``NoneType`` errors."""
-    if getattr(mcmc, "_samples", None) is None:
-        if getattr(mcmc, "rank", 0) != 0 and getattr(mcmc, "chain_method", None) == "distributed":
-            raise ValueError(f"{what}: this is rank {mcmc.rank}; the draws of all chains were gathered to rank 0. "
-                             "Call it there (if mcmc.rank == 0: ...).")
-        raise ValueError(f"{what}: this MCMC has no draws: call mcmc.run(...) first. A run that stopped "
-                         "with an error has none either; after a DivergenceError its draws are in "
-                         "err.samples and err.completed_chains (also kernel.partial_samples).")
