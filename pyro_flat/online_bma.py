@@ -105,9 +105,13 @@ class OnlineBMA:
         self.num_draws += 1
         k = self.num_draws
         count = next(iter(draws.values())).shape[0]
+        predicted: Dict[str, torch.Tensor] = {}
         for use in self.uses:
-            p = bma_predict(self.model, draws, *self.args, use=use, suffix=self.suffix, **self.kwargs).double()
-            p = chains_average(p, count)  # across ranks: every rank's chains
+            if use == "both" and {"theta", "aux"} <= set(predicted):  # as many θ as θa draws: the mean of the two
+                p = (predicted["theta"] + predicted["aux"]) / 2
+            else:
+                p = bma_predict(self.model, draws, *self.args, use=use, suffix=self.suffix, **self.kwargs).double()
+                p = predicted[use] = chains_average(p, count)  # across ranks: every rank's chains
             if p.shape[0] != self.y.shape[0]:
                 raise ValueError(f"OnlineBMA: y has {self.y.shape[0]} labels but the model predicts {p.shape[0]} "
                                  "points; pass the labels of the held-out inputs given as args.")

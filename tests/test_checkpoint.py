@@ -49,10 +49,10 @@ def _kill_after_first_checkpoint(case, checkpoint, out, seconds: float, *extra):
 
 
 @pytest.mark.parametrize("case, kills", [
-    ("SGLD, streamed draws", 2),  # plain SGLD, its draws in .npy files
+    ("SGLD, streamed draws", 2),  # plain SGLD, its draws in .npy files, killed twice
     ("SGLD, dense preconditioner, cyclical", 1),
-    ("EntropySGLD, jit fx, thinning 4 (fused)", 2),
-    ("EntropySGHMC, diagonal preconditioner", 2),
+    ("EntropySGLD, jit fx, thinning 4 (fused)", 1),
+    ("EntropySGHMC, diagonal preconditioner", 1),
     ("EntropyHMC, adaptation", 1),
 ])
 def test_a_run_killed_at_random_moments_resumes_to_the_uninterrupted_draws(tmp_path, case, kills):
