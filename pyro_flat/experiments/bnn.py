@@ -114,12 +114,7 @@ def _fit_all_seeds(config: BNNConfig, ranks: Ranks, data, log: Callable[[str], N
         log(f"seed {seed} done ({time.perf_counter() - start:.0f} s in all)")
         return runs, ensembles
 
-    results = seeds_over_ranks(ranks, [config.seed + i for i in range(config.seeds)], fit_seed,
-                               "gathering the fits' rows")
-    if results is None:
-        return None
-    return ([row for runs, _ in results for row in runs],
-            {label: curve for _, ensembles in results for label, curve in ensembles.items()})
+    return seeds_over_ranks(ranks, [config.seed + i for i in range(config.seeds)], fit_seed, "gathering the fits' rows")
 
 
 def _run_bnn_study(config: BNNConfig, out, log: Callable[[str], None], ranks: Ranks) -> dict:

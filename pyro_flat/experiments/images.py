@@ -323,12 +323,7 @@ def _fit_seeds(config: ImagesConfig, ranks, data: ImageData, log: Callable[[str]
         log(f"seed {seed} done ({time.perf_counter() - start:.0f} s in all)")
         return rows, curves
 
-    results = seeds_over_ranks(ranks, [config.seed + i for i in range(config.seeds)], fit_seed,
-                               "gathering the fits' rows")
-    if results is None:
-        return None
-    return ([row for rows, _ in results for row in rows],
-            {label: curve for _, curves in results for label, curve in curves.items()})
+    return seeds_over_ranks(ranks, [config.seed + i for i in range(config.seeds)], fit_seed, "gathering the fits' rows")
 
 
 def _lead(config: ImagesConfig, out, log: Callable[[str], None], ranks) -> dict:

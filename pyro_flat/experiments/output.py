@@ -26,7 +26,7 @@ import tempfile
 import threading
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 #: The file that marks a folder as a pyro-flat study's output: the command's name on its first
 #: line, then the names of the files the run wrote (a folder holding any other file is not replaced).
@@ -98,11 +98,8 @@ def _nearest_existing(path: Path) -> Path:
 
 
 def check_output_dir(path: str, command: str, overwrite: bool = False) -> Path:
-    """``path`` as a folder the study may (re)place; a ``StudyError`` that says why not.
-
-    Called before any work: a file, a folder of other files, and a folder (or parent) the user
-    may not write are refused at once.
-    """
+    """``path`` as a folder the study may (re)place; a ``StudyError`` that says why not. Called before any work:
+    a file, a folder of other files, and a folder (or parent) the user may not write are refused at once."""
     out = Path(path).expanduser()
     if out.exists() and not out.is_dir():
         raise StudyError(f"--out {path} is a file; pass a directory (it is created if missing)")
@@ -297,10 +294,11 @@ def auto_threads() -> Tuple[Optional[int], str]:
     return None, ""
 
 
-def seeds_over_ranks(ranks, seeds: Sequence[int], fit_seed: Callable[[int], Any], what: str) -> Optional[List[Any]]:
-    """``fit_seed(seed)`` for this rank's ``seeds`` (the i-th on rank i mod R); every result on rank 0 in the order of
-    ``seeds`` (``None`` elsewhere). A rank that raised makes every rank raise its error."""
-    mine, error = [], None
+def seeds_over_ranks(ranks, seeds: Sequence[int], fit_seed: Callable[[int], Tuple[list, dict]],
+                     what: str) -> Optional[Tuple[list, dict]]:
+    """``fit_seed(seed) -> (rows, extras)`` for this rank's ``seeds`` (the i-th on rank i mod R); on rank 0 every seed's
+    rows in the order of ``seeds``, and their extras merged (``None`` elsewhere). A raising rank makes all raise."""
+    mine, error = [], None  # (position in seeds, result)
     try:
         for i, seed in enumerate(seeds):
             if i % ranks.world_size == ranks.rank:
@@ -313,9 +311,9 @@ def seeds_over_ranks(ranks, seeds: Sequence[int], fit_seed: Callable[[int], Any]
     if failure is not None:
         raise failure
     gathered = ranks.gather(mine, what)
-    if gathered is None:
-        return None
-    return [result for _, result in sorted((pair for rank in gathered for pair in rank), key=lambda pair: pair[0])]
+    results = None if gathered is None else [r for _, r in sorted((p for rank in gathered for p in rank), key=lambda p: p[0])]
+    return None if results is None else ([row for rows, _ in results for row in rows],
+                                         {k: v for _, extras in results for k, v in extras.items()})
 
 
 def across_ranks(config, lead: Callable, follow: Callable, log: Callable[[str], None] = print):
