@@ -71,6 +71,13 @@ def rotate(images: torch.Tensor, degrees: float) -> torch.Tensor:
     return _affine(images, theta)
 
 
+def gaussian_noise(images: torch.Tensor, sd: float, generator: torch.Generator) -> torch.Tensor:
+    """``images`` plus Gaussian noise of sd ``sd`` drawn from ``generator`` (on the CPU, so that a seed gives the
+    same images on any device), clipped to [0, 1]."""
+    noise = torch.randn(images.shape, generator=generator, dtype=images.dtype).to(images.device)
+    return (images + sd * noise).clamp(0.0, 1.0)
+
+
 def _shift(images: torch.Tensor, pixels: float, generator: torch.Generator) -> torch.Tensor:
     """Translate each image by ``pixels`` in a random direction (whole pixels along each axis)."""
     n, _, h, w = images.shape
@@ -102,8 +109,7 @@ def corrupt(images: torch.Tensor, kind: str, severity: int, *, seed: int = 0) ->
     if kind == "rotation":
         return rotate(images, strength)
     if kind == "gaussian_noise":
-        noise = torch.randn(images.shape, generator=generator, dtype=images.dtype).to(images.device)
-        return (images + strength * noise).clamp(0.0, 1.0)
+        return gaussian_noise(images, strength, generator)
     if kind == "blur":
         return _blur(images, strength)
     if kind == "contrast":
@@ -118,4 +124,4 @@ def corrupted_test_sets(images: torch.Tensor, *, seed: int = 0) -> Dict[Tuple[st
             for kind in KINDS for severity in range(1, 6)}
 
 
-__all__ = ["KINDS", "SEVERITIES", "corrupt", "corrupted_test_sets", "rotate"]
+__all__ = ["KINDS", "SEVERITIES", "corrupt", "corrupted_test_sets", "rotate", "gaussian_noise"]

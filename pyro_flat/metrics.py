@@ -226,7 +226,7 @@ def running_bma(probs: torch.Tensor, y: torch.Tensor, *, warmup: int = 0, thin: 
     (e.g. gradient evaluations per chain up to draw k) or the iteration without ``cost``.
     """
     num_draws, n = probs.shape[1], probs.shape[-1]
-    ks = np.unique(np.linspace(1, num_draws, min(num_points, num_draws)).astype(int))
+    ks = curve_points(num_draws, num_points)
     running = probs.double().cumsum(1).mean(0)  # (draw, n): chain-pooled partial sums
     out = {"accuracy": [], "accuracy_se": [], "nll": [], "nll_se": []}
     for k in ks:
@@ -237,9 +237,19 @@ def running_bma(probs: torch.Tensor, y: torch.Tensor, *, warmup: int = 0, thin: 
         out["accuracy_se"].append(float(np.sqrt(acc * (1 - acc) / n)))
         out["nll"].append(float(point_nll.mean()))
         out["nll_se"].append(float(point_nll.std() / np.sqrt(n)))
+    return {**curve_axis(ks, warmup, thin, cost), **{k: np.array(v) for k, v in out.items()}}
+
+
+def curve_points(num_draws: int, num_points: int) -> np.ndarray:
+    """The numbers of draws k (1-based, at most ``num_points`` of them, evenly spread) a running curve shows."""
+    return np.unique(np.linspace(1, num_draws, min(num_points, num_draws)).astype(int))
+
+
+def curve_axis(ks: np.ndarray, warmup: int, thin: int, cost: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
+    """A running curve's x-axis at ``ks`` draws: ``iteration = warmup + k * thin`` and ``x = cost[k - 1]`` (or the
+    iteration without ``cost``)."""
     iteration = warmup + ks * thin
-    x = iteration if cost is None else np.asarray(cost)[ks - 1]
-    return {"iteration": iteration, "x": x, **{k: np.array(v) for k, v in out.items()}}
+    return {"iteration": iteration, "x": iteration if cost is None else np.asarray(cost)[ks - 1]}
 
 
 __all__ = ["accuracy", "nll", "pointwise_nll", "brier", "ece", "classification_metrics", "predictive_entropy", "auroc",

@@ -131,9 +131,8 @@ class OnlineBMA:
         if use not in self.history:
             raise ValueError(f"OnlineBMA.curve: no draws averaged for use={use!r} (it has {sorted(self.history)}).")
         rows = self.history[use]
-        ks = np.unique(np.linspace(1, len(rows), min(num_points, len(rows))).astype(int))
-        iteration = warmup + ks * thin
-        out = {"iteration": iteration, "x": iteration if cost is None else np.asarray(cost)[ks - 1]}
+        ks = metrics.curve_points(len(rows), num_points)
+        out = metrics.curve_axis(ks, warmup, thin, cost)
         for key in ("accuracy", "accuracy_se", "nll", "nll_se"):
             out[key] = np.array([rows[k - 1][key] for k in ks])
         return out

@@ -27,7 +27,7 @@ from typing import List, Sequence, Tuple
 
 import torch
 
-from .corruptions import rotate
+from .corruptions import gaussian_noise, rotate
 from .validation import check_number
 
 #: the corruptions of :func:`shifted_test_sets`, in the order it returns them
@@ -57,8 +57,7 @@ def add_noise(images: torch.Tensor, sd: float, generator: torch.Generator) -> to
     check_number("sd", sd, "0.2")
     if sd < 0:
         raise ValueError(f"sd must be >= 0, got sd={sd}: it is the noise's standard deviation in pixel units")
-    noise = torch.randn(images.shape, generator=generator, dtype=images.dtype).to(images.device)
-    return (images + float(sd) * noise).clamp(0.0, 1.0)
+    return gaussian_noise(images, float(sd), generator)
 
 
 def shifted_test_sets(images: torch.Tensor, *, rotations: Sequence[float] = (15.0, 30.0, 45.0, 60.0),
