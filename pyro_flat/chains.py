@@ -7,7 +7,7 @@ rows. Chain ``c`` then gets the same numbers whatever the number of ranks, and t
 ranks equal those of one process up to floating-point round-off. The price is drawing ``R`` times
 the noise a rank needs, which is small next to a gradient.
 
-The kernels draw through :func:`chain_randn_like` and :func:`chain_rand_like`, and the few decisions
+The kernels draw through :func:`chain_randn_like`, :func:`chain_randn_like_each` and :func:`chain_rand_like`, and the few decisions
 that read several chains at once (the shortest step size, whether every chain is done) through
 :func:`chains_min` and :func:`chains_all`. Outside :func:`sharded` they are plain torch calls.
 
@@ -23,10 +23,11 @@ True
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import torch
 
@@ -109,6 +110,32 @@ def chain_randn_like(x: torch.Tensor) -> torch.Tensor:
     return chain_draw(lambda s: torch.randn(s, dtype=x.dtype, device=x.device), x.shape)
 
 
+def chain_randn_like_each(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    """:func:`chain_randn_like` of each tensor, drawn as one vector: one generator call (one kernel launch
+    on a GPU) instead of one per tensor, which for a network's dozens of weight tensors is most of the
+    noise's cost. The results are views of that vector, tensor after tensor, each in logical order.
+    Under a shard the vector holds every chain's numbers, so a chain's do not depend on the split.
+
+    >>> _ = torch.manual_seed(0)
+    >>> a, b = chain_randn_like_each([torch.zeros(2, 3), torch.zeros(2)])
+    >>> _ = torch.manual_seed(0)
+    >>> bool((torch.cat([a.reshape(-1), b]) == torch.randn(8)).all())
+    True
+    """
+    tensors = list(tensors)
+    if not tensors:
+        return []
+    first, shard = tensors[0], _SHARD.get()
+    if any(t.dtype != first.dtype or t.device != first.device for t in tensors) or (
+            shard is not None and any(t.dim() == 0 or shard_of(t.shape[0]) is None for t in tensors)):
+        return [chain_randn_like(t) for t in tensors]
+    shapes = [t.shape if shard is None else (shard.total, *t.shape[1:]) for t in tensors]
+    sizes = [math.prod(s) for s in shapes]
+    flat = torch.randn(sum(sizes), dtype=first.dtype, device=first.device)
+    views = [part.view(s) for part, s in zip(flat.split(sizes), shapes)]
+    return views if shard is None else [shard.rows(v) for v in views]
+
+
 def chain_rand_like(x: torch.Tensor) -> torch.Tensor:
     """``torch.rand_like(x)`` for a ``(C, ...)`` tensor of chains, in ``x``'s logical order (see
     :func:`chain_randn_like`)."""
@@ -173,5 +200,5 @@ def chains_all(flag: torch.Tensor) -> bool:
     return bool(_all_reduce(flag.all().to(torch.int32).reshape(()), dist.ReduceOp.MIN))
 
 
-__all__ = ["ChainShard", "current_shard", "shard_of", "sharded", "chain_draw", "chain_randn_like",
+__all__ = ["ChainShard", "current_shard", "shard_of", "sharded", "chain_draw", "chain_randn_like", "chain_randn_like_each",
            "chain_rand_like", "chain_indices", "owns", "global_chain", "chains_average", "chains_min", "chains_all"]

@@ -6,7 +6,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..chains import chain_randn_like
+from ..chains import chain_randn_like_each
 from ..validation import check_positive
 from ..targets import Params
 from .integrators import Transition
@@ -61,7 +61,9 @@ class FlatSGLD(SGLD):
 
     def transition(self, params: Params, step_size: float, temperature: float) -> Transition:
         indices = self.target.draw_indices()
-        perturbed = {n: z + self.sigma * chain_randn_like(z) for n, z in params.items()}
+        names = list(params)
+        values = [params[n] for n in names]
+        perturbed = dict(zip(names, torch._foreach_add(values, chain_randn_like_each(values), alpha=self.sigma)))
         _, grads = self.target.potential_and_grad(perturbed, indices)
         with torch.no_grad():
             energy = self.target(params, indices).detach()

@@ -11,7 +11,7 @@ from typing import Callable, Dict, NamedTuple, Tuple
 
 import torch
 
-from ..chains import chain_randn_like
+from ..chains import chain_randn_like_each
 from ..targets import Params
 
 
@@ -40,7 +40,7 @@ def langevin_step(params: Params, grads: Params, step_size: float, temperature: 
     # torch._foreach_* (as in torch.optim) updates every site in one dispatch per operation.
     new = torch._foreach_add([params[n] for n in names], [grads[n] for n in names], alpha=-step_size)
     if noise_scale > 0:
-        torch._foreach_add_(new, [chain_randn_like(z) for z in new], alpha=noise_scale)
+        torch._foreach_add_(new, chain_randn_like_each(new), alpha=noise_scale)
     return dict(zip(names, new))
 
 
@@ -68,7 +68,7 @@ def underdamped_step(params: Params, momenta: Params, grads: Params, time_step: 
     new_p = torch._foreach_mul(kicked, decay)
     noise_scale = math.sqrt(temperature * (1.0 - decay ** 2))
     if noise_scale > 0:
-        noise = [chain_randn_like(p) for p in kicked]
+        noise = chain_randn_like_each(kicked)
         torch._foreach_add_(new_p, noise, alpha=noise_scale)
         torch._foreach_add_(new_q, noise, alpha=0.5 * time_step * noise_scale)
     return dict(zip(names, new_q)), dict(zip(names, new_p))

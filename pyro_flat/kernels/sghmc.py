@@ -30,7 +30,9 @@ from __future__ import annotations
 import math
 from typing import Callable, Dict, Optional, Tuple
 
-from ..chains import chain_randn_like
+import torch
+
+from ..chains import chain_randn_like_each
 from ..targets import Params
 from ..validation import check_positive
 from .integrators import underdamped_step
@@ -168,7 +170,7 @@ class SGHMC(StochasticGradientKernel):
         if self.preconditioner is not None:
             return self.preconditioner.momentum_draw(params, self.temperature)
         scale = math.sqrt(self.temperature)
-        return {name: scale * chain_randn_like(value) for name, value in params.items()}
+        return dict(zip(params, torch._foreach_mul(chain_randn_like_each(params.values()), scale)))
 
     def update(self, params: Params, grads: Params, step_size: float, temperature: float) -> Params:
         h, mu = self.integrator(step_size)  # the carried momenta have params' names: passed as they are

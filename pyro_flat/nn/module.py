@@ -42,6 +42,7 @@ from ..models import take_rows
 from .batches import Batches, RowMemo
 from .batchnorm import STATISTICS_BATCH, BatchNormStatistics, batchnorm_layers
 from .functional import BatchedNetwork, split_batch_dims
+from .prior import IsotropicNormal
 
 Prior = Union[float, Callable[[str, torch.Tensor], dist.Distribution]]
 Likelihood = Union[str, Callable[[torch.Tensor], dist.Distribution]]
@@ -55,7 +56,8 @@ class BayesianModule(PyroModule):
         sample sites, named as in ``module.named_parameters()`` (``"conv1.weight"``), so a
         ``state_dict`` of the module can start a chain (:meth:`initial_params`). A parameter with
         ``requires_grad=False`` stays fixed at its value (said once, in a warning).
-    :param prior: ``s`` for ``Normal(0, s)`` on every weight (weight decay ``1/(2 s^2)``), or a callable
+    :param prior: ``s`` for ``Normal(0, s)`` on every weight (weight decay ``1/(2 s^2)``; an
+        :class:`~pyro_flat.nn.prior.IsotropicNormal` per tensor, one reduction per evaluation), or a callable
         ``(name, parameter) -> distribution`` whose batch and event shapes together are the
         parameter's shape.
     :param likelihood: ``"categorical"`` (the output are class logits), ``"bernoulli"`` (one logit), or
@@ -292,8 +294,7 @@ def _prior(prior: Prior, name: str, parameter: torch.Tensor) -> dist.Distributio
     if isinstance(prior, bool) or not isinstance(prior, (int, float)) or not prior > 0:
         raise ValueError(f"prior must be a positive prior sd s (Normal(0, s) on every weight) or a callable "
                          f"(name, parameter) -> distribution, got {prior!r}.")
-    zero = torch.zeros((), dtype=parameter.dtype, device=parameter.device)
-    return dist.Normal(zero, float(prior)).expand(shape).to_event(len(shape))
+    return IsotropicNormal(float(prior), shape, dtype=parameter.dtype, device=parameter.device)
 
 
 def _common_batch_dims(weights: Dict[str, torch.Tensor], shapes: Dict[str, tuple]) -> tuple:

@@ -42,9 +42,12 @@ def coupling(diffs: Sequence[torch.Tensor], eta: float, batch_dims: int = 0) -> 
     ``diffs`` :math:`= \theta - \theta_a`, one tensor per site, each with ``batch_dims`` leading
     batch dimensions that are kept (the energy has shape ``diffs[0].shape[:batch_dims]``)."""
     diffs = list(diffs)
-    squares = [d.reshape(d.shape[:batch_dims] + (-1,)).square().sum(-1) for d in diffs]
-    sq = squares[0] if len(squares) == 1 else torch.stack(squares).sum(0)
-    return CouplingTerms(sq * (0.5 / eta), torch._foreach_div(diffs, eta), sq.sqrt())
+    if batch_dims == 0:  # every site's norm in one multi-tensor operation
+        norms = torch._foreach_norm(diffs)
+    else:
+        norms = [torch.linalg.vector_norm(d.reshape(d.shape[:batch_dims] + (-1,)), dim=-1) for d in diffs]
+    distance = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms), dim=0)
+    return CouplingTerms(distance.square() * (0.5 / eta), torch._foreach_div(diffs, eta), distance)
 
 
 @dataclass(frozen=True)

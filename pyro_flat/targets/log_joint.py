@@ -94,7 +94,7 @@ class LogJoint(Messenger):
     def _reduce(self, name: str, term: torch.Tensor) -> torch.Tensor:
         """Sum a log-density term over everything but the chain dimension."""
         if self.chains is None:
-            return term.sum()
+            return term if term.dim() == 0 else term.sum()
         num_chains, nesting = self.chains
         if term.dim() <= nesting:  # does not depend on the chain's parameters
             return term.sum().expand(num_chains)
@@ -114,7 +114,9 @@ class LogJoint(Messenger):
 
     @property
     def log_joint(self) -> torch.Tensor:
-        return sum(self.terms[1:], self.terms[0])
+        """The sum of the terms (one stacked sum: a network's dozens of sites are two kernels, not dozens)."""
+        terms = self.terms
+        return sum(terms[1:], terms[0]) if len(terms) < 4 else torch.stack(terms).sum(0)
 
     def _pyro_sample(self, msg) -> None:
         name, fn = msg["name"], msg["fn"]
