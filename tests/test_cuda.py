@@ -86,3 +86,30 @@ def test_a_bayesian_mlp_moved_to_cuda_draws_its_prior_there_and_its_minibatch_in
     mcmc = MCMC(SGLD(net, step_size=1e-4), 20, 0, num_chains=4, disable_progbar=True)
     mcmc.run(X, y, batch_size=50)
     assert all(bool(torch.isfinite(v).all()) for v in mcmc.get_samples().values())
+
+
+@pytest.mark.parametrize("chains", [1, 4])
+def test_a_compiled_iteration_replays_as_a_cuda_graph_and_repeats_the_eager_draws(chains):
+    """jit_compile on a GPU captures the iteration as a CUDA graph (no warning that the capture failed),
+    and a seeded run gives the eager run's draws up to round-off: the replay draws the same noise."""
+    import warnings
+    from torch import nn
+    from pyro_flat.nn import BayesianModule
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                        nn.Linear(4 * 8 * 8, 3)).cuda()
+    X, y = torch.randn(256, 1, 8, 8, device="cuda"), torch.randint(0, 3, (256,), device="cuda")
+    draws = {}
+    for jit in (False, "fx"):
+        pyro.set_rng_seed(1)
+        kernel = EntropySGLD(BayesianModule(net), eta=0.05, step_size=1e-4, jit_compile=jit)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mcmc = MCMC(kernel, 20, 5, num_chains=chains, disable_progbar=True)
+            mcmc.run(X, y, batch_size=32)
+        assert kernel.is_compiled == bool(jit)
+        assert not [w for w in caught if "CUDA graph" in str(w.message) or "runs eagerly" in str(w.message)]
+        draws[jit] = mcmc.get_samples()
+    for site, value in draws[False].items():
+        torch.testing.assert_close(draws["fx"][site].cpu(), value.cpu(), rtol=1e-3, atol=1e-4)

@@ -22,6 +22,11 @@ The state a kernel carries beside the parameters (SGHMC's momenta,
 :attr:`~pyro_flat.kernels.stochastic_gradient.StochasticGradientKernel.carried`) is an input and an
 output of every graph, like the parameters: the graph returns its new value and the kernel keeps it.
 
+On a GPU each graph is also captured as a CUDA graph (:func:`~pyro_flat.tracing.cuda_graph`) and
+checked against the eager iteration like any graph: a call is then one launch instead of one per
+kernel, which is what an iteration of a network with dozens of weight tensors is bound by (see
+``benchmarks/bench_deep.py``). A capture that fails is said once and the graph runs uncaptured.
+
 A graph bakes in what was constant when it was traced: the step size and temperature, and a
 preconditioner's frozen metric. A step size is compiled once it repeats on consecutive
 iterations, at most :data:`MAX_GRAPHS` of them: a schedule that changes the step at every
@@ -43,7 +48,7 @@ from typing import Dict, Optional
 import torch
 
 from ..targets import Params
-from ..tracing import compile_graph, first_line, mismatch, trace_graph, tracing_context, untraceable_reason
+from ..tracing import compile_graph, cuda_graph, first_line, mismatch, trace_graph, tracing_context, untraceable_reason
 from .integrators import Transition
 
 #: graphs kept per kernel (one per step size, temperature, metric and number of fused iterations)
@@ -63,6 +68,7 @@ class CompiledSteps:
         self.disabled: Optional[str] = None  # why the kernel runs eagerly
         self.fused_disabled: Optional[str] = None  # why iterations are not fused
         self.last_compiled = False  # whether the last iteration ran through a graph
+        self.cuda_graphs = True  # on a GPU, replay each graph as a CUDA graph (off after a failed capture)
         self._previous_key = None
         self.batches = kernel.target.batches  # where every minibatch of an iteration comes from
 
@@ -235,6 +241,16 @@ class CompiledSteps:
                 self.kernel.warn_jit(f"inductor failed ({type(err).__name__}: {first_line(err)}); the traced graph "
                                 "runs without it, as with jit_compile='fx'")
                 self.backend = "fx"
+        if devices and self.cuda_graphs:
+            try:
+                with torch.random.fork_rng(devices=devices):
+                    captured = cuda_graph(graph, inputs)
+                    self._check(captured, step, inputs, len(names), length, built=True, carried=len(carried))
+                graph = captured
+            except Exception as err:
+                self.cuda_graphs = False
+                self.kernel.warn_jit(f"capturing the graph as a CUDA graph failed ({type(err).__name__}: "
+                                     f"{first_line(err)}); it runs uncaptured, one launch per kernel")
         return graph, names, carried, plates, num_draws, stat_names
 
     def _check(self, graph, step, inputs, n: int, length: Optional[int] = None, built: bool = False,

@@ -27,7 +27,7 @@ from pyro.distributions import TorchDistribution, constraints
 
 
 class _ScaledSquaredNorm(torch.autograd.Function):
-    """:math:`a\lVert x\rVert^2 + b` over the last dim, whose gradient :math:`2a\,x\,g` is one scaled copy of
+    r""":math:`a\lVert x\rVert^2 + b` over the last dim, whose gradient :math:`2a\,x\,g` is one scaled copy of
     ``x`` (autograd's own, through the norm and the square, takes five kernels); differentiable twice."""
 
     generate_vmap_rule = True
