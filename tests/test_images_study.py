@@ -105,3 +105,39 @@ def test_bad_options_are_one_line_that_names_them(tmp_path, capsys, args, needle
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_killed_run_resumes_with_the_fits_it_finished_and_the_rest_as_if_never_stopped(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """Killed while it scores its second fit: --resume keeps the first fit's rows and continues the second from
+    its checkpoints (one every few milliseconds), and the report's numbers equal an uninterrupted run's."""
+    from pyro_flat.experiments import images
+
+    args = [*SMALL, "--seeds", "1", "--methods", "sgd", "emcmc", "--checkpoint-every", "0.005"]
+    assert main(["images", *args, "--out", str(tmp_path / "whole")]) == 0
+    whole = json.loads((tmp_path / "whole" / "report.json").read_text())["rows"]
+    assert not (tmp_path / ".whole.checkpoints").exists()  # a complete run leaves no checkpoints
+
+    score = images.evaluate
+
+    def killed_at_emcmc(fit, *a, **k):
+        if fit.method == "emcmc":
+            raise KeyboardInterrupt
+        return score(fit, *a, **k)
+
+    monkeypatch.setattr(images, "evaluate", killed_at_emcmc)
+    out = tmp_path / "killed"
+    main(["images", *args, "--out", str(out)])
+    kept = sorted(p.name for p in (tmp_path / ".killed.checkpoints").iterdir())
+    assert "seed0-sgd.json" in kept and "seed0-emcmc.ckpt" in kept and not out.exists()
+    monkeypatch.setattr(images, "evaluate", score)
+    capsys.readouterr()
+    assert main(["images", *args, "--resume", "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "seed 0 SGD: kept from the killed run" in said and "seed 0 Entropy-MCMC: continuing from its checkpoint" in said
+    resumed = json.loads((out / "report.json").read_text())["rows"]
+    assert [r["label"] for r in resumed] == [r["label"] for r in whole]
+    for mine, want in zip(resumed, whole):
+        for key in ("accuracy", "nll", "ece", "corrupted_accuracy", "ood_auroc", "top_eigenvalue"):
+            assert mine.get(key) == want.get(key), (mine["label"], key)
+    assert not (tmp_path / ".killed.checkpoints").exists()

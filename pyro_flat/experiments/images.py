@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -40,6 +42,7 @@ import torch
 import pyro
 
 from .. import flatness, metrics, schedules
+from ..checkpoint import CheckpointError
 from ..corruptions import KINDS, corrupted_test_sets
 from ..kernels import make_kernel
 from ..mcmc import MCMC
@@ -47,6 +50,7 @@ from ..nn import BayesianModule, ResNet, random_crop_flip, resnet18
 from ..predictive import bma_predict
 from .images_config import OPTIMISERS, ImagesConfig
 from .output import StudyError, hold_signals, seeds_over_ranks, threads_record
+from .resume import checkpoint_folder, study_checkpoints
 
 #: the kernel of each method (names of :data:`pyro_flat.kernels.KERNELS`)
 METHOD_KERNELS = {"sgd": "sgd", "entropy-sgd": "local-entropy-sgd", "sam": "sam-sgd", "sgld": "sgld",
@@ -107,8 +111,10 @@ def scaled_protocol(config: ImagesConfig, num_train: int) -> Dict[str, float]:
             "iterations": p["epochs"] * per_epoch, "batch_size": p["batch_size"]}
 
 
-def fit_method(method: str, config: ImagesConfig, data: ImageData, seed: int) -> Fit:
-    """Train ``method`` from the network's own initial weights (seeded) on ``data``."""
+def fit_method(method: str, config: ImagesConfig, data: ImageData, seed: int,
+               checkpoint: Optional[Path] = None) -> Fit:
+    """Train ``method`` from the network's own initial weights (seeded) on ``data``; ``checkpoint``: the file of
+    the fit's checkpoints (every ``config.checkpoint_every`` seconds), which it continues from when it holds one."""
     p, scaled = config.protocol(), scaled_protocol(config, len(data.X_train))
     # gradient evaluations per step: every method makes the same number of them in all
     inner = config.inner_steps if method in ("entropy-sgd", "entropy-sgld") else 2 if method == "sam" else 1
@@ -139,10 +145,14 @@ def fit_method(method: str, config: ImagesConfig, data: ImageData, seed: int) ->
     assert kernel.grads_per_iteration == inner, (method, kernel.grads_per_iteration)
     pyro.set_rng_seed(seed)
     mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=0, thinning=thinning,
-                initial_params=model.initial_params(), disable_progbar=True)  # a line per fit instead: Pyro's bar
-    # counts only the cycles' sampling iterations, so it would sit at 0 through the exploration
+                initial_params=model.initial_params(), disable_progbar=True,  # a line per fit instead: Pyro's
+                checkpoint=checkpoint, checkpoint_every=config.checkpoint_every)  # bar counts only the cycles'
+    # sampling iterations, so it would sit at 0 through the exploration
     start = time.perf_counter()
-    mcmc.run(data.X_train, data.y_train, batch_size=scaled["batch_size"])
+    try:
+        mcmc.run(data.X_train, data.y_train, batch_size=scaled["batch_size"])
+    except CheckpointError as err:  # a damaged file or other settings: one line, not a traceback
+        raise StudyError(f"--resume: {err}") from None
     samples = {k: v.detach() for k, v in mcmc.get_samples().items()}
     return Fit(method, model, samples, steps, steps * inner, time.perf_counter() - start)
 
@@ -288,8 +298,17 @@ def run_images_study(config: ImagesConfig, *, log: Callable[[str], None] = print
     from .output import across_ranks
 
     config.validate()
-    return across_ranks(config, lambda config, staging, ranks: _lead(config, staging, log, ranks),
-                        lambda config, ranks: _fit_seeds(config, ranks, load_image_data(config), lambda text: None), log)
+    try:
+        report = across_ranks(config, lambda config, staging, ranks: _lead(config, staging, log, ranks),
+                              lambda config, ranks: _fit_seeds(config, ranks, load_image_data(config), lambda text: None),
+                              log)
+    except KeyboardInterrupt:
+        if any(checkpoint_folder(config.out).glob("seed*")):
+            log(f"checkpoints kept in {checkpoint_folder(config.out)}: the same command with --resume continues the run")
+        raise
+    if "rank" not in report:  # the run is complete (rank 0, or one process): its checkpoints are done with
+        shutil.rmtree(checkpoint_folder(config.out), ignore_errors=True)
+    return report
 
 
 def _fit_seeds(config: ImagesConfig, ranks, data: ImageData, log: Callable[[str], None]):
@@ -299,11 +318,23 @@ def _fit_seeds(config: ImagesConfig, ranks, data: ImageData, log: Callable[[str]
     flat_rows = _first_of_each_class(data.y_train, config.flatness_images)
     flat_data = (data.X_train[flat_rows], data.y_train[flat_rows])
     start = time.perf_counter()
+    folder = study_checkpoints(config, ranks.distributed, log)
 
     def fit_seed(seed: int):
         rows, curves = [], {}
         for method in config.methods:
-            fit = fit_method(method, config, data, seed)
+            done = None if folder is None else folder / f"seed{seed}-{method}.json"
+            if done is not None and done.exists():  # --resume: this fit finished before the kill
+                kept = json.loads(done.read_text())
+                rows += kept["rows"]
+                curves.update(kept["curves"])
+                log(f"seed {seed} {METHOD_LABELS[method]}: kept from the killed run")
+                continue
+            checkpoint = None if folder is None else folder / f"seed{seed}-{method}.ckpt"
+            if checkpoint is not None and checkpoint.exists():
+                log(f"seed {seed} {METHOD_LABELS[method]}: continuing from its checkpoint")
+            fit = fit_method(method, config, data, seed, checkpoint)
+            first = len(rows)
             for use, scores in evaluate(fit, config, data, flat_data, seed).items():
                 label = METHOD_LABELS[method] + ("" if use == "theta" and method != "emcmc" else
                                                  {"theta": " (θ)", "aux": " (θa)", "both": " (both)"}[use])
@@ -316,10 +347,14 @@ def _fit_seeds(config: ImagesConfig, ranks, data: ImageData, log: Callable[[str]
                     + (f", OOD AUROC {row['ood_auroc']:.3f}" if "ood_auroc" in row else "")
                     + (f", top eigenvalue {row['top_eigenvalue']:.3g}" if "top_eigenvalue" in row else "")
                     + f" ({fit.seconds:.0f} s)")
-            if seed == config.seed:
-                curve = interpolation(fit, config, flat_data)
-                if curve is not None:
-                    curves[METHOD_LABELS[method]] = curve
+            curve = interpolation(fit, config, flat_data) if seed == config.seed else None
+            if curve is not None:
+                curves[METHOD_LABELS[method]] = curve
+            if done is not None:  # the fit's results, then its checkpoints are done with
+                done.write_text(json.dumps({"rows": rows[first:], "curves": {} if curve is None else
+                                            {METHOD_LABELS[method]: curve}}, default=float))
+                for path in folder.glob(f"seed{seed}-{method}.*ckpt"):
+                    path.unlink()
         log(f"seed {seed} done ({time.perf_counter() - start:.0f} s in all)")
         return rows, curves
 

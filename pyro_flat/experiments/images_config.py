@@ -85,6 +85,11 @@ class ImagesConfig(StudyConfig):
                                        "draw's BatchNorm statistics)")
     trace_probes: int = option(4, "Hutchinson probes of the Hessian trace")
     out: str = out_option("pyro-flat-out/images")
+    resume: bool = option(False, "continue the run into --out that was killed: the fits it finished are kept, the "
+                                 "one it was in continues from its last checkpoint (beside --out, in "
+                                 ".NAME.checkpoints/), with the results of a run never stopped", action="store_true",
+                          default_text="")
+    checkpoint_every: float = option(60.0, "seconds between a fit's checkpoints (--resume continues from the last)")
 
     COMMAND: ClassVar[str] = "images"
     #: a tiny ResNet, a few hundred images, 2 seeds, 2 short epochs (lr 0.05: with N = 320 the step lr / N must stay
@@ -127,7 +132,7 @@ class ImagesConfig(StudyConfig):
             value = protocol[name]
             if not isinstance(value, (int, float)) or not 0 < value < float("inf"):
                 raise StudyError(f"--{name.replace('_', '-')} must be a positive number, got {value!r}")
-        self.require_positive("rho")
+        self.require_positive("rho", "checkpoint_every")
         if protocol["epochs"] % protocol["cycles"]:
             raise StudyError(f"--epochs {protocol['epochs']} must be a multiple of --cycles {protocol['cycles']} "
                              "(every cycle has the same number of epochs)")

@@ -36,7 +36,8 @@ def study_checkpoints(config, distributed: bool, log: Callable[[str], None] = pr
             raise StudyError("--resume continues a run of one process; runs across torchrun's ranks write no "
                              "checkpoints yet")
         return None
-    options = {k: v for k, v in asdict(config).items() if k not in RUN_ONLY_OPTIONS}
+    # as JSON has them (a tuple of --methods reads back as a list)
+    options = json.loads(json.dumps({k: v for k, v in asdict(config).items() if k not in RUN_ONLY_OPTIONS}, default=str))
     record = folder / "options.json"
     if config.resume:
         found = sorted(p.name for p in folder.glob("*.ckpt")) if folder.is_dir() else []
