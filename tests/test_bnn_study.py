@@ -1,5 +1,6 @@
 """The BNN study's pieces: the shifted test sets, the loss trend, the pairing of every family's two
-methods, and the counting of the paper's claim from paired differences over seeds."""
+methods, and the counting of the paper's claim from paired differences over seeds; the study on the
+CNN (``--network cnn``)."""
 
 import math
 
@@ -8,10 +9,10 @@ import pytest
 import torch
 
 from pyro_flat.datasets import DigitsOOD
-from pyro_flat.experiments.bnn_families import fit_method, loss_trend
+from pyro_flat.experiments.bnn_families import bnn_network, fit_method, loss_trend
 from pyro_flat.experiments.bnn_report import _pair_rows, findings, summarize
 from pyro_flat.experiments.configs import BNN_FAMILIES, BNNConfig
-from pyro_flat.models import BayesianMLP
+from pyro_flat.models import BayesianCNN, BayesianMLP
 from pyro_flat.shift import add_noise, rotate_images, shifted_test_sets
 
 
@@ -159,14 +160,18 @@ def small_data():
     return DigitsOOD(X[:80], y[:80], X[80:], y[80:], torch.rand(20, 16, generator=g), (0, 1), (2,))
 
 
+@pytest.mark.parametrize("network", ["mlp", "cnn"])
 @pytest.mark.parametrize("family", list(BNN_FAMILIES))
-def test_a_family_s_two_methods_start_from_the_same_weights(family, small_data):
+def test_a_family_s_two_methods_start_from_the_same_weights(family, network, small_data):
     """The pairing of the report: at one seed the plain and the sharpness-aware method start from
-    the same weights (with a vanishing step they end there too), and at another seed elsewhere."""
+    the same weights (with a vanishing step they end there too), and at another seed elsewhere; on
+    either network (small_data's 16 inputs are 4x4 images to the CNN)."""
     # steps small enough to leave the weights within 0.01 of the start, large enough to move SWAG's iterates
-    config = BNNConfig(hidden=(4,), batch_size=20, grad_evals=16, num_chains=2, num_draws=2, step_size=1e-7,
-                       svi_lr=1e-7, svi_init_scale=1e-6, rho=1e-6, sam_rho=1e-6, swag_rank=2, progress=False)
-    net = BayesianMLP(16, (4,), 2)
+    config = BNNConfig(network=network, hidden=(4,), channels=(2, 3), batch_size=20, grad_evals=16, num_chains=2,
+                       num_draws=2, step_size=1e-7, svi_lr=1e-7, svi_init_scale=1e-6, rho=1e-6, sam_rho=1e-6,
+                       swag_rank=2, progress=False)
+    net = bnn_network(config, small_data)
+    assert isinstance(net, BayesianCNN if network == "cnn" else BayesianMLP)
     plain, sharp = (fit_method(m, config, net, small_data, seed=3) for m in BNN_FAMILIES[family])
     other = fit_method(BNN_FAMILIES[family][0], config, net, small_data, seed=4)
     for name, value in plain.flat_points.items():
@@ -261,3 +266,83 @@ def test_evaluate_predicts_with_dropout_and_measures_flatness_without(small_data
     assert rows[0.5]["top_eigenvalue"] == pytest.approx(rows[0.0]["top_eigenvalue"], rel=1e-5)
     assert rows[0.5]["trace"] == pytest.approx(rows[0.0]["trace"], rel=1e-5)
     assert abs(rows[0.5]["nll"] - rows[0.0]["nll"]) > 0.01  # 64 masks averaged: not the deterministic net
+
+
+def test_the_cnn_runs_its_chains_as_one_grouped_convolution_and_drops_units_as_the_mlp():
+    """BayesianCNN's logits for weights (C, 1, *shape) are each chain's own network, on a minibatch per chain
+    or on shared inputs; MC-dropout draws a mask per pass, and without_dropout is deterministic."""
+    torch.manual_seed(0)
+    net = BayesianCNN(784, (4, 8), 5, dropout=0.5)
+    assert net.num_weights == 4 * 9 + 4 + 8 * 4 * 9 + 8 + 5 * 8 * 7 * 7 + 5 == 2301
+    weights = [(torch.randn(3, 1, *layer.weight.shape), torch.randn(3, 1, *layer.bias.shape)) for layer in net.layers]
+    one = lambda c: [(w[c, 0], b[c, 0]) for w, b in weights]  # noqa: E731
+    per_chain, shared = torch.rand(3, 6, 784), torch.rand(6, 784)
+    with net.without_dropout():
+        torch.testing.assert_close(net.logits(per_chain, weights),
+                                   torch.stack([net.logits(per_chain[c], one(c)) for c in range(3)]))
+        torch.testing.assert_close(net.logits(shared, weights), torch.stack([net.logits(shared, one(c)) for c in range(3)]))
+        assert torch.equal(net.logits(shared, one(0)), net.logits(shared, one(0)))
+    assert not torch.equal(net.logits(shared, one(0)), net.logits(shared, one(0)))
+    with pytest.raises(ValueError, match="the 1 standing for the data plate"):
+        net.logits(shared, [(w[:, 0], b[:, 0]) for w, b in weights])
+
+
+def _small_digits(load):
+    """The embedded digits, fewer of them: a study of seconds on the real 28x28 images."""
+    def small(*args, **kwargs):
+        d = load(*args, **kwargs)
+        return DigitsOOD(d.X_train[::10], d.y_train[::10], d.X_test[::5], d.y_test[::5], d.X_ood[::5], d.in_digits,
+                         d.ood_digits)
+    return small
+
+
+def test_the_study_fits_every_family_on_the_cnn_and_its_report_says_so(tmp_path, monkeypatch):
+    """``network="cnn"``: every method of the five families fits the BayesianCNN (MC-dropout its own, with
+    dropout), every row has its numbers at both seeds, each family is paired over the seeds, and the
+    report names the network."""
+    from pyro_flat.experiments import bnn
+
+    monkeypatch.setattr(bnn, "load_mnist_ood", _small_digits(bnn.load_mnist_ood))
+    fitted = []
+
+    def spy(method, config, net, data, seed=None):
+        fit = fit_method(method, config, net, data, seed)
+        fitted.append((method, type(net), type(fit.model), fit.model.dropout, fit.samples["layers.0.weight"].shape))
+        return fit
+
+    monkeypatch.setattr(bnn, "fit_method", spy)
+    methods = tuple(m for pair in BNN_FAMILIES.values() for m in pair)
+    config = BNNConfig.reduced(network="cnn", methods=methods, grad_evals=16, rho=0.1, num_draws=2, trace_probes=2,
+                               rotations=(30.0,), noise_sds=(), out=str(tmp_path / "cnn"), progress=False)
+    report = bnn.run_bnn_study(config, log=lambda text: None)
+    assert [f[0] for f in fitted] == list(methods) * 2
+    assert {f[1:3] for f in fitted} == {(BayesianCNN, BayesianCNN)}
+    assert {f[0] for f in fitted if f[3] > 0} == {"dropout", "sa-dropout"}
+    assert {f[4][-3:] for f in fitted} == {(1, 3, 3)}  # the first convolution's weights: (out, 1, 3, 3)
+    assert report["config"]["network"] == "cnn" and report["num_weights"] == 2301
+    metrics = ("accuracy", "nll", "ece", "ood_auroc", "top_eigenvalue", "trace")
+    assert len(report["rows"]) == len(methods)
+    for row in report["rows"]:
+        assert row["seeds"] == [0, 1] and all(np.isfinite(row[m]["mean"]) and row[m]["n"] == 2 for m in metrics)
+    pairs = {p["family"]: p for p in report["pairs"]}
+    assert set(pairs) == set(BNN_FAMILIES) and all(p[m]["n"] == 2 for p in pairs.values() for m in metrics)
+    text = (tmp_path / "cnn" / "report.md").read_text()
+    assert text.startswith("# Every BNN family, plain and sharpness-aware, on a Bayesian CNN\n")
+    assert "network: CNN: 3x3 convolutions of stride 2 (padding 1) with 4, 8 channels" in text
+    assert "2,301 weights" in text and all(f"| {family} | " in text for family in BNN_FAMILIES)
+    verdicts = {p[m]["verdict"] for p in pairs.values() for m in metrics}
+    assert verdicts <= {"better", "worse", "tie", "not converged"}
+    assert any(t.startswith("Not comparable") or "holds here for" in t for t in report["findings"])
+
+
+def test_a_bad_network_is_one_line_naming_the_option(tmp_path, capsys):
+    from pyro_flat.experiments.cli import main
+    from pyro_flat.experiments.output import StudyError
+
+    with pytest.raises(SystemExit) as exit:  # argparse's choices: refused before any work
+        main(["bnn", "--network", "resnet", "--out", str(tmp_path / "o"), "--no-progress"])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert "--network" in err and "'resnet'" in err and err.count("\n") == 1 and not (tmp_path / "o").exists()
+    with pytest.raises(StudyError, match="--network 'resnet' is not one of mlp, cnn"):
+        BNNConfig(network="resnet").validate()

@@ -1,8 +1,9 @@
 r"""The BNN study behind ``pyro-flat bnn``: every BNN family, plain and sharpness-aware, over seeds.
 
-:func:`run_bnn_study` trains a :class:`~pyro_flat.models.BayesianMLP` on some MNIST digits (the
-embedded data by default) with each method of :mod:`.bnn_families` — the five families of "Flat
-Seeking BNNs" (SGLD, BBB, SWAG, MC-dropout, deep ensembles), each with its sharpness-aware version,
+:func:`run_bnn_study` trains a :class:`~pyro_flat.models.BayesianMLP` (or, with ``network="cnn"``, a
+:class:`~pyro_flat.models.BayesianCNN`) on some MNIST digits (the embedded data by default) with each
+method of :mod:`.bnn_families` — the five families of "Flat Seeking BNNs" (SGLD, BBB, SWAG,
+MC-dropout, deep ensembles), each with its sharpness-aware version,
 and EntropySGLD, FlatSGLD and SA-BMA beside them — under **the same budget of gradient
 evaluations** per trajectory, once per seed. For each fit it measures the Bayesian model average's
 test accuracy, NLL and ECE, its out-of-distribution AUROC (predictive entropy on the held-out
@@ -36,10 +37,10 @@ from .. import flatness, metrics
 from ..datasets import load_mnist_ood
 from ..distributed import Ranks
 from ..mixtures import sharp_flat_2d
-from ..models import BayesianMLP
+from ..models import BayesianClassifier
 from ..predictive import bma_predict
 from ..shift import shifted_test_sets
-from .bnn_families import Fit, fit_method, loss_trend, make_bnn_kernel, sampler_label
+from .bnn_families import Fit, bnn_network, fit_method, loss_trend, make_bnn_kernel, network_text, sampler_label
 from .bnn_report import findings, plot_families, plot_shift, report_markdown, row_text, summarize
 from .configs import BNN_SAMPLERS, BNNConfig
 from .output import across_ranks, hold_signals, seeds_over_ranks, threads_record
@@ -92,7 +93,7 @@ def _fit_all_seeds(config: BNNConfig, ranks: Ranks, data, log: Callable[[str], N
     """Every seed fitted and evaluated, the seeds split over the ranks
     (:func:`~.output.seeds_over_ranks`): ``(runs, ensembles)`` on rank 0, the rows in seed order with the
     first seed's BMA-by-size curves, ``None`` elsewhere."""
-    model = BayesianMLP(data.X_train.shape[1], config.hidden, len(data.in_digits), prior_scale=config.prior_scale)
+    model = bnn_network(config, data)
     shifted = shifted_test_sets(data.X_test, rotations=config.rotations, noise_sds=config.noise_sds, seed=config.seed)
     start = time.perf_counter()
 
@@ -119,15 +120,18 @@ def _fit_all_seeds(config: BNNConfig, ranks: Ranks, data, log: Callable[[str], N
 
 def _run_bnn_study(config: BNNConfig, out, log: Callable[[str], None], ranks: Ranks) -> dict:
     data = load_mnist_ood(config.data_dir, in_digits=config.in_digits)
+    num_weights = bnn_network(config, data).num_weights
     log(f"BNN on digits {data.in_digits}: {len(data.X_train)} training, {len(data.X_test)} test and "
         f"{len(data.X_ood)} out-of-distribution images (digits {data.ood_digits}); {len(config.methods)} methods x "
-        f"{config.seeds} seeds, {config.grad_evals} gradient evaluations per trajectory")
+        f"{config.seeds} seeds, {config.grad_evals} gradient evaluations per trajectory; the network: "
+        f"{network_text(asdict(config), num_weights)}")
     if ranks.distributed:
         log(f"{ranks.world_size} ranks (torch.distributed, {ranks.backend}): the seeds split over them, "
             f"{config.threads} thread(s) per rank; rank 0 gathers the rows and writes")
     runs, ensembles = _fit_all_seeds(config, ranks, data, log)
-    report = {"config": asdict(config), "threads": threads_record(), "n_train": len(data.X_train), "n_test": len(data.X_test),
-              "n_ood": len(data.X_ood), "runs": runs, "ensembles": ensembles,
+    report = {"config": asdict(config), "num_weights": num_weights, "threads": threads_record(),
+              "n_train": len(data.X_train), "n_test": len(data.X_test), "n_ood": len(data.X_ood), "runs": runs,
+              "ensembles": ensembles,
               "ranks": {"world_size": ranks.world_size, "backend": ranks.backend if ranks.distributed else None},
               **summarize(runs)}
     report["findings"] = findings(report)
@@ -144,7 +148,7 @@ def _run_bnn_study(config: BNNConfig, out, log: Callable[[str], None], ranks: Ra
     return report
 
 
-def bma_by_ensemble_size(model: BayesianMLP, samples: dict, X: torch.Tensor, y: torch.Tensor) -> dict:
+def bma_by_ensemble_size(model: BayesianClassifier, samples: dict, X: torch.Tensor, y: torch.Tensor) -> dict:
     """Test accuracy and NLL of the average of the first m draws' probabilities, m = 1..S."""
     num_layers = len(model.layers)
     with torch.no_grad():

@@ -1,8 +1,10 @@
 r"""The fits of ``pyro-flat bnn``: each BNN family of "Flat Seeking BNNs", plain and sharpness-aware.
 
-One function, :func:`fit_method`, trains the study's :class:`~pyro_flat.models.BayesianMLP` with one
-method and returns a :class:`Fit`: the draws of its posterior for the Bayesian model average, the
-points where flatness is measured, and the objective along the second half of the run (is it still
+One function, :func:`fit_method`, trains the study's network (:func:`bnn_network`: the
+:class:`~pyro_flat.models.BayesianMLP` or, with ``--network cnn``, the
+:class:`~pyro_flat.models.BayesianCNN`; every method takes either, as the same kind of Pyro model)
+with one method and returns a :class:`Fit`: the draws of its posterior for the Bayesian model
+average, the points where flatness is measured, and the objective along the second half of the run (is it still
 falling?). Every trajectory — a chain, an ensemble member, a variational fit — makes
 ``config.grad_evals`` gradient evaluations on minibatches; a SAM step costs two, so the
 sharpness-aware versions make half as many steps.
@@ -51,7 +53,7 @@ import pyro
 from ..diagnostics import mcmc_sample_stats
 from ..kernels import kernel_class, make_kernel
 from ..mcmc import MCMC
-from ..models import BayesianMLP
+from ..models import BayesianClassifier, BayesianCNN, BayesianMLP
 from .configs import BNN_METHODS, BNN_OWN_SETTING, BNNConfig
 from .output import StudyError
 
@@ -83,7 +85,7 @@ class Fit:
     """
 
     method: str
-    model: BayesianMLP
+    model: BayesianClassifier
     samples: Dict[str, torch.Tensor]
     flat_points: Dict[str, torch.Tensor]
     uses: Tuple[str, ...]
@@ -154,11 +156,10 @@ def _spent(method: str, config: BNNConfig) -> int:
 
 
 def make_bnn_kernel(name: str, config: BNNConfig, model_or_potential, toy: bool = False):
-    """The sampler ``name`` with the study's settings, on the MLP or (``toy``) the 2-D energy: the step size,
-    the temperature, its own setting (:data:`~pyro_flat.experiments.configs.BNN_OWN_SETTING`) and on the MLP
-    the preconditioner."""
-    target = ({"model": model_or_potential} if isinstance(model_or_potential, BayesianMLP)
-              else {"potential_fn": model_or_potential})
+    """The sampler ``name`` with the study's settings, on the network or (``toy``) the 2-D energy: the step
+    size, the temperature, its own setting (:data:`~pyro_flat.experiments.configs.BNN_OWN_SETTING`) and on
+    the network the preconditioner."""
+    target = {"potential_fn": model_or_potential} if toy else {"model": model_or_potential}
     settings = dict(step_size=config.step(toy), temperature=config.temperature)
     own = BNN_OWN_SETTING[name]
     if own is not None:
@@ -168,12 +169,29 @@ def make_bnn_kernel(name: str, config: BNNConfig, model_or_potential, toy: bool 
     return make_kernel(name, **target, **settings)
 
 
+def bnn_network(config: BNNConfig, data, dropout: float = 0.0) -> BayesianClassifier:
+    """The study's network for ``data`` (flat images, ``len(data.in_digits)`` classes): ``config.network``'s
+    ``BayesianMLP`` (``hidden``) or ``BayesianCNN`` (``channels``), prior sd ``prior_scale``, MC-dropout's
+    ``dropout``. Every method fits the network it gets, so this is the one place that chooses it."""
+    kind, width = {"mlp": (BayesianMLP, config.hidden), "cnn": (BayesianCNN, config.channels)}[config.network]
+    return kind(data.X_train.shape[1], width, len(data.in_digits), prior_scale=config.prior_scale, dropout=dropout)
+
+
+def network_text(config: dict, num_weights: Optional[int] = None) -> str:
+    """The network of a run's config (``asdict(BNNConfig)``; a report without ``network`` ran the MLP)."""
+    weights = "" if num_weights is None else f", {num_weights:,} weights"
+    if config.get("network", "mlp") == "cnn":
+        return (f"CNN: 3x3 convolutions of stride 2 (padding 1) with {', '.join(map(str, config['channels']))} "
+                f"channels, each followed by ReLU, then a linear head (no BatchNorm{weights})")
+    return f"MLP hidden {tuple(config['hidden'])} (tanh{weights})"
+
+
 def sampler_label(name: str) -> str:
     """The class name of a registered sampler (``"entropy-sgld"`` -> ``"EntropySGLD"``)."""
     return kernel_class(name).__name__
 
 
-def _run_chains(key: str, config: BNNConfig, model: BayesianMLP, data):
+def _run_chains(key: str, config: BNNConfig, model: BayesianClassifier, data):
     kernel = make_bnn_kernel(key, config, model)
     iterations = config.iterations(kernel.grads_per_iteration)
     warmup = int(config.warmup_fraction * iterations)
@@ -184,7 +202,7 @@ def _run_chains(key: str, config: BNNConfig, model: BayesianMLP, data):
     return mcmc, kernel, iterations, time.perf_counter() - start
 
 
-def sample_chains(key: str, name: str, config: BNNConfig, model: BayesianMLP, data, log) -> Tuple[dict, float, int]:
+def sample_chains(key: str, name: str, config: BNNConfig, model: BayesianClassifier, data, log) -> Tuple[dict, float, int]:
     """``num_chains`` vectorized chains of sampler ``key`` from ``config.seed``; draws
     ``{site: (chain, draw, ...)}``, the seconds taken and the gradient evaluations per chain."""
     pyro.set_rng_seed(config.seed)
@@ -198,7 +216,7 @@ def _chain_records(mcmc, n_train: int) -> torch.Tensor:
     return mcmc_sample_stats(mcmc)["potential_energy"] / n_train
 
 
-def _fit_sampler(method: str, config: BNNConfig, net: BayesianMLP, data) -> Fit:
+def _fit_sampler(method: str, config: BNNConfig, net: BayesianClassifier, data) -> Fit:
     mcmc, kernel, iterations, seconds = _run_chains(method, config, net, data)
     # draw-major (draw 1 of every chain, then draw 2, ...): the first m draws span the chains
     samples = {k: v.transpose(0, 1).flatten(0, 1) for k, v in mcmc.get_samples(group_by_chain=True).items()}
@@ -207,7 +225,7 @@ def _fit_sampler(method: str, config: BNNConfig, net: BayesianMLP, data) -> Fit:
                _chain_records(mcmc, len(data.X_train)))
 
 
-def _fit_ensemble(method: str, config: BNNConfig, net: BayesianMLP, data) -> Fit:
+def _fit_ensemble(method: str, config: BNNConfig, net: BayesianClassifier, data) -> Fit:
     from ..ensembles import fit_ensemble
 
     steps = steps_for(method, config)
@@ -257,7 +275,7 @@ def _adam(config: BNNConfig, steps: int):
     return pyro.optim.ClippedAdam({"lr": config.svi_lr, "lrd": 0.1 ** (1.0 / steps)})
 
 
-def _fit_bbb(method: str, config: BNNConfig, net: BayesianMLP, data) -> Fit:
+def _fit_bbb(method: str, config: BNNConfig, net: BayesianClassifier, data) -> Fit:
     from pyro.infer.autoguide import AutoNormal
     from pyro.infer.autoguide.initialization import init_to_sample
 
@@ -286,7 +304,7 @@ def _swag_run(method: str, config: BNNConfig, net, data, steps: int, desc: Optio
     return guide, records, seconds
 
 
-def _fit_swag(method: str, config: BNNConfig, net: BayesianMLP, data) -> Fit:
+def _fit_swag(method: str, config: BNNConfig, net: BayesianClassifier, data) -> Fit:
     steps = steps_for(method, config)
     guide, records, seconds = _swag_run(method, config, net, data, steps)
     guide.eval()
@@ -294,7 +312,7 @@ def _fit_swag(method: str, config: BNNConfig, net: BayesianMLP, data) -> Fit:
     return Fit(method, net, samples, samples, ("theta",), steps, _spent(method, config), seconds, records, guide)
 
 
-def _fit_sabma(method: str, config: BNNConfig, net: BayesianMLP, data) -> Fit:
+def _fit_sabma(method: str, config: BNNConfig, net: BayesianClassifier, data) -> Fit:
     """SA-BMA as its paper runs it: a SWAG fit, its posterior as the starting guide, then SABMA_ELBO.
 
     The trajectory's ``config.grad_evals`` gradient evaluations are split by :func:`sabma_split`: half
@@ -308,7 +326,7 @@ def _fit_sabma(method: str, config: BNNConfig, net: BayesianMLP, data) -> Fit:
     negative ELBO, at the perturbed parameters φ + δ.
 
     The paper also takes its prior from the SWAG fit; pyro-flat keeps the model's own prior (the
-    ``BayesianMLP``'s ``Normal(0, prior_scale)``), so that SA-BMA's posterior is the same posterior the
+    network's ``Normal(0, prior_scale)``), so that SA-BMA's posterior is the same posterior the
     other rows approximate. Only the starting guide comes from SWAG.
     """
     from ..variational import SABMA_ELBO
@@ -325,12 +343,11 @@ def _fit_sabma(method: str, config: BNNConfig, net: BayesianMLP, data) -> Fit:
                seconds + sabma_seconds, records, guide, swag)
 
 
-def _fit_dropout(method: str, config: BNNConfig, net: BayesianMLP, data) -> Fit:
+def _fit_dropout(method: str, config: BNNConfig, net: BayesianClassifier, data) -> Fit:
     from pyro.infer.autoguide import AutoDelta
     from pyro.infer.autoguide.initialization import init_to_sample
 
-    dropout_net = BayesianMLP(data.X_train.shape[1], config.hidden, len(data.in_digits),
-                              prior_scale=config.prior_scale, dropout=config.dropout)
+    dropout_net = bnn_network(config, data, dropout=config.dropout)
     guide = AutoDelta(dropout_net, init_loc_fn=init_to_sample)
     records, seconds = _svi(method, config, dropout_net, guide, pyro.optim.SGD({"lr": config.step_size}),
                             _sam_or_plain(method, config.rho), data)
@@ -346,7 +363,7 @@ _FITTERS: Dict[str, Callable[..., Fit]] = {
     "dropout": _fit_dropout, "sa-dropout": _fit_dropout, "ensemble": _fit_ensemble, "sa-ensemble": _fit_ensemble}
 
 
-def fit_method(method: str, config: BNNConfig, net: BayesianMLP, data, seed: Optional[int] = None) -> Fit:
+def fit_method(method: str, config: BNNConfig, net: BayesianClassifier, data, seed: Optional[int] = None) -> Fit:
     """Train ``net`` on ``data`` with ``method`` (a key of :data:`METHOD_LABELS`) from ``seed``
     (``config.seed`` by default): the same seed gives every method the same random stream, so a plain
     method and its sharpness-aware version start from the same weights."""
@@ -357,5 +374,5 @@ def fit_method(method: str, config: BNNConfig, net: BayesianMLP, data, seed: Opt
     return _FITTERS[method](method, config, net, data)
 
 
-__all__ = ["Fit", "fit_method", "loss_trend", "steps_for", "sabma_split", "make_bnn_kernel", "sample_chains",
-           "sampler_label", "METHOD_LABELS"]
+__all__ = ["Fit", "fit_method", "bnn_network", "network_text", "loss_trend", "steps_for", "sabma_split",
+           "make_bnn_kernel", "sample_chains", "sampler_label", "METHOD_LABELS"]

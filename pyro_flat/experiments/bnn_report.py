@@ -30,7 +30,7 @@ import numpy as np
 
 from .compare import LARGE_SAMPLE_SIGMAS, mean_and_se, t_critical, threshold_text
 from .configs import BNN_EXTRAS, BNN_FAMILIES
-from .bnn_families import METHOD_LABELS
+from .bnn_families import METHOD_LABELS, network_text
 
 #: the metrics of a row, and whether lower is better
 METRICS = {"accuracy": False, "nll": True, "ece": True, "ood_auroc": False, "top_eigenvalue": True, "trace": True}
@@ -240,9 +240,10 @@ def report_markdown(report: dict) -> str:
     c = report["config"]
     seeds = sorted({s for r in report["rows"] for s in r["seeds"]})
     lines = [
-        "# Every BNN family, plain and sharpness-aware, on a Bayesian MLP",
+        f"# Every BNN family, plain and sharpness-aware, on a Bayesian {c.get('network', 'mlp').upper()}",
         "",
-        f"MNIST digits {tuple(c['in_digits'])} ({report['n_train']} training images), MLP hidden {tuple(c['hidden'])}, "
+        f"MNIST digits {tuple(c['in_digits'])} ({report['n_train']} training images), network: "
+        f"{network_text(c, report.get('num_weights'))}, "
         f"prior sd {c['prior_scale']}, minibatch {c['batch_size']}, **{c['grad_evals']} gradient evaluations per "
         f"trajectory** (a chain, an ensemble member, a variational fit; a SAM step takes two), seeds "
         f"{', '.join(map(str, seeds))}. SGD and SGLD step {c['step_size']:g}; SAM radius ρ = {c['rho']:g} in weight "

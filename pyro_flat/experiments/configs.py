@@ -46,6 +46,8 @@ BNN_FAMILIES = {"SGLD": ("sgld", "sasgld"), "BBB": ("bbb", "sa-bbb"), "SWAG": ("
 BNN_EXTRAS = {"entropy-sgld": "sgld", "flat-sgld": "sgld", "sabma": "bbb"}
 #: Every method of ``pyro-flat bnn``, in the order it runs them.
 BNN_METHODS = tuple(m for pair in BNN_FAMILIES.values() for m in pair) + tuple(BNN_EXTRAS)
+#: Its networks (``--network``): the Bayesian MLP and the small Bayesian CNN (pyro_flat.models)
+BNN_NETWORKS = ("mlp", "cnn")
 
 
 def parse_coupling_metric(text: str) -> Union[str, float]:
@@ -235,7 +237,11 @@ class BNNConfig(StudyConfig):
     seeds: int = option(3, "seeds: the study runs from --seed, --seed + 1, ...; figures are mean ± standard "
                            "error over them")
     in_digits: Tuple[int, ...] = (0, 1, 2, 3, 4)
+    network: str = option("mlp", "the Bayesian network every method fits: mlp (784-100-5, tanh) or cnn (two 3x3 "
+                                 "convolutions of stride 2 with 4 and 8 channels, each with ReLU, and a linear head; "
+                                 "pass --rho 0.1 with it)", choices=BNN_NETWORKS)
     hidden: Tuple[int, ...] = (100,)
+    channels: Tuple[int, ...] = (4, 8)
     prior_scale: float = 0.1
     batch_size: int = 100
     grad_evals: int = option(1500, "gradient evaluations per chain, ensemble member and variational fit")
@@ -291,6 +297,8 @@ class BNNConfig(StudyConfig):
         super().validate()
         if self.preconditioner not in ("none", "diagonal"):
             raise StudyError(f"--preconditioner {self.preconditioner!r} is not one of none, diagonal")
+        if self.network not in BNN_NETWORKS:
+            raise StudyError(f"--network {self.network!r} is not one of {', '.join(BNN_NETWORKS)}")
         unknown = [m for m in self.methods if m not in BNN_METHODS]
         if unknown or not self.methods:
             raise StudyError(f"--methods takes one or more of {', '.join(BNN_METHODS)}; got "
