@@ -113,7 +113,7 @@ def reliability_curve(probs: torch.Tensor, y: torch.Tensor, n_bins: int = 15,
     elif binning == "mass":
         order = conf.argsort()
         bins = torch.empty_like(order)
-        bins[order] = torch.div(torch.arange(n) * n_bins, n, rounding_mode="floor")
+        bins[order] = torch.div(torch.arange(n, device=conf.device) * n_bins, n, rounding_mode="floor")
     else:
         raise ValueError(f"binning must be 'width' or 'mass', got {binning!r}")
     out = {"confidence": [], "accuracy": [], "count": []}

@@ -17,6 +17,6 @@ def data(n=N):
 
 def model(X, y, batch_size=20):
     """Linear regression; per-chain minibatches gather as X[idx] ((C, B, D) against w (C, 1, D))."""
-    w = pyro.sample("w", dist.Normal(torch.zeros(D, dtype=X.dtype), 1.0).to_event(1))
-    with pyro.plate("data", X.shape[0], subsample_size=batch_size) as idx:
+    w = pyro.sample("w", dist.Normal(torch.zeros(D, dtype=X.dtype, device=X.device), 1.0).to_event(1))
+    with pyro.plate("data", X.shape[0], subsample_size=batch_size, device=X.device) as idx:
         pyro.sample("y", dist.Normal((X[idx] * w).sum(-1), 1.0), obs=y[idx])

@@ -1,9 +1,10 @@
-"""Start real torch.distributed process groups (gloo, localhost) for the tests, bounded in time.
+"""Start real torch.distributed process groups (localhost) for the tests, bounded in time.
 
 ``run_ranks(fn, world_size, *args)`` starts ``world_size`` processes with torchrun's environment
 variables set (so the library's own ``init_from_env`` joins the group), runs ``fn(rank, *args)`` in
 each, and returns every rank's result or exception, in rank order. A run past ``timeout`` seconds
-kills every process and fails; no process outlives the call.
+kills every process and fails; no process outlives the call. The library picks the backend from the
+run's device: gloo for CPU tensors, nccl when ``fn`` puts rank r's tensors on ``cuda:r`` (``LOCAL_RANK``).
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class RankResults(list):
 
 
 def run_ranks(fn, world_size: int = 2, *args, timeout: float = 120.0, env: dict | None = None) -> RankResults:
-    """``fn(rank, *args)`` on ``world_size`` ranks of a gloo group on localhost (see the module docstring)."""
+    """``fn(rank, *args)`` on ``world_size`` ranks of a process group on localhost (see the module docstring)."""
     with tempfile.TemporaryDirectory() as out_dir:
         context = mp.start_processes(_entry, args=(fn, world_size, free_port(), out_dir, env or {}, args),
                                      nprocs=world_size, join=False, start_method="spawn")

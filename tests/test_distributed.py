@@ -1,7 +1,9 @@
-"""Chains and gradients across real torch.distributed process groups (2 ranks, gloo, localhost).
+"""Chains and gradients across real torch.distributed process groups (2 ranks, localhost).
 
 Every run starts real processes (``ranks.run_ranks``), bounded in time, and is compared with the
-one-process run: draws, gathered statistics, and the exact minibatch law of data-parallel SGLD.
+one-process run: draws, gathered statistics, and the exact minibatch law of data-parallel SGLD. The
+chains split over ranks run on gloo (CPU tensors) and on nccl (each rank's tensors on its own GPU:
+skipped without two GPUs).
 """
 
 import math
@@ -10,55 +12,83 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
+from torch import nn
 
 import pyro
 import pyro.distributions as dist
-from pyro_flat import MCMC, SGHMC, SGLD, DivergenceError, EntropyHMC, EntropySGHMC, EntropySGLD, OnlineBMA, to_arviz
+import pyro_flat.kernels
+from pyro_flat import (MCMC, SGD, SGHMC, SGLD, DivergenceError, EntropyHMC, EntropySGHMC, EntropySGLD, FlatSGLD,
+                       LocalEntropySGD, LocalEntropySGLD, OnlineBMA, SAMSGD, SASGLD, to_arviz)
 from pyro_flat.distributed import ChainShard, shard_rows
+from pyro_flat.nn import BayesianModule
 
 from moments import assert_moments
 from ranks import run_ranks
 
 from linear_regression import D, N, data, model
 
+#: the backends of the chains split over ranks: gloo on the CPU; nccl with each rank on its own GPU
+BACKENDS = ["gloo", pytest.param("nccl", marks=pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason=f"nccl: 2 ranks need 2 GPUs, this machine has {torch.cuda.device_count()}"))]
 
+
+def rank_device(backend, rank=0):
+    """Where rank ``rank``'s tensors live: its own GPU with nccl (the library then picks nccl), else the CPU."""
+    return torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+
+
+def mlp(device):
+    """A Linear-ReLU-Linear network (4 hidden units) as the regression's mean: a ``BayesianModule`` of 4 sites."""
+    net = nn.Sequential(nn.Linear(D, 4), nn.ReLU(), nn.Linear(4, 1)).to(device, torch.float64)
+    return BayesianModule(net, likelihood=lambda out: dist.Normal(out.squeeze(-1), 1.0))
+
+
+#: every kernel of the library (and a network's posterior), each a function of the device; EntropyHMC
+#: runs on the full data, the others on minibatches of 20
 KERNELS = {
-    "SGLD": lambda: SGLD(model, step_size=1e-3),
-    "EntropySGLD, dense preconditioner, cyclical": lambda: EntropySGLD(
+    "SGLD": lambda _: SGLD(model, step_size=1e-3),
+    "EntropySGLD, dense preconditioner, cyclical": lambda _: EntropySGLD(
         model, eta=0.1, preconditioner="dense", schedule=lambda k: 1.0 if k % 10 < 5 else 0.5),
-    "EntropySGLD, jit fx, thinning 4": lambda: EntropySGLD(model, eta=0.1, step_size=1e-3, jit_compile="fx"),
-    "EntropyHMC": lambda: EntropyHMC(model, eta=0.1),
-    "SGHMC, jit fx, thinning 4": lambda: SGHMC(model, step_size=1e-4, momentum=0.9, jit_compile="fx"),
-    "EntropySGHMC, diagonal preconditioner, cyclical": lambda: EntropySGHMC(
+    "EntropySGLD, jit fx, thinning 4": lambda _: EntropySGLD(model, eta=0.1, step_size=1e-3, jit_compile="fx"),
+    "EntropyHMC": lambda _: EntropyHMC(model, eta=0.1),
+    "SGHMC, jit fx, thinning 4": lambda _: SGHMC(model, step_size=1e-4, momentum=0.9, jit_compile="fx"),
+    "EntropySGHMC, diagonal preconditioner, cyclical": lambda _: EntropySGHMC(
         model, eta=0.1, preconditioner="diagonal", schedule=lambda k: 1.0 if k % 10 < 5 else 0.5),
+    "SGD": lambda _: SGD(model, step_size=1e-3),
+    "LocalEntropySGD": lambda _: LocalEntropySGD(model, eta=0.1, step_size=1e-3, num_inner_steps=3),
+    "LocalEntropySGLD": lambda _: LocalEntropySGLD(model, eta=0.1, step_size=1e-3, num_inner_steps=3),
+    "SASGLD": lambda _: SASGLD(model, rho=0.05, step_size=1e-3),
+    "SAMSGD": lambda _: SAMSGD(model, rho=0.05, step_size=1e-3),
+    "FlatSGLD": lambda _: FlatSGLD(model, sigma=0.05, step_size=1e-3),
+    "EntropySGLD, BayesianModule MLP": lambda device: EntropySGLD(mlp(device), eta=0.1, step_size=1e-4),
 }
 
 
-def run_case(name, chain_method, num_chains=3):
+def run_case(name, chain_method, device, num_chains=3):
     pyro.set_rng_seed(5)
     thinning = 4 if "thinning" in name else 1
-    mcmc = MCMC(KERNELS[name](), num_samples=24, warmup_steps=20, num_chains=num_chains, thinning=thinning,
+    mcmc = MCMC(KERNELS[name](device), num_samples=24, warmup_steps=20, num_chains=num_chains, thinning=thinning,
                 chain_method=chain_method, disable_progbar=True)
-    mcmc.run(*data(), batch_size=None if "HMC" in name else 20)
+    mcmc.run(*(v.to(device) for v in data()), batch_size=None if name == "EntropyHMC" else 20)
     if mcmc._samples is None:  # not rank 0: the draws went there
         with pytest.raises(ValueError, match="gathered to rank 0"):
             mcmc.get_samples()
         return None
     stats = to_arviz(mcmc).sample_stats
-    return {"draws": {k: v.clone() for k, v in mcmc.get_samples(group_by_chain=True).items()},
+    return {"draws": {k: v.cpu().clone() for k, v in mcmc.get_samples(group_by_chain=True).items()},
             "stats": {k: stats[k].values for k in stats.data_vars},
             "chain_method": mcmc.chain_method, "world": (mcmc.rank, mcmc.world_size, mcmc.backend)}
 
 
 def classifier(X, y=None):
-    w = pyro.sample("w", dist.Normal(torch.zeros(D, dtype=X.dtype), 1.0).to_event(1))
+    w = pyro.sample("w", dist.Normal(torch.zeros(D, dtype=X.dtype, device=X.device), 1.0).to_event(1))
     with pyro.plate("data", X.shape[0]):
         pyro.sample("y", dist.Bernoulli(logits=(X * w).sum(-1)), obs=y)
 
 
-def online_bma_history(chain_method):
+def online_bma_history(chain_method, device):
     """EntropySGLD's 3 chains with an OnlineBMA hook on a held-out half: its metrics after every draw."""
-    X, y = data()
+    X, y = (v.to(device) for v in data())
     labels = (y > y.median()).to(X.dtype)
     pyro.set_rng_seed(6)
     bma = OnlineBMA(classifier, X[200:], y=labels[200:])
@@ -67,15 +97,34 @@ def online_bma_history(chain_method):
     return bma.history
 
 
-def _all_cases(rank):
-    return {**{name: run_case(name, "distributed") for name in KERNELS}, "OnlineBMA": online_bma_history("distributed")}
+def refused(device):
+    """A kernel that cannot batch its chains (EntropyHMC's NUTS, one chain at a time), split over ranks: the error."""
+    try:
+        MCMC(EntropyHMC(model, eta=0.1, use_nuts=True), num_samples=4, num_chains=3, chain_method="distributed",
+             disable_progbar=True).run(*(v.to(device) for v in data()), batch_size=None)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def _all_cases(rank, backend):
+    device = rank_device(backend, rank)
+    return {**{name: run_case(name, "distributed", device) for name in KERNELS},
+            "OnlineBMA": online_bma_history("distributed", device), "refused": refused(device)}
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def distributed_runs(request):
+    """``(backend, [rank 0's cases, rank 1's])``: every case in one pair of rank processes per backend."""
+    return request.param, run_ranks(_all_cases, 2, request.param, timeout=240).values()
 
 
 def test_an_online_bma_hook_pools_every_ranks_chains(distributed_runs):
     """Each rank's OnlineBMA averages every chain of every rank: both ranks hold the one-process history."""
-    single = online_bma_history("vectorized")
+    backend, runs = distributed_runs
+    single = online_bma_history("vectorized", rank_device(backend))
     for rank in range(2):
-        history = distributed_runs[rank]["OnlineBMA"]
+        history = runs[rank]["OnlineBMA"]
         assert set(history) == set(single) == {"theta", "aux", "both"}
         for use, rows in single.items():
             assert len(history[use]) == len(rows) == 12
@@ -84,24 +133,42 @@ def test_an_online_bma_hook_pools_every_ranks_chains(distributed_runs):
                     assert mine[key] == pytest.approx(value, rel=1e-9, abs=1e-12), (rank, use, key)
 
 
-@pytest.fixture(scope="module")
-def distributed_runs():
-    return run_ranks(_all_cases, 2, timeout=240).values()
-
-
 @pytest.mark.parametrize("name", list(KERNELS))
 def test_chains_split_over_ranks_give_the_one_process_draws(name, distributed_runs):
     """3 chains on 2 ranks (2 + 1) with one seed: the same draws and sample statistics as one process,
     whatever rank a chain ran on (each rank draws the full noise and keeps its chains' rows)."""
-    single = run_case(name, "vectorized")
-    rank0, rank1 = distributed_runs[0][name], distributed_runs[1][name]
-    assert rank1 is None and rank0["world"] == (0, 2, "gloo") and rank0["chain_method"] == "distributed"
+    backend, runs = distributed_runs
+    single = run_case(name, "vectorized", rank_device(backend))
+    rank0, rank1 = runs[0][name], runs[1][name]
+    assert rank1 is None and rank0["world"] == (0, 2, backend) and rank0["chain_method"] == "distributed"
+    assert rank0["draws"].keys() == single["draws"].keys()
+    # on the CPU every case is bit for bit; on a GPU a reduction over 2 chains' rows may run in another order
+    # than over 3 (2 ranks on one H200, gloo with CUDA tensors: EntropyHMC within 4.8e-9, the MLP 2.2e-16)
+    tol = 1e-12 if backend == "gloo" else 1e-7
+    draws = 24 // (4 if "thinning" in name else 1)
     for site, value in single["draws"].items():
-        assert rank0["draws"][site].shape == value.shape == (3, 24 // (4 if "thinning" in name else 1), D)
-        torch.testing.assert_close(rank0["draws"][site], value, rtol=1e-12, atol=1e-12)
+        assert rank0["draws"][site].shape == value.shape and value.shape[:2] == (3, draws), site
+        torch.testing.assert_close(rank0["draws"][site], value, rtol=tol, atol=tol, msg=site)
     assert set(rank0["stats"]) == set(single["stats"])
     for stat, value in single["stats"].items():
-        np.testing.assert_allclose(rank0["stats"][stat], value, rtol=1e-12, atol=1e-12, err_msg=stat)
+        np.testing.assert_allclose(rank0["stats"][stat], value, rtol=tol, atol=tol, err_msg=stat)
+
+
+def test_every_kernel_of_the_library_runs_split_over_ranks():
+    """The cases above hold every kernel the library registers (a new kernel needs its case), and a network."""
+    covered = {type(make(torch.device("cpu"))) for make in KERNELS.values()}
+    assert set(pyro_flat.kernels.KERNELS.values()) <= covered, set(pyro_flat.kernels.KERNELS.values()) - covered
+    assert any(isinstance(make(torch.device("cpu")).model, BayesianModule) for make in KERNELS.values())
+
+
+def test_a_kernel_that_cannot_batch_its_chains_is_refused_on_every_rank_with_its_reason(distributed_runs):
+    """EntropyHMC(use_nuts=True) runs one chain at a time: split over ranks, every rank refuses at set-up,
+    naming the kernel and its reason (not blaming the model) and the way out."""
+    _, runs = distributed_runs
+    message = runs[0]["refused"]
+    assert message is not None and runs[1]["refused"] == message
+    assert "EntropyHMC cannot batch these chains" in message and "use_nuts=True runs one chain at a time" in message
+    assert "chain_method='sequential'" in message and "this model does not broadcast" not in message
 
 
 def test_chain_shards_cover_every_chain_once():
@@ -116,7 +183,7 @@ def test_chain_shards_cover_every_chain_once():
 
 # ----------------------------------------------------------------------------- data-parallel chains
 def full_model(X, y):
-    w = pyro.sample("w", dist.Normal(torch.zeros(D, dtype=X.dtype), 1.0).to_event(1))
+    w = pyro.sample("w", dist.Normal(torch.zeros(D, dtype=X.dtype, device=X.device), 1.0).to_event(1))
     with pyro.plate("data", X.shape[0]):
         pyro.sample("y", dist.Normal((X * w).sum(-1), 1.0), obs=y)
 
@@ -128,8 +195,8 @@ DATA_PARALLEL_KERNELS = {
 }
 
 
-def _data_parallel_full_batch(rank):
-    X, y = data()
+def _data_parallel_full_batch(rank, backend):
+    X, y = (v.to(rank_device(backend, rank)) for v in data())
     X, y = shard_rows(X, rank, 2), shard_rows(y, rank, 2)
     out = {}
     for name, kernel in DATA_PARALLEL_KERNELS.items():
@@ -137,21 +204,24 @@ def _data_parallel_full_batch(rank):
         mcmc = MCMC(kernel(), num_samples=30, warmup_steps=30, num_chains=2, chain_method="data_parallel",
                     disable_progbar=True)
         mcmc.run(X, y)
-        out[name] = mcmc.get_samples(group_by_chain=True)["w"]
+        out[name] = (mcmc.get_samples(group_by_chain=True)["w"].cpu(), mcmc.backend)
     return out
 
 
-def test_data_parallel_ranks_stay_identical_and_match_one_process():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_data_parallel_ranks_stay_identical_and_match_one_process(backend):
     """Each rank holds half the data; the summed energy, gradient (and, for EntropyHMC's Hessian metric,
     Hessian; for EntropySGHMC the momenta, drawn from the shared stream) make the ranks' chains bit-identical, and equal to the one-process chains up to round-off."""
-    rank0, rank1 = run_ranks(_data_parallel_full_batch, 2, timeout=120).values()
+    rank0, rank1 = run_ranks(_data_parallel_full_batch, 2, backend, timeout=120).values()
     for name, kernel in DATA_PARALLEL_KERNELS.items():
-        assert torch.equal(rank0[name], rank1[name]), name
+        assert rank0[name][1] == rank1[name][1] == backend, name
+        assert torch.equal(rank0[name][0], rank1[name][0]), name
         pyro.set_rng_seed(7)
         mcmc = MCMC(kernel(), num_samples=30, warmup_steps=30, num_chains=2, chain_method="vectorized",
                     disable_progbar=True)
-        mcmc.run(*data())
-        torch.testing.assert_close(rank0[name], mcmc.get_samples(group_by_chain=True)["w"], rtol=1e-7, atol=1e-7)
+        mcmc.run(*(v.to(rank_device(backend)) for v in data()))
+        torch.testing.assert_close(rank0[name][0], mcmc.get_samples(group_by_chain=True)["w"].cpu(), rtol=1e-7,
+                                   atol=1e-7)
 
 
 LAW_N, LAW_B, LAW_STEP = 2000, 50, 3e-6  # 2 shards of 1,000 points, 50 from each per step

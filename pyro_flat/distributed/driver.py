@@ -79,11 +79,14 @@ def start_rank_run(method: str, num_chains: int, initial_params: Optional[Params
         raise failure from error
     reasons = [r for r in ranks.all_objects(reason, "comparing the vectorization probes") if r is not None]
     if reasons:
+        # the reason may be the model's (it does not broadcast over a leading chain dimension) or the
+        # kernel's own (EntropyHMC's NUTS runs one chain at a time): say it as given and both ways out
         raise ValueError(
-            f"chain_method={method!r} runs each rank's chains as one batched kernel, and this model does not "
-            f"broadcast over a leading chain dimension ({reasons[0]}). Write it so that every latent may carry "
-            "a leading batch dim and gather its data as X[idx] (or pass minibatches='shared'), or pass a "
-            "batched potential_fn.")
+            f"chain_method={method!r} runs each rank's chains as one batched kernel, and "
+            f"{settings.get('the kernel', 'the kernel')} cannot batch these chains ({reasons[0]}). If the model "
+            "is the cause, write it so that every latent may carry a leading batch dim and gather its data as "
+            "X[idx] (or pass minibatches='shared'), or pass a batched potential_fn; if the kernel is, run the "
+            "chains in one process (chain_method='sequential').")
     return RankRun(ranks, shard, local, initial_params, DataParallelShards(ranks) if data_parallel else None)
 
 
