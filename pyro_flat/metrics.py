@@ -180,9 +180,9 @@ def auroc(positive_scores: torch.Tensor, negative_scores: torch.Tensor) -> float
     # average ranks (ties share their mean rank), then the Mann-Whitney U of the positives
     order = scores.argsort()
     ranks = torch.empty_like(scores)
-    ranks[order] = torch.arange(1, len(scores) + 1, dtype=torch.float64)
+    ranks[order] = torch.arange(1, len(scores) + 1, dtype=torch.float64, device=scores.device)
     values, inverse = scores.unique(return_inverse=True)
-    mean_rank = torch.zeros(len(values), dtype=torch.float64).index_add_(0, inverse, ranks)
+    mean_rank = torch.zeros(len(values), dtype=torch.float64, device=scores.device).index_add_(0, inverse, ranks)
     mean_rank /= torch.bincount(inverse, minlength=len(values)).to(torch.float64)
     u = mean_rank[inverse[: len(pos)]].sum() - len(pos) * (len(pos) + 1) / 2
     return float(u / (len(pos) * len(neg)))

@@ -113,3 +113,19 @@ def test_a_compiled_iteration_replays_as_a_cuda_graph_and_repeats_the_eager_draw
         draws[jit] = mcmc.get_samples()
     for site, value in draws[False].items():
         torch.testing.assert_close(draws["fx"][site].cpu(), value.cpu(), rtol=1e-3, atol=1e-4)
+
+
+def test_a_dense_preconditioner_takes_a_model_whose_plate_draws_its_indices_on_the_cpu():
+    """The full-data pass of the preconditioner's warm-up evaluates blocks of the data: a user's plate without
+    ``device=`` (indices on the CPU) with CUDA data must work there as it does for minibatches."""
+    import pyro.distributions as dist
+
+    def model(X, y=None, batch_size=None):
+        w = pyro.sample("w", dist.Normal(torch.zeros(X.shape[1], device=X.device), 1.0).to_event(1))
+        with pyro.plate("data", X.shape[0], subsample_size=batch_size) as idx:
+            pyro.sample("y", dist.Normal(X[idx] @ w, 1.0), obs=None if y is None else y[idx])
+
+    X, y = _data()
+    mcmc = MCMC(EntropySGLD(model, eta=0.1, preconditioner="dense", step_size=0.2), 20, 20, disable_progbar=True)
+    mcmc.run(X, y, batch_size=50)
+    assert all(bool(torch.isfinite(v).all()) for v in mcmc.get_samples().values())

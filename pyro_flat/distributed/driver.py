@@ -8,7 +8,8 @@ goes, and bring the draws to rank 0.
   (:class:`~pyro_flat.chains.ChainShard`) or hand the kernel its data shards
   (:class:`~pyro_flat.distributed.DataParallelShards`), and check on every rank that the model batches;
 - :func:`checked`: the sampling loop with the collective error check, so that every rank raises the
-  same error within :data:`CHECK_ITERATIONS` iterations of a failure, and writes its checkpoint after
+  same error within one check interval of a failure (:data:`CHECK_ITERATIONS` iterations, longer while
+  iterations are fast), and writes its checkpoint after
   the same iteration (:class:`CheckpointClock`);
 - :func:`agree_on_checkpoints`: every rank continues from the same iteration of its own checkpoint file;
 - :func:`with_draws` and :func:`gather_draws`: the draws made so far (after an error) and at the end,
@@ -31,9 +32,14 @@ from ..targets import Params
 from .data_parallel import DataParallelShards
 from .group import Ranks, fingerprint, init_from_env, shard_fingerprint
 
-#: iterations between two collective error checks of a run across ranks (each costs one all-reduce:
-#: about 1 ms on the 2-core test machine, 50-100 us on a usual host)
+#: iterations between two collective error checks of a run across ranks at first (each costs one all-reduce,
+#: about 1 ms on the 2-core test machine, 50-100 us on a usual host, and makes the faster rank wait)
 CHECK_ITERATIONS = 128
+#: the most iterations between two checks: the interval doubles while checks come less than
+#: :data:`CHECK_SECONDS` apart (by rank 0's clock, shared in the check's own all-reduce), and halves
+#: while they come more than 4 times that apart
+MAX_CHECK_ITERATIONS = 4096
+CHECK_SECONDS = 0.5
 
 
 @dataclass
@@ -100,7 +106,7 @@ class RanksFailed(Exception):
 
 class CheckpointClock:
     """When the ranks of a run write their checkpoints: at a collective check of :func:`checked` (every
-    :data:`CHECK_ITERATIONS` iterations) where rank 0's ``every`` seconds have passed, so that every rank
+    interval) where rank 0's ``every`` seconds have passed, so that every rank
     writes the state after the same iteration. :func:`checked` sets ``due`` for the item it yields next."""
 
     def __init__(self, ranks: Ranks, every: float):
@@ -113,17 +119,28 @@ class CheckpointClock:
         self.last, self.due = time.monotonic(), False
 
 
+def _next_interval(interval: int, seconds: float, target: float = CHECK_SECONDS) -> int:
+    """Rank 0's choice of the iterations until the next check, from the seconds the last ``interval`` took."""
+    if seconds < target:
+        return min(2 * interval, MAX_CHECK_ITERATIONS)
+    if seconds > 4 * target:
+        return max(interval // 2, CHECK_ITERATIONS)
+    return interval
+
+
 def checked(steps: Iterator[Tuple[str, int, Params]], run: Optional[RankRun],
             iterations_per_draw: int = 1, clock: Optional[CheckpointClock] = None) -> Iterator[Tuple[str, int, Params]]:
     """``steps``, with the collective error check when the run spans ranks: after set-up, every
-    :data:`CHECK_ITERATIONS` iterations, at the end, and at once on a rank that raised. Every rank then
-    raises :class:`RanksFailed` with the same error (see :meth:`pyro_flat.distributed.Ranks.check`), at
-    most :data:`CHECK_ITERATIONS` iterations after the failure. With a ``clock``, the same all-reduce
+    :data:`CHECK_ITERATIONS` iterations at first (doubling up to :data:`MAX_CHECK_ITERATIONS` while the checks
+    come less than :data:`CHECK_SECONDS` apart, or a quarter of the checkpoints' interval, so that fast iterations do not pay an all-reduce and a wait
+    for the slower rank every few milliseconds), at the end, and at once on a rank that raised. Every rank
+    then raises :class:`RanksFailed` with the same error (see :meth:`pyro_flat.distributed.Ranks.check`), at
+    most one interval (about :data:`CHECK_SECONDS` to 4 times that) after the failure. With a ``clock``, the same all-reduce
     decides whether every rank writes its checkpoint after the item it yields next."""
     if run is None or not run.ranks.distributed:
         yield from steps
         return
-    since = 0
+    since, interval, last = 0, CHECK_ITERATIONS, time.monotonic()
     while True:
         try:
             item, error = next(steps), None
@@ -133,9 +150,14 @@ def checked(steps: Iterator[Tuple[str, int, Params]], run: Optional[RankRun],
             item, error = None, err
         if item is not None:
             since += iterations_per_draw if item[0] == "Sample" else 1
-        if item is None or item[0] == "Initial" or since >= CHECK_ITERATIONS:
-            since = 0
-            failure, due = run.ranks.check_and_ask(error, clock is not None and item is not None and clock.wish())
+        if item is None or item[0] == "Initial" or since >= interval:
+            since, now = 0, time.monotonic()
+            # checks no further apart than a quarter of the checkpoints' interval: they decide when to write
+            target = CHECK_SECONDS if clock is None else min(CHECK_SECONDS, clock.every / 4)
+            wanted = _next_interval(interval, now - last, target) if run.ranks.is_main else 0  # the max: rank 0's
+            failure, due, interval = run.ranks.check_and_share(
+                error, clock is not None and item is not None and clock.wish(), wanted)
+            last = now
             if failure is not None:
                 raise RanksFailed(failure, error)
             if clock is not None:
@@ -210,14 +232,14 @@ def with_draws(error: BaseException, run: RankRun, partial: List[dict]) -> BaseE
 
 def gather_draws(run: RankRun, samples: dict, diagnostics: list) -> Tuple[Optional[dict], Optional[list]]:
     """Every rank's chains to rank 0, in chain order: ``(samples, per-chain diagnostics)`` there,
-    ``(None, None)`` on the other ranks."""
-    device = next(iter(samples.values())).device
-    mine = ({n: v.cpu() for n, v in samples.items()}, _cpu(diagnostics))
-    everyone = run.ranks.gather(mine, "gathering the draws to rank 0")
+    ``(None, None)`` on the other ranks. The draws travel as one tensor per rank
+    (:meth:`~pyro_flat.distributed.Ranks.gather_rows`), the small diagnostics as objects."""
+    names = list(samples)
+    gathered = run.ranks.gather_rows([samples[n] for n in names], "gathering the draws to rank 0")
+    everyone = run.ranks.gather(_cpu(diagnostics), "gathering the chains' diagnostics to rank 0")
     if everyone is None:
         return None, None
-    return ({n: torch.cat([s[n] for s, _ in everyone]).to(device) for n in samples},
-            [chain for _, per_chain in everyone for chain in per_chain])
+    return dict(zip(names, gathered)), [chain for per_chain in everyone for chain in per_chain]
 
 
 def _cpu(diagnostics: list) -> list:
@@ -232,5 +254,5 @@ def _cpu(diagnostics: list) -> list:
     return [move(chain) for chain in diagnostics]
 
 
-__all__ = ["CHECK_ITERATIONS", "RankRun", "RanksFailed", "CheckpointClock", "start_rank_run", "checked",
+__all__ = ["CHECK_ITERATIONS", "MAX_CHECK_ITERATIONS", "CHECK_SECONDS", "RankRun", "RanksFailed", "CheckpointClock", "start_rank_run", "checked",
            "agree_on_checkpoints", "open_checkpoints", "with_draws", "gather_draws"]

@@ -167,21 +167,29 @@ class Ranks:
     def check_and_ask(self, error: Optional[BaseException], wish: bool) -> Tuple[Optional[BaseException], bool]:
         """:meth:`check`, and in the same all-reduce whether any rank ``wish``-ed (e.g. that a checkpoint
         be written now): ``(error or None, any wish)``, the same on every rank."""
+        failure, wished, _ = self.check_and_share(error, wish, 0)
+        return failure, wished
+
+    def check_and_share(self, error: Optional[BaseException], wish: bool, value: int
+                        ) -> Tuple[Optional[BaseException], bool, int]:
+        """:meth:`check_and_ask`, and in the same all-reduce the largest ``value`` (a non-negative integer)
+        of any rank, e.g. rank 0's choice of the next check's interval: ``(error or None, any wish, value)``."""
         import torch.distributed as dist
 
         if not self.distributed:
-            return error, bool(wish)
-        flag = torch.tensor([0 if error is None else 1, int(bool(wish))], dtype=torch.int32, device=self._device())
+            return error, bool(wish), int(value)
+        flag = torch.tensor([0 if error is None else 1, int(bool(wish)), int(value)], dtype=torch.int64,
+                            device=self._device())
         self.collective("the error check", dist.all_reduce, flag, op=dist.ReduceOp.MAX)
-        failed, wished = (int(v) for v in flag.tolist())
+        failed, wished, shared = (int(v) for v in flag.tolist())
         if not failed:
-            return None, bool(wished)
+            return None, bool(wished), shared
         report = None if error is None or isinstance(error, OtherRankFailed) else _report(error)
         reports = self.all_objects(report, "sharing an error")
         failing = [(r, rep) for r, rep in enumerate(reports) if rep is not None]
         if not failing:  # every rank blamed another: its own words are all there is
-            return (error if error is not None else RuntimeError("a rank failed without a report")), False
-        return _rebuild(*failing[0]), False
+            return (error if error is not None else RuntimeError("a rank failed without a report")), False, 0
+        return _rebuild(*failing[0]), False, 0
 
     def all_sum(self, tensors: List[torch.Tensor], what: str) -> List[torch.Tensor]:
         """Each tensor summed over the ranks, in one all-reduce of them all packed into one vector (one
@@ -227,6 +235,32 @@ class Ranks:
             self.collective("waiting for the other ranks to finish", dist.barrier)
         if self.owns_group and dist.is_initialized():
             dist.destroy_process_group()
+
+    def gather_rows(self, tensors: List[torch.Tensor], what: str) -> Optional[List[torch.Tensor]]:
+        """Every rank's rows of each tensor, concatenated in rank order on rank 0 (``None`` on the others):
+        tensors of one dtype whose first dimension (this rank's chains) may differ between ranks. One
+        ``gather`` of a flat buffer, not pickles: a run's draws can be gigabytes."""
+        import torch.distributed as dist
+
+        if not self.distributed:
+            return list(tensors)
+        if len({t.dtype for t in tensors}) > 1:  # mixed dtypes: as objects
+            everyone = self.gather([t.cpu() for t in tensors], what)
+            return None if everyone is None else [torch.cat(parts) for parts in zip(*everyone)]
+        device, rows = self._device(), tensors[0].shape[0]
+        flat = torch.cat([t.reshape(rows, -1) for t in tensors], 1).to(device)
+        counts = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(self.world_size)]
+        self.collective(what, dist.all_gather, counts, torch.tensor([rows], device=device))
+        counts = [int(c) for c in counts]
+        padded = torch.zeros(max(counts), flat.shape[1], dtype=flat.dtype, device=device)
+        padded[:rows] = flat
+        out = [torch.empty_like(padded) for _ in range(self.world_size)] if self.is_main else None
+        self.collective(what, dist.gather, padded, out, dst=0)
+        if not self.is_main:
+            return None
+        full = torch.cat([part[:count] for part, count in zip(out, counts)])
+        sizes = [math.prod(t.shape[1:]) for t in tensors]
+        return [part.reshape(-1, *t.shape[1:]).to(t.device) for part, t in zip(full.split(sizes, 1), tensors)]
 
     def gather(self, value: Any, what: str) -> Optional[List[Any]]:
         """``value`` of every rank, in rank order, on rank 0 (``None`` on the others)."""

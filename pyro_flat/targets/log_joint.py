@@ -156,7 +156,8 @@ class LogJoint(Messenger):
                     return
             else:  # undo the plate's N/B and drop the indices an earlier block has counted
                 scale = scale * frame.size / frame.full_size
-                keep = keep.reshape((-1,) + (1,) * (-frame.dim - 1))
+                # on the site's device: a user's plate without device= draws its indices on the CPU
+                keep = keep.reshape((-1,) + (1,) * (-frame.dim - 1)).to(msg["value"].device)
                 mask = keep if mask is None else mask & keep
         if mask is None:  # scale the sum, not every term
             log_prob = self._reduce(name, fn.log_prob(value))
