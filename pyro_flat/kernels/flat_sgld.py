@@ -61,9 +61,8 @@ class FlatSGLD(SGLD):
 
     def transition(self, params: Params, step_size: float, temperature: float) -> Transition:
         indices = self.target.draw_indices()
-        names = list(params)
-        values = [params[n] for n in names]
-        perturbed = dict(zip(names, torch._foreach_add(values, chain_randn_like_each(values), alpha=self.sigma)))
+        noise = chain_randn_like_each(params.values())
+        perturbed = {n: z + self.sigma * e for (n, z), e in zip(params.items(), noise)}
         _, grads = self.target.potential_and_grad(perturbed, indices)
         with torch.no_grad():
             energy = self.target(params, indices).detach()
