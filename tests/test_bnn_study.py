@@ -350,10 +350,10 @@ def test_a_bad_network_is_one_line_naming_the_option(tmp_path, capsys):
 
 def test_the_sam_radius_defaults_to_the_networks_own_and_an_explicit_one_is_kept():
     """ρ = 0.5 keeps the CNN's SAM fits at chance (docs/studies/bnn.md): its default is 0.1, the MLP's stays 0.5."""
+    from pyro_flat.experiments.cli import build_parser
+    from pyro_flat.experiments.study_config import config_from_args
+
     for network, rho in (("mlp", 0.5), ("cnn", 0.1)):
-        config = BNNConfig(network=network)
-        config.validate()
-        assert config.rho == rho
-        explicit = BNNConfig(network=network, rho=0.3)
-        explicit.validate()
-        assert explicit.rho == 0.3
+        assert BNNConfig(network=network).rho == rho
+        assert config_from_args(BNNConfig, build_parser().parse_args(["bnn", "--network", network])).rho == rho
+        assert BNNConfig(network=network, rho=0.3).rho == 0.3

@@ -289,6 +289,10 @@ class BNNConfig(StudyConfig):
     def iterations(self, grads_per_iteration: int, toy: bool = False) -> int:
         return (self.toy_grad_evals if toy else self.grad_evals) // grads_per_iteration
 
+    def __post_init__(self) -> None:
+        if self.rho is None:  # the network's own SAM radius (an unknown network is refused by validate)
+            self.rho = {"cnn": 0.1}.get(self.network, 0.5)
+
     def thinning(self, grads_per_iteration: int) -> int:
         """Post-warm-up iterations per kept draw, so that each chain keeps ``num_draws``."""
         iterations = self.iterations(grads_per_iteration)
@@ -300,8 +304,6 @@ class BNNConfig(StudyConfig):
             raise StudyError(f"--preconditioner {self.preconditioner!r} is not one of none, diagonal")
         if self.network not in BNN_NETWORKS:
             raise StudyError(f"--network {self.network!r} is not one of {', '.join(BNN_NETWORKS)}")
-        if self.rho is None:  # the network's own default
-            self.rho = {"mlp": 0.5, "cnn": 0.1}[self.network]
         unknown = [m for m in self.methods if m not in BNN_METHODS]
         if unknown or not self.methods:
             raise StudyError(f"--methods takes one or more of {', '.join(BNN_METHODS)}; got "

@@ -16,7 +16,7 @@ StudyConfig(seed=3, overwrite=False, progress=False, threads=None)
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Dict, Optional, Tuple
 
 from .output import require_int, require_positive, require_seed
@@ -102,7 +102,8 @@ def add_options(parser: argparse.ArgumentParser, cls) -> None:
             continue
         settings = {k: v for k, v in f.metadata["cli"].items() if k not in ("flag", "default_text", "none_word")}
         flag = f.metadata["cli"].get("flag", "--" + f.name.replace("_", "-"))
-        default = getattr(defaults, f.name)
+        # the declared default (a __post_init__ may resolve None by other fields, e.g. bnn's --rho by --network)
+        default = f.default if f.default is not MISSING else getattr(defaults, f.name)
         shown = f.metadata["cli"].get("default_text", default)
         if isinstance(default, tuple):
             settings.setdefault("nargs", "+")
