@@ -362,7 +362,7 @@ def _fit_seeds(config: ImagesConfig, ranks, data: ImageData, log: Callable[[str]
 
 
 def _lead(config: ImagesConfig, out, log: Callable[[str], None], ranks) -> dict:
-    from .images_report import claims, plot_corruption, plot_interpolation, report_markdown, summarize
+    from .images_report import claims, paper_comparison, plot_corruption, plot_interpolation, report_markdown, summarize
     from .plots import save_figures
 
     start = time.perf_counter()
@@ -386,7 +386,7 @@ def _lead(config: ImagesConfig, out, log: Callable[[str], None], ranks) -> dict:
                        "corruptions": data.corruption_source, "ood": data.ood_source},
               "ranks": {"world_size": ranks.world_size, "backend": ranks.backend if ranks.distributed else None},
               "rows": rows, "summary": summarize(rows), "claims": claims(rows), "interpolation": curves,
-              "paper": PAPER_TABLE if config.dataset != "digits" else PAPER_NOTE}
+              "paper": paper_comparison(config.dataset)}
     report["seconds"] = time.perf_counter() - start
     for claim in report["claims"]:
         log(f"claim: Entropy-MCMC has {claim['claim']}: {claim['verdict']}")
@@ -396,11 +396,3 @@ def _lead(config: ImagesConfig, out, log: Callable[[str], None], ranks) -> dict:
     (out / "report.md").write_text(report_markdown(report))
     return report
 
-
-#: the paper's CIFAR numbers (Li & Zhang 2024, their table of ResNet-18 results), beside a CIFAR run
-PAPER_TABLE = ("Entropy-MCMC's published ResNet-18 results: CIFAR-10 accuracy 95.69 %, NLL 0.162; CIFAR-100 accuracy "
-               "79.16 %, NLL 0.840 (200 epochs, 16 networks averaged). This run's protocol and size are in the first "
-               "paragraph: compare only a run of --preset emcmc-cifar with them.")
-PAPER_NOTE = ("The paper has no digits experiment: these numbers test its claims (Entropy-MCMC best in accuracy and NLL, "
-              "flattest, best under corruption, best out-of-distribution) on a small ResNet and MNIST digits, at a "
-              "budget of minutes rather than its 200 epochs of ResNet-18 on CIFAR.")
