@@ -68,6 +68,8 @@ class TargetKernel(DrawRecording, MCMCKernel):
         gradient (:func:`~pyro_flat.targets.compile_target`). ``"fx"`` replays the traced graph
         without ``torch.compile`` (no compile time, the eager random stream). A model that cannot be
         traced, or whose control flow depends on values, runs eagerly after one warning that says why.
+        On a GPU the stochastic-gradient kernels' graphs are also captured as CUDA graphs (one launch per
+        iteration: ResNet-18's iteration on an H200 went from 16.0 ms eager to 9.8 ms).
     """
 
     def __init__(
