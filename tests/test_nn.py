@@ -389,3 +389,26 @@ def test_a_model_error_of_one_chain_is_raised_not_taken_for_a_broadcasting_failu
         with pytest.raises(RuntimeError, match="the user's own bug"):
             MCMC(SGLD(BayesianModule(Broken()), step_size=1e-3), num_samples=2, num_chains=2,
                  disable_progbar=True).run(X, y, batch_size=10)
+
+
+def test_the_default_prior_is_the_generic_normal_in_value_gradient_and_curvature():
+    """IsotropicNormal (BayesianModule's prior s) against Normal(0, s).expand(shape).to_event: the log-density of
+    batched values (chains, 1, *shape), its gradient and a Hessian-vector product (the flatness measures' use)."""
+    import pyro.distributions as dist
+    from pyro_flat.nn.prior import IsotropicNormal
+
+    shape, s = (3, 4), 0.7
+    ours, generic = IsotropicNormal(s, shape, dtype=torch.float64), dist.Normal(
+        torch.tensor(0.0, dtype=torch.float64), s).expand(shape).to_event(2)
+    w = torch.randn(5, 1, *shape, dtype=torch.float64, requires_grad=True)
+    torch.testing.assert_close(ours.log_prob(w), generic.log_prob(w), rtol=1e-12, atol=1e-12)
+    assert ours.log_prob(w).shape == (5, 1)
+    v = torch.randn_like(w)
+    results = []
+    for d in (ours, generic):
+        (g,) = torch.autograd.grad(d.log_prob(w).sum(), w, create_graph=True)
+        (hv,) = torch.autograd.grad((g * v).sum(), w)
+        results.append((g.detach(), hv))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-12, atol=1e-12)
+    assert ours.rsample((1000,)).std().item() == pytest.approx(s, rel=0.05)
