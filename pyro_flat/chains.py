@@ -7,7 +7,8 @@ rows. Chain ``c`` then gets the same numbers whatever the number of ranks, and t
 ranks equal those of one process up to floating-point round-off. The price is drawing ``R`` times
 the noise a rank needs, which is small next to a gradient.
 
-The kernels draw through :func:`chain_randn_like`, :func:`chain_randn_like_each` and :func:`chain_rand_like`, and the few decisions
+The kernels draw through :func:`chain_randn_like`, :func:`chain_randn_like_each` and
+:func:`chain_rand_like`, and the few decisions
 that read several chains at once (the shortest step size, whether every chain is done) through
 :func:`chains_min` and :func:`chains_all`. Outside :func:`sharded` they are plain torch calls.
 
@@ -202,5 +203,5 @@ def chains_all(flag: torch.Tensor) -> bool:
     return bool(_all_reduce(flag.all().to(torch.int32).reshape(()), dist.ReduceOp.MIN))
 
 
-__all__ = ["ChainShard", "current_shard", "shard_of", "sharded", "chain_draw", "chain_randn_like", "chain_randn_like_each",
-           "chain_rand_like", "chain_indices", "owns", "global_chain", "chains_average", "chains_min", "chains_all"]
+__all__ = ["ChainShard", "current_shard", "shard_of", "sharded", "chain_draw", "chain_randn_like",
+           "chain_randn_like_each", "chain_rand_like", "chain_indices", "owns", "global_chain", "chains_average", "chains_min", "chains_all"]

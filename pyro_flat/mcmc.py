@@ -122,7 +122,8 @@ class MCMC(pyro.infer.MCMC):
         run's checkpoint gives its draws back at once. Needs a pyro-flat kernel in pyro-flat's loop (not
         Pyro's driver). Across ranks (``"distributed"``, ``"data_parallel"``) each rank writes its own file
         (``run.rank0.ckpt``, ``run.rank1.ckpt``, ... beside ``run.ckpt``, each with its previous one), every
-        rank after the same iteration (at the first error check after the interval: every 128 iterations at first, up to 4,096 while they are fast),
+        rank after the same iteration (at the first error check after the interval: every 128 iterations at
+        first, up to 4,096 while they are fast),
         and a resumed run continues every rank from the latest iteration all the ranks' files hold.
     :param checkpoint_every: seconds between checkpoints (default 60).
     :param draws_dir: a folder: the kept draws go to ``DIR/SITE.npy`` as they are made, a block at a time,

@@ -132,11 +132,11 @@ def checked(steps: Iterator[Tuple[str, int, Params]], run: Optional[RankRun],
             iterations_per_draw: int = 1, clock: Optional[CheckpointClock] = None) -> Iterator[Tuple[str, int, Params]]:
     """``steps``, with the collective error check when the run spans ranks: after set-up, every
     :data:`CHECK_ITERATIONS` iterations at first (doubling up to :data:`MAX_CHECK_ITERATIONS` while the checks
-    come less than :data:`CHECK_SECONDS` apart, or a quarter of the checkpoints' interval, so that fast iterations do not pay an all-reduce and a wait
-    for the slower rank every few milliseconds), at the end, and at once on a rank that raised. Every rank
+    come less than :data:`CHECK_SECONDS` apart, or a quarter of the checkpoints' interval, so that fast
+    iterations do not pay an all-reduce and a wait for the slower rank every few milliseconds), at the end, and at once on a rank that raised. Every rank
     then raises :class:`RanksFailed` with the same error (see :meth:`pyro_flat.distributed.Ranks.check`), at
-    most one interval (about :data:`CHECK_SECONDS` to 4 times that) after the failure. With a ``clock``, the same all-reduce
-    decides whether every rank writes its checkpoint after the item it yields next."""
+    most one interval (about :data:`CHECK_SECONDS` to 4 times that) after the failure. With a ``clock``, the
+    same all-reduce decides whether every rank writes its checkpoint after the item it yields next."""
     if run is None or not run.ranks.distributed:
         yield from steps
         return
@@ -254,5 +254,6 @@ def _cpu(diagnostics: list) -> list:
     return [move(chain) for chain in diagnostics]
 
 
-__all__ = ["CHECK_ITERATIONS", "MAX_CHECK_ITERATIONS", "CHECK_SECONDS", "RankRun", "RanksFailed", "CheckpointClock", "start_rank_run", "checked",
+__all__ = ["CHECK_ITERATIONS", "MAX_CHECK_ITERATIONS", "CHECK_SECONDS", "RankRun", "RanksFailed", "CheckpointClock",
+           "start_rank_run", "checked",
            "agree_on_checkpoints", "open_checkpoints", "with_draws", "gather_draws"]

@@ -211,4 +211,5 @@ def plot_interpolation(report: dict):
     return fig
 
 
-__all__ = ["CLAIMS", "METRICS", "PAPER_TABLE", "PAPER_NOTE", "paper_comparison", "summarize", "claims", "report_markdown", "plot_corruption", "plot_interpolation"]
+__all__ = ["CLAIMS", "METRICS", "PAPER_TABLE", "PAPER_NOTE", "paper_comparison",
+           "summarize", "claims", "report_markdown", "plot_corruption", "plot_interpolation"]
