@@ -11,6 +11,10 @@
    - ``cnn``: ``bench_deep.py``'s BatchNorm CNN (55k weights) as a ``BayesianModule`` on the embedded
      digits 0-9 (4,000 images, minibatch 32 per chain, eta = 0.1, 5 iterations per kept draw).
 
+   The networks' chains draw from per-chain random streams (``random_streams="per_chain"``: each rank draws
+   only its own chains' noise), the compiled logistic regression's from the shared stream (a traced graph
+   cannot take a generator); ``--random-streams`` chooses for all.
+
    Targets (the MLP and the CNN): at least 1.8x the chain-iterations per second of 1 rank, and at
    least 90% of the ceiling. Runs on this 2-core machine vary by up to 30% (one rank is slowed while
    the other is not), so each configuration runs ``--repeats`` times, in turn, and the medians are
@@ -26,6 +30,7 @@ ranks start it together (a barrier), so that one rank's longer compile does not 
 Each configuration runs under ``torchrun`` (``python -m torch.distributed.run``) on localhost.
 
 Run:  python benchmarks/bench_distributed.py [--models logistic mlp cnn] [--seconds 10] [--repeats 3]
+                                             [--random-streams auto|shared|per_chain]
 """
 
 from __future__ import annotations
@@ -74,7 +79,15 @@ def _setting(model: str, kind: str, world_size: int):
     return fn, X, y, SGLD(fn, step_size=step, record_draws=False), (100 if model == "logistic" else 1000) // world_size, 1, 20
 
 
-def _worker(kind: str, model: str, chains: int, iterations: int, out: str) -> None:
+def streams_for(model: str, choice: str) -> str:
+    """The random streams a model's chains draw from: ``choice``, or for ``"auto"`` per-chain streams for the
+    (eager) networks and the shared stream for the compiled logistic regression."""
+    if choice != "auto":
+        return choice
+    return "shared" if model == "logistic" else "per_chain"
+
+
+def _worker(kind: str, model: str, chains: int, iterations: int, out: str, streams: str = "shared") -> None:
     """One rank's part; rank 0 writes ``{seconds, allreduce_seconds, ...}`` to ``out``."""
     import torch
     import torch.distributed as dist
@@ -115,7 +128,7 @@ def _worker(kind: str, model: str, chains: int, iterations: int, out: str) -> No
         last[0] = time.perf_counter()
 
     mcmc = MCMC(kernel, iterations, warmup, num_chains=chains, chain_method=method, thinning=thinning,
-                disable_progbar=True, hook_fn=sampling_starts)
+                disable_progbar=True, hook_fn=sampling_starts, random_streams=streams)
     pyro.set_rng_seed(0)
     mcmc.run(X, y, batch_size=batch, **({"prior_scale": 0.5} if model == "logistic" else {}))
     end = time.perf_counter()
@@ -127,13 +140,14 @@ def _worker(kind: str, model: str, chains: int, iterations: int, out: str) -> No
     ranks.finish()
 
 
-def launch(kind: str, model: str, ranks: int, threads: int, chains: int, iterations: int) -> dict:
+def launch(kind: str, model: str, ranks: int, threads: int, chains: int, iterations: int,
+           streams: str = "shared") -> dict:
     """Run one configuration under torchrun; rank 0's measurements."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
                    "--master-port", str(_free_port()), __file__, "--worker", kind, "--models", model, "--chains", str(chains),
-                   "--iterations", str(iterations), "--out", out]
+                   "--iterations", str(iterations), "--out", out, "--random-streams", streams]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "PASSIVE"}
         subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=900)
         with open(out) as f:
@@ -152,21 +166,23 @@ def _spread(runs: list) -> str:
     return ", ".join(f"{r['seconds']:.2f}" for r in runs)
 
 
-def chain_throughput(model: str, c: int, seconds_target: float, repeats: int) -> None:
+def chain_throughput(model: str, c: int, seconds_target: float, repeats: int, streams: str) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    probe = launch("chains", model, 1, 1, c, 40 if model == "cnn" else 400)
+    probe = launch("chains", model, 1, 1, c, 40 if model == "cnn" else 400, streams)
     n = max(10, int(1.2 * seconds_target * probe["iterations"] / probe["seconds"]))
     n -= n % 10
     print(f"\n1. chain throughput, {model}: {c} chains of EntropySGLD, {n:,} iterations each (the 1-rank phase "
-          f"about {seconds_target:g} s); median of {repeats} runs of each configuration, run in turn")
+          f"about {seconds_target:g} s), random_streams={streams!r}; median of {repeats} runs of each configuration, "
+          "run in turn")
     names = ["1 rank, 1 thread", "1 rank, 2 threads", "2 ranks, 1 thread each", "ceiling"]
     runs = {name: [] for name in names}
     for _ in range(repeats):
         for name, (ranks, threads) in zip(names, [(1, 1), (1, 2), (2, 1)]):
-            runs[name].append(launch("chains", model, ranks, threads, c, n))
+            runs[name].append(launch("chains", model, ranks, threads, c, n, streams))
         with ThreadPoolExecutor(2) as pool:  # the machine's ceiling: two unrelated runs of half the chains at once
-            halves = [f.result() for f in [pool.submit(launch, "chains", model, 1, 1, c // 2, n) for _ in range(2)]]
+            halves = [f.result() for f in [pool.submit(launch, "chains", model, 1, 1, c // 2, n, streams)
+                                           for _ in range(2)]]
         runs["ceiling"].append(max(halves, key=lambda h: h["seconds"]))
     seconds = {name: statistics.median(r["seconds"] for r in rs) for name, rs in runs.items()}
     base = c * n / seconds["1 rank, 1 thread"]
@@ -191,6 +207,9 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=2000, help="iterations of part 2 (data-parallel)")
     parser.add_argument("--chains", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each configuration of part 1 (medians)")
+    parser.add_argument("--random-streams", choices=("auto", "shared", "per_chain"), default="auto",
+                        help="where the chains draw their noise (auto: per-chain for the networks, shared for the "
+                             "compiled logistic regression)")
     parser.add_argument("--worker", choices=["chains", "data"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -199,9 +218,9 @@ def main() -> None:
 
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         return _worker(args.worker, args.models[0], args.chains if args.worker == "chains" else 1, args.iterations,
-                       args.out)
+                       args.out, args.random_streams)
     for model in args.models:
-        chain_throughput(model, args.chains, args.seconds, args.repeats)
+        chain_throughput(model, args.chains, args.seconds, args.repeats, streams_for(model, args.random_streams))
     n = args.iterations
     print(f"\n2. data-parallel overhead: 1 SGLD chain of the MLP, global minibatch 1,000, {n} iterations")
     one, two = launch("data", "mlp", 1, 1, 1, n), launch("data", "mlp", 2, 1, 1, n)

@@ -7,10 +7,18 @@ rows. Chain ``c`` then gets the same numbers whatever the number of ranks, and t
 ranks equal those of one process up to floating-point round-off. The price is drawing ``R`` times
 the noise a rank needs, which is small next to a gradient.
 
+**Per-chain streams** (:class:`ChainStreams`, ``MCMC(..., random_streams="per_chain")``) remove that
+price: chain ``g`` draws from a generator of its own, seeded from the run's seed and ``g``, so a rank
+draws only its own chains' numbers, and chain ``g`` still gets the same numbers whatever the split
+(one process included). For a network's chains, whose noise is a fifth of an iteration, that is what
+lets ranks scale (``benchmarks/bench_distributed.py``). They are drawn while :func:`drawing_from` is
+in force; minibatch indices keep their own shared stream (a few numbers per epoch).
+
 The kernels draw through :func:`chain_randn_like`, :func:`chain_randn_like_each` and
 :func:`chain_rand_like`, and the few decisions
 that read several chains at once (the shortest step size, whether every chain is done) through
-:func:`chains_min` and :func:`chains_all`. Outside :func:`sharded` they are plain torch calls.
+:func:`chains_min` and :func:`chains_all`. Outside :func:`sharded` and :func:`drawing_from` they are
+plain torch calls.
 
 >>> shard = ChainShard(total=4, start=2, stop=4)
 >>> _ = torch.manual_seed(0)
@@ -28,9 +36,13 @@ import math
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
+import numpy as np
 import torch
+
+#: how vectorized chains draw their random numbers (see :class:`ChainStreams`)
+RANDOM_STREAMS = ("shared", "per_chain")
 
 
 @dataclass(frozen=True)
@@ -92,6 +104,113 @@ def sharded(shard: Optional[ChainShard]) -> Iterator[Optional[ChainShard]]:
         _SHARD.reset(token)
 
 
+def check_random_streams(random_streams: str) -> str:
+    """``random_streams`` must name a scheme of :data:`RANDOM_STREAMS`."""
+    if random_streams not in RANDOM_STREAMS:
+        raise ValueError(f"random_streams must be 'shared' (one random stream for all chains, the default) or "
+                         f"'per_chain' (a stream per chain: a rank of a distributed run draws only its own chains' "
+                         f"numbers), got {random_streams!r}.")
+    return random_streams
+
+
+def chain_seed(seed: int, chain: int) -> int:
+    """The 64-bit seed of chain ``chain``'s stream in a run of seed ``seed`` (numpy's ``SeedSequence``,
+    so that nearby chains and seeds give unrelated streams)."""
+    words = np.random.SeedSequence([int(seed), int(chain)]).generate_state(2, np.uint32)
+    return (int(words[0]) << 32 | int(words[1])) & (2**63 - 1)
+
+
+class ChainStreams:
+    r"""One random stream per chain: chain ``g`` of a run (numbered among all its chains) draws from a
+    ``torch.Generator`` seeded with :func:`chain_seed` ``(seed, g)``, one per device it draws on.
+
+    A process holds the streams of its ``chains`` only, so a rank draws :math:`C/R` chains' numbers,
+    not :math:`C`; chain ``g``'s numbers depend on ``seed`` and ``g`` alone, not on the split.
+
+    >>> streams = ChainStreams(seed=7, chains=range(0, 4))
+    >>> with drawing_from(streams):
+    ...     full = chain_randn_like(torch.zeros(4, 3))
+    >>> with drawing_from(ChainStreams(seed=7, chains=range(2, 4))):   # another rank's half
+    ...     half = chain_randn_like(torch.zeros(2, 3))
+    >>> bool((half == full[2:]).all())
+    True
+    """
+
+    def __init__(self, seed: int, chains: range):
+        self.seed, self.chains = int(seed), chains
+        self._generators: Dict[torch.device, List[torch.Generator]] = {}
+
+    @property
+    def count(self) -> int:
+        return len(self.chains)
+
+    def generators(self, device: torch.device) -> List[torch.Generator]:
+        """The chains' generators on ``device``, made at their seeds the first time."""
+        device = _concrete(device)
+        found = self._generators.get(device)
+        if found is None:
+            found = self._generators[device] = [torch.Generator(device=device).manual_seed(chain_seed(self.seed, g))
+                                                for g in self.chains]
+        return found
+
+    def state_dict(self) -> dict:
+        """The seed, the chains and every generator's state: what a checkpoint needs to draw on exactly."""
+        return {"seed": self.seed, "chains": (self.chains.start, self.chains.stop),
+                "states": {str(d): [g.get_state() for g in gens] for d, gens in self._generators.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        if (state["seed"], tuple(state["chains"])) != (self.seed, (self.chains.start, self.chains.stop)):
+            raise ValueError(f"these random streams are chains {self.chains.start}..{self.chains.stop - 1} of seed "
+                             f"{self.seed}; the saved ones are chains {state['chains'][0]}..{state['chains'][1] - 1} "
+                             f"of seed {state['seed']}.")
+        self._generators.clear()
+        for device, states in state["states"].items():
+            for generator, saved in zip(self.generators(torch.device(device)), states):
+                generator.set_state(saved)
+
+    def fill(self, out: torch.Tensor, kind: str = "normal") -> torch.Tensor:
+        """Fill ``out`` (``(count, ...)``, contiguous) row by row, row ``c`` from chain ``c``'s stream:
+        standard normal numbers (``kind="normal"``) or uniform on ``[0, 1)`` (``"uniform"``)."""
+        for row, generator in zip(out, self.generators(out.device)):
+            if kind == "normal":
+                row.normal_(generator=generator)
+            else:
+                row.uniform_(generator=generator)
+        return out
+
+
+def _concrete(device: torch.device) -> torch.device:
+    """``device`` with its index (``cuda`` is the current CUDA device)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+_STREAMS: ContextVar[Optional[ChainStreams]] = ContextVar("pyro_flat_chain_streams", default=None)
+
+
+@contextmanager
+def drawing_from(streams: Optional[ChainStreams]) -> Iterator[Optional[ChainStreams]]:
+    """Draw the enclosed chains' random numbers from ``streams`` (``None``: the shared stream)."""
+    token = _STREAMS.set(streams)
+    try:
+        yield streams
+    finally:
+        _STREAMS.reset(token)
+
+
+def current_streams() -> Optional[ChainStreams]:
+    """The :class:`ChainStreams` in force, or ``None`` (the shared stream)."""
+    return _STREAMS.get()
+
+
+def _streams_for(x: torch.Tensor) -> Optional[ChainStreams]:
+    """The streams in force if ``x``'s leading dimension is their chains."""
+    streams = _STREAMS.get()
+    return streams if streams is not None and x.dim() and x.shape[0] == streams.count else None
+
+
 def chain_draw(draw: Callable[[Sequence[int]], torch.Tensor], shape: Sequence[int]) -> torch.Tensor:
     """``draw(shape)`` for a ``(C, ...)`` shape of this process's chains: under a shard, the full
     ``(total, ...)`` draw's rows of this shard, so that each chain's numbers do not depend on the split."""
@@ -106,6 +225,9 @@ def chain_randn_like(x: torch.Tensor) -> torch.Tensor:
     ``x``'s logical order whatever its memory layout: ``randn_like`` fills memory in storage order, so
     a channels-last ``x`` (inductor lays out convolution weights so inside a compiled graph) would give
     each element another number than the eager run does."""
+    streams = _streams_for(x)
+    if streams is not None:
+        return streams.fill(torch.empty_like(x, memory_format=torch.contiguous_format))
     if _SHARD.get() is None:  # the hot path of one process: nothing to decide
         return torch.randn_like(x, memory_format=torch.contiguous_format)
     return chain_draw(lambda s: torch.randn(s, dtype=x.dtype, device=x.device), x.shape)
@@ -115,7 +237,8 @@ def chain_randn_like_each(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]
     """:func:`chain_randn_like` of each tensor. On a GPU they are drawn as one vector, one kernel launch
     instead of one per tensor (for a network's dozens of weight tensors, most of the noise's cost), and
     each result is a view of it, tensor after tensor, in logical order; under a shard the vector holds
-    every chain's numbers, so a chain's do not depend on the split. On the CPU, where a call costs
+    every chain's numbers, so a chain's do not depend on the split. With per-chain streams
+    (:func:`drawing_from`), on any device, each chain draws all its tensors' numbers at once. On the CPU, where a call costs
     microseconds, they are drawn one tensor after another: the numbers of :func:`chain_randn_like`, so
     seeded CPU runs keep their draws.
 
@@ -129,6 +252,13 @@ def chain_randn_like_each(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]
     if not tensors:
         return []
     first, shard = tensors[0], _SHARD.get()
+    streams = _streams_for(first)
+    if streams is not None and all(_streams_for(t) is streams and t.dtype == first.dtype and t.device == first.device
+                                   for t in tensors):
+        # per-chain streams: one draw per chain of all its tensors' numbers, on any device
+        sizes = [math.prod(t.shape[1:]) for t in tensors]
+        rows = streams.fill(torch.empty(streams.count, sum(sizes), dtype=first.dtype, device=first.device))
+        return [part.view(t.shape) for part, t in zip(rows.split(sizes, dim=1), tensors)]
     if first.device.type == "cpu" or any(t.dtype != first.dtype or t.device != first.device for t in tensors) or (
             shard is not None and any(t.dim() == 0 or shard_of(t.shape[0]) is None for t in tensors)):
         return [chain_randn_like(t) for t in tensors]
@@ -142,6 +272,9 @@ def chain_randn_like_each(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]
 def chain_rand_like(x: torch.Tensor) -> torch.Tensor:
     """``torch.rand_like(x)`` for a ``(C, ...)`` tensor of chains, in ``x``'s logical order (see
     :func:`chain_randn_like`)."""
+    streams = _streams_for(x)
+    if streams is not None:
+        return streams.fill(torch.empty_like(x, memory_format=torch.contiguous_format), "uniform")
     if _SHARD.get() is None:
         return torch.rand_like(x, memory_format=torch.contiguous_format)
     return chain_draw(lambda s: torch.rand(s, dtype=x.dtype, device=x.device), x.shape)
@@ -203,5 +336,7 @@ def chains_all(flag: torch.Tensor) -> bool:
     return bool(_all_reduce(flag.all().to(torch.int32).reshape(()), dist.ReduceOp.MIN))
 
 
-__all__ = ["ChainShard", "current_shard", "shard_of", "sharded", "chain_draw", "chain_randn_like",
-           "chain_randn_like_each", "chain_rand_like", "chain_indices", "owns", "global_chain", "chains_average", "chains_min", "chains_all"]
+__all__ = ["ChainShard", "current_shard", "shard_of", "sharded", "RANDOM_STREAMS", "check_random_streams", "chain_seed",
+           "ChainStreams", "drawing_from", "current_streams", "chain_draw", "chain_randn_like",
+           "chain_randn_like_each", "chain_rand_like", "chain_indices", "owns", "global_chain", "chains_average",
+           "chains_min", "chains_all"]

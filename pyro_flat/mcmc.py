@@ -21,6 +21,13 @@ arguments, ``chain_method`` and ``thinning``. ``chain_method`` is one of:
   every rank.
 
 Whatever ran is in ``mcmc.chain_method``; how its chains drew minibatches in ``mcmc.minibatches``.
+``random_streams`` says where vectorized chains draw their noise: ``"shared"`` (default), one stream
+for all chains (across ranks each rank draws every chain's numbers and keeps its own rows), or
+``"per_chain"``, a stream per chain seeded from the run's seed and the chain's number
+(:class:`~pyro_flat.chains.ChainStreams`): each rank draws only its own chains' numbers, which is
+what lets a network's chains scale over ranks, and a chain's draws are the same on any number of ranks
+(one process included) with the same option. Seeded runs give other numbers under the two options,
+equally valid. ``jit_compile`` runs eagerly under ``"per_chain"`` (a graph cannot take a generator).
 Vectorized chains draw their own (``minibatches="per_chain"``, the default: the plate's indices are
 ``(C, B)``, chain ``c``'s in row ``c``, and a model that gathers ``X[idx]`` evaluates all chains in one
 pass), so they are independent, as R-hat and ESS assume; ``"shared"`` gives every chain one minibatch
@@ -62,7 +69,7 @@ from pyro.infer.mcmc.logger import ProgressBar, initialize_logger
 from pyro.infer.mcmc.util import print_summary
 from pyro.util import optional
 
-from .chains import sharded
+from .chains import check_random_streams, sharded
 from .diagnostics import per_chain_diagnostics, require_draws, select_draws
 from .checkpoint import check_checkpoint_arguments, refuse_loaders, run_fingerprint
 from .draws import DrawBuffers, DrawFiles
@@ -99,7 +106,8 @@ def run_chains(kernel, warmup_steps: int, num_samples: int, args: tuple = (),
             params, done = resume()
         yield "Initial", 0, params
         for step in range(done, warmup_steps + num_samples):
-            params = kernel.sample(params)
+            with kernel.drawing():
+                params = kernel.sample(params)
             yield ("Warmup", step, params) if step < warmup_steps else ("Sample", step - warmup_steps, params)
     finally:
         kernel.cleanup()
@@ -114,6 +122,8 @@ class MCMC(pyro.infer.MCMC):
         stochastic-gradient kernel is needed for ``thinning > 1``).
     :param minibatches: ``"per_chain"`` (default) or ``"shared"``: how vectorized chains of a
         subsampled model draw minibatches (see the module docstring).
+    :param random_streams: ``"shared"`` (default) or ``"per_chain"``: where vectorized chains draw their
+        random numbers (see the module docstring); pass ``"per_chain"`` for chains across ranks.
     :param checkpoint: a file path: every ``checkpoint_every`` seconds (at the first draw after) and when
         the run ends, the run's whole state is written there (atomically: a kill leaves the previous
         checkpoint whole; :mod:`pyro_flat.checkpoint`). ``run`` given an existing checkpoint of the same
@@ -140,7 +150,7 @@ class MCMC(pyro.infer.MCMC):
                  initial_params: Optional[Dict[str, torch.Tensor]] = None, num_chains: int = 1,
                  chain_method: str = "auto", thinning: int = 1, minibatches: str = "per_chain",
                  checkpoint: Optional[str] = None, checkpoint_every: float = 60.0, draws_dir: Optional[str] = None,
-                 **kwargs):
+                 random_streams: str = "shared", **kwargs):
         check_kernel(kernel)
         self.checkpoint = check_checkpoint_arguments(checkpoint, checkpoint_every)
         self.checkpoint_every = float(checkpoint_every)
@@ -157,6 +167,7 @@ class MCMC(pyro.infer.MCMC):
             raise ValueError(f"chain_method must be one of {CHAIN_METHODS}, got {chain_method!r}.")
         num_chains = check_positive_int("num_chains", num_chains)
         self._requested_minibatches = self.minibatches = check_minibatches(minibatches)
+        self.random_streams = check_random_streams(random_streams)
         if thinning > 1 and num_samples < thinning:
             raise ValueError(f"num_samples={num_samples} keeps no draw with thinning={thinning}; "
                              "pass num_samples >= thinning.")
@@ -281,7 +292,7 @@ class MCMC(pyro.infer.MCMC):
     def _probe(self, num_chains: int, args, kwargs, initial_params, minibatches: Optional[str] = None):
         """Why ``num_chains`` chains cannot run as one batched kernel, or ``None``; the global random stream
         is left as it was, so that the draws do not depend on the probe (nor on the chains it probed)."""
-        with torch.random.fork_rng(devices=_cuda_devices(args, kwargs)):
+        with torch.random.fork_rng(devices=_cuda_devices(args, kwargs, initial_params)):
             return self.kernel.vectorization_error(num_chains, args, kwargs, initial_params,
                                                    minibatches or self.minibatches, num_draws=self.num_samples)
 
@@ -289,9 +300,10 @@ class MCMC(pyro.infer.MCMC):
         """``chain_method="distributed"`` or ``"data_parallel"``: this rank's part of the run (see
         :mod:`pyro_flat.distributed.driver`)."""
         settings = {"the kernel": type(self.kernel).__name__, "num_chains": num_chains, "num_samples": self.num_samples,
-                    "warmup_steps": self.warmup_steps, "thinning": self.thinning, "minibatches": self.minibatches}
+                    "warmup_steps": self.warmup_steps, "thinning": self.thinning, "minibatches": self.minibatches,
+                    "random_streams": self.random_streams}
         run = start_rank_run(self.chain_method, num_chains, initial_params, settings, args, kwargs,
-                             _cuda_devices(args, kwargs),
+                             _cuda_devices(args, kwargs, initial_params),
                              lambda chains, params: self._probe(chains, args, kwargs, params))
         self.rank, self.world_size, self.backend = run.ranks.rank, run.ranks.world_size, run.ranks.backend
         self._run_vectorized(run.num_chains, run.initial_params, args, kwargs, run)
@@ -301,7 +313,7 @@ class MCMC(pyro.infer.MCMC):
         straight into preallocated ``(chain, draw, ...)`` buffers."""
         kernel, warmup, num_samples = self.kernel, self.warmup_steps, self.num_samples
         kernel.configure(num_chains=num_chains, steps_per_draw=self.thinning, minibatches=self.minibatches,
-                         data_parallel=None if run is None else run.data_parallel)
+                         data_parallel=None if run is None else run.data_parallel, random_streams=self.random_streams)
         if initial_params is not None:
             kernel.initial_params = initial_params
         self._args, self._kwargs = args, kwargs
@@ -315,6 +327,7 @@ class MCMC(pyro.infer.MCMC):
             {**run_fingerprint(kernel, num_chains=num_chains, num_samples=num_samples, warmup_steps=warmup,
                                thinning=self.thinning, minibatches=self.minibatches, initial_params=initial_params,
                                args=args, kwargs=kwargs),
+             "random_streams": self.random_streams,
              "draws_dir": None if self.draws_dir is None else str(self.draws_dir)},
             run)
         recording = getattr(kernel, "record_draws", None)
@@ -380,7 +393,8 @@ class MCMC(pyro.infer.MCMC):
             self._samples, self._diagnostics = gather_draws(run, self._samples, self._diagnostics)
 
 
-def _cuda_devices(args: tuple, kwargs: dict) -> list:
-    """The CUDA devices of the model's tensor arguments (whose random streams a run draws from)."""
-    values = list(args) + list(kwargs.values())
+def _cuda_devices(args: tuple, kwargs: dict, initial_params: Optional[Dict[str, torch.Tensor]] = None) -> list:
+    """The CUDA devices of the model's tensor arguments and of ``initial_params`` (a ``potential_fn``'s state):
+    those whose random streams a run draws from, and which decide a run across ranks' backend."""
+    values = list(args) + list(kwargs.values()) + list((initial_params or {}).values())
     return sorted({v.device for v in values if torch.is_tensor(v) and v.device.type == "cuda"}, key=str)

@@ -31,6 +31,10 @@ CASES = {
     "EntropySGHMC, diagonal preconditioner": lambda: (
         EntropySGHMC(model, eta=0.1, preconditioner="diagonal", momentum=0.7), 300, 3000, 1, 20),
     "EntropyHMC, adaptation": lambda: (EntropyHMC(model, eta=0.1), 250, 100, 1, None),
+    # each chain draws from its own generator (random_streams="per_chain"), whose state the checkpoint holds
+    "EntropySGHMC, per-chain streams": lambda: (EntropySGHMC(model, eta=0.1, momentum=0.7, step_size=1e-4),
+                                                300, 3000, 1, 20),
+    "SGLD, short, per-chain streams": lambda: (SGLD(model, step_size=1e-4), 100, 3000, 1, 20),
 }
 
 
@@ -39,8 +43,10 @@ def run(case: str, checkpoint, every: float = 0.02, draws_dir=None):
     pyro.set_rng_seed(11)
     ranks = {} if "RANK" not in os.environ else {
         "chain_method": "distributed", "hook_fn": lambda *_: time.sleep(1e-3)}
+    streams = "per_chain" if case.endswith("per-chain streams") else "shared"
     mcmc = MCMC(kernel, num_samples=samples, warmup_steps=warmup, num_chains=3, thinning=thinning,
-                disable_progbar=True, checkpoint=checkpoint, checkpoint_every=every, draws_dir=draws_dir, **ranks)
+                disable_progbar=True, checkpoint=checkpoint, checkpoint_every=every, draws_dir=draws_dir,
+                random_streams=streams, **ranks)
     mcmc.run(*data(), batch_size=batch_size)
     if mcmc.rank != 0:
         return None

@@ -54,6 +54,7 @@ def _kill_after_first_checkpoint(case, checkpoint, out, seconds: float, *extra):
     ("EntropySGLD, jit fx, thinning 4 (fused)", 1),
     ("EntropySGHMC, diagonal preconditioner", 1),
     ("EntropyHMC, adaptation", 1),
+    ("EntropySGHMC, per-chain streams", 1),
 ])
 def test_a_run_killed_at_random_moments_resumes_to_the_uninterrupted_draws(tmp_path, case, kills):
     reference, resumed, checkpoint = tmp_path / "reference.pt", tmp_path / "resumed.pt", tmp_path / "run.ckpt"
@@ -120,13 +121,15 @@ def _torchrun_worker(case, checkpoint, out, kill_after=None, timeout=120):
 def test_chains_across_two_ranks_killed_together_resume_from_the_iteration_every_rank_holds(tmp_path):
     """torchrun, 2 ranks, SIGKILL to both at a random moment; then rank 1's newest checkpoint is taken away (its
     write, as if killed halfway): the ranks continue from the previous one, which every rank holds, and give
-    the uninterrupted run's draws bit for bit. With no file at all on rank 1 the resume is refused."""
+    the uninterrupted run's draws bit for bit. With no file at all on rank 1 the resume is refused. The chains
+    draw from per-chain streams: each rank's file holds its own chains' generators."""
     import shutil
 
     reference, resumed, checkpoint = tmp_path / "reference.pt", tmp_path / "resumed.pt", tmp_path / "run.ckpt"
-    code, output = _torchrun_worker("SGLD, short", "none", reference)
+    code, output = _torchrun_worker("SGLD, short, per-chain streams", "none", reference)
     assert code == 0, output
-    code, output = _torchrun_worker("SGLD, short", checkpoint, resumed, kill_after=random.Random(3).uniform(0.3, 0.9))
+    code, output = _torchrun_worker("SGLD, short, per-chain streams", checkpoint, resumed,
+                                    kill_after=random.Random(3).uniform(0.3, 0.9))
     assert not resumed.exists(), "killed before the end"
     rank1, previous1 = tmp_path / "run.rank1.ckpt", tmp_path / "run.rank1.previous.ckpt"
     dones = [read_checkpoint(tmp_path / f"run.rank{r}.ckpt")["done"] for r in range(2)]
@@ -135,10 +138,10 @@ def test_chains_across_two_ranks_killed_together_resume_from_the_iteration_every
     backup.mkdir()
     for f in (rank1, previous1):
         shutil.move(f, backup / f.name)
-    code, output = _torchrun_worker("SGLD, short", checkpoint, resumed)
+    code, output = _torchrun_worker("SGLD, short, per-chain streams", checkpoint, resumed)
     assert code != 0 and "rank(s) [1] have none" in output, output
     shutil.move(backup / previous1.name, rank1)  # rank 1 holds only the older checkpoint
-    code, output = _torchrun_worker("SGLD, short", checkpoint, resumed)
+    code, output = _torchrun_worker("SGLD, short, per-chain streams", checkpoint, resumed)
     assert code == 0, output
     want, got = torch.load(reference, weights_only=False), torch.load(resumed, weights_only=False)
     for site, value in want["draws"].items():

@@ -61,23 +61,35 @@ KERNELS = {
     "SAMSGD": lambda _: SAMSGD(model, rho=0.05, step_size=1e-3),
     "FlatSGLD": lambda _: FlatSGLD(model, sigma=0.05, step_size=1e-3),
     "EntropySGLD, BayesianModule MLP": lambda device: EntropySGLD(mlp(device), eta=0.1, step_size=1e-4),
+    # per-chain random streams: each rank draws only its own chains' numbers
+    "SGLD, per-chain streams": lambda _: SGLD(model, step_size=1e-3),
+    "EntropyHMC, per-chain streams": lambda _: EntropyHMC(model, eta=0.1),
+    "EntropySGHMC, diagonal preconditioner, per-chain streams": lambda _: EntropySGHMC(
+        model, eta=0.1, preconditioner="diagonal"),
+    "LocalEntropySGLD, per-chain streams": lambda _: LocalEntropySGLD(model, eta=0.1, step_size=1e-3,
+                                                                      num_inner_steps=3),
+    "EntropySGLD, BayesianModule MLP, per-chain streams": lambda device: EntropySGLD(mlp(device), eta=0.1,
+                                                                                      step_size=1e-4),
 }
 
 
 def run_case(name, chain_method, device, num_chains=3):
     pyro.set_rng_seed(5)
     thinning = 4 if "thinning" in name else 1
+    streams = "per_chain" if name.endswith("per-chain streams") else "shared"
     mcmc = MCMC(KERNELS[name](device), num_samples=24, warmup_steps=20, num_chains=num_chains, thinning=thinning,
-                chain_method=chain_method, disable_progbar=True)
-    mcmc.run(*(v.to(device) for v in data()), batch_size=None if name == "EntropyHMC" else 20)
+                chain_method=chain_method, disable_progbar=True, random_streams=streams)
+    mcmc.run(*(v.to(device) for v in data()), batch_size=None if name.startswith("EntropyHMC") else 20)
+    held = mcmc.kernel.chain_streams  # the chains whose generators this process made
+    held = None if held is None else (held.chains.start, held.chains.stop)
     if mcmc._samples is None:  # not rank 0: the draws went there
         with pytest.raises(ValueError, match="gathered to rank 0"):
             mcmc.get_samples()
-        return None
+        return {"streams": held}
     stats = to_arviz(mcmc).sample_stats
     return {"draws": {k: v.cpu().clone() for k, v in mcmc.get_samples(group_by_chain=True).items()},
             "stats": {k: stats[k].values for k in stats.data_vars},
-            "chain_method": mcmc.chain_method, "world": (mcmc.rank, mcmc.world_size, mcmc.backend)}
+            "chain_method": mcmc.chain_method, "world": (mcmc.rank, mcmc.world_size, mcmc.backend), "streams": held}
 
 
 def classifier(X, y=None):
@@ -136,11 +148,15 @@ def test_an_online_bma_hook_pools_every_ranks_chains(distributed_runs):
 @pytest.mark.parametrize("name", list(KERNELS))
 def test_chains_split_over_ranks_give_the_one_process_draws(name, distributed_runs):
     """3 chains on 2 ranks (2 + 1) with one seed: the same draws and sample statistics as one process,
-    whatever rank a chain ran on (each rank draws the full noise and keeps its chains' rows)."""
+    whatever rank a chain ran on (each rank draws the full noise and keeps its chains' rows; with per-chain
+    streams each rank holds, and draws from, its own chains' generators only)."""
     backend, runs = distributed_runs
     single = run_case(name, "vectorized", rank_device(backend))
     rank0, rank1 = runs[0][name], runs[1][name]
-    assert rank1 is None and rank0["world"] == (0, 2, backend) and rank0["chain_method"] == "distributed"
+    assert "draws" not in rank1 and rank0["world"] == (0, 2, backend) and rank0["chain_method"] == "distributed"
+    per_chain = name.endswith("per-chain streams")
+    assert (single["streams"], rank0["streams"], rank1["streams"]) == (
+        ((0, 3), (0, 2), (2, 3)) if per_chain else (None, None, None))
     assert rank0["draws"].keys() == single["draws"].keys()
     # on the CPU every case is bit for bit; on a GPU a reduction over 2 chains' rows may run in another order
     # than over 3 (2 ranks on one H200, gloo with CUDA tensors: EntropyHMC within 4.8e-9, the MLP 2.2e-16)

@@ -238,29 +238,29 @@ class Ranks:
 
     def gather_rows(self, tensors: List[torch.Tensor], what: str) -> Optional[List[torch.Tensor]]:
         """Every rank's rows of each tensor, concatenated in rank order on rank 0 (``None`` on the others):
-        tensors of one dtype whose first dimension (this rank's chains) may differ between ranks. One
-        ``gather`` of a flat buffer, not pickles: a run's draws can be gigabytes."""
+        tensors whose first dimension (this rank's chains) may differ between ranks. Each rank sends each
+        tensor whole (point to point: several times faster than a ``gather`` over gloo, and no padding),
+        and rank 0 receives it straight into its rows of the result: a run's draws can be gigabytes."""
         import torch.distributed as dist
 
         if not self.distributed:
             return list(tensors)
-        if len({t.dtype for t in tensors}) > 1:  # mixed dtypes: as objects
-            everyone = self.gather([t.cpu() for t in tensors], what)
-            return None if everyone is None else [torch.cat(parts) for parts in zip(*everyone)]
         device, rows = self._device(), tensors[0].shape[0]
-        flat = torch.cat([t.reshape(rows, -1) for t in tensors], 1).to(device)
         counts = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(self.world_size)]
         self.collective(what, dist.all_gather, counts, torch.tensor([rows], device=device))
         counts = [int(c) for c in counts]
-        padded = torch.zeros(max(counts), flat.shape[1], dtype=flat.dtype, device=device)
-        padded[:rows] = flat
-        out = [torch.empty_like(padded) for _ in range(self.world_size)] if self.is_main else None
-        self.collective(what, dist.gather, padded, out, dst=0)
-        if not self.is_main:
-            return None
-        full = torch.cat([part[:count] for part, count in zip(out, counts)])
-        sizes = [math.prod(t.shape[1:]) for t in tensors]
-        return [part.reshape(-1, *t.shape[1:]).to(t.device) for part, t in zip(full.split(sizes, 1), tensors)]
+        starts = [sum(counts[:r]) for r in range(self.world_size)]
+        gathered = []
+        for tensor in tensors:
+            if not self.is_main:
+                self.collective(what, dist.send, tensor.to(device).contiguous(), dst=0)
+                continue
+            full = torch.empty((sum(counts), *tensor.shape[1:]), dtype=tensor.dtype, device=device)
+            full[:rows] = tensor
+            for rank in range(1, self.world_size):  # a slice of the leading dimension: contiguous
+                self.collective(what, dist.recv, full[starts[rank]: starts[rank] + counts[rank]], src=rank)
+            gathered.append(full.to(tensor.device))
+        return gathered if self.is_main else None
 
     def gather(self, value: Any, what: str) -> Optional[List[Any]]:
         """``value`` of every rank, in rank order, on rank 0 (``None`` on the others)."""

@@ -24,6 +24,8 @@ import torch
 from pyro.infer.autoguide.initialization import init_to_sample
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
+from ..chains import ChainStreams, check_random_streams, drawing_from, shard_of
+
 from ..targets import (CallablePotential, ChangedSitesError, CoupledPotential, InitialShapeError, ModelPotential,
                        Params, Target, check_minibatches, compile_target, merge_overrides)
 from ..validation import (check_chain_memory, check_nonnegative_int, check_positive_int, check_real_tensor,
@@ -96,6 +98,8 @@ class TargetKernel(DrawRecording, MCMCKernel):
         self._reset_jit()
         self.num_chains: Optional[int] = None  # vectorized chains (set by pyro_flat.MCMC)
         self.minibatches = "per_chain"  # how vectorized chains draw minibatches (set by pyro_flat.MCMC)
+        self.random_streams = "shared"  # how vectorized chains draw random numbers (set by pyro_flat.MCMC)
+        self.chain_streams: Optional[ChainStreams] = None  # the run's per-chain streams (random_streams="per_chain")
         self.data_parallel: Optional[DataParallelism] = None  # a data-parallel run's shards (set by pyro_flat.MCMC)
         self._pending_initial_params: Optional[Params] = None
         self._initial_params: Optional[Params] = None
@@ -121,6 +125,8 @@ class TargetKernel(DrawRecording, MCMCKernel):
         names = {n for klass in type(self).__mro__ for n in vars(klass).get("run_state", ())}
         state: Dict[str, object] = {name: getattr(self, name) for name in sorted(names) if hasattr(self, name)}
         state["minibatches"] = self.target.batches.state_dict()
+        if self.chain_streams is not None:
+            state["chain_streams"] = self.chain_streams.state_dict()
         # thousands of per-draw tensors pickle slowly one by one: stacked, they are one tensor each
         state["_draws"] = {n: torch.stack([d[n] for d in self._draws]) for n in self._draws[0]} if self._draws else {}
         state["_stats"] = {name: _stacked(values) for name, values in self._stats.items()}
@@ -130,6 +136,9 @@ class TargetKernel(DrawRecording, MCMCKernel):
         """Put back what :meth:`state_dict` gave, after :meth:`setup` with the same configuration."""
         state = dict(state)
         self.target.batches.load_state_dict(state.pop("minibatches"))
+        streams = state.pop("chain_streams", None)
+        if streams is not None:
+            self.chain_streams.load_state_dict(streams)
         draws = state.pop("_draws")
         self._draws = [dict(zip(draws, values)) for values in zip(*draws.values())] if draws else []
         self._stats.clear()
@@ -144,7 +153,8 @@ class TargetKernel(DrawRecording, MCMCKernel):
 
     # ----------------------------------------------------------------- driver settings
     def configure(self, *, num_chains: Optional[int] = None, steps_per_draw: int = 1,
-                  minibatches: str = "per_chain", data_parallel: Optional[DataParallelism] = None) -> None:
+                  minibatches: str = "per_chain", data_parallel: Optional[DataParallelism] = None,
+                  random_streams: str = "shared") -> None:
         """Settings a driver hands the kernel before a run; forgets every earlier run.
 
         :param num_chains: ``C`` chains advanced together as one batched tensor (a leading
@@ -159,6 +169,9 @@ class TargetKernel(DrawRecording, MCMCKernel):
         :param data_parallel: ``None``, or how a data-parallel run assembles the target from this
             process's shard of the data (a :class:`~pyro_flat.kernels.protocol.DataParallelism`, such as
             :class:`~pyro_flat.distributed.DataParallelShards`): the potential is summed over the ranks.
+        :param random_streams: for vectorized chains, ``"shared"`` (one random stream for all chains) or
+            ``"per_chain"`` (a stream per chain, :class:`~pyro_flat.chains.ChainStreams`, seeded at
+            :meth:`setup` from the global stream; drawn from inside :meth:`drawing`).
         """
         if num_chains is not None:
             num_chains = check_positive_int("num_chains", num_chains)
@@ -167,6 +180,7 @@ class TargetKernel(DrawRecording, MCMCKernel):
         self.steps_per_draw = steps_per_draw
         self.minibatches = check_minibatches(minibatches)
         self.data_parallel = data_parallel
+        self.random_streams = check_random_streams(random_streams)
         self._num_setups = 0
         self._forget_runs()
         self._reset_jit()
@@ -192,6 +206,12 @@ class TargetKernel(DrawRecording, MCMCKernel):
         self._num_setups += 1
         self._state_chains = self.num_chains  # how the recorded draws are laid out
         self._reset_chain_state(warmup_steps)
+        self.chain_streams = None
+        if self.random_streams == "per_chain" and self.num_chains is not None:
+            # the run's seed from the global stream (the same on every rank); this process's chains' streams
+            shard = shard_of(self.num_chains)
+            start = 0 if shard is None else shard.start
+            self.chain_streams = ChainStreams(int(torch.randint(0, 2**62, ())), range(start, start + self.num_chains))
         user_params, self._pending_initial_params = self._pending_initial_params, None
         self.target = self.build_target(args, kwargs, num_chains=self.num_chains, initial_params=user_params)
         params = self.target.initial_params(user_params)
@@ -212,7 +232,13 @@ class TargetKernel(DrawRecording, MCMCKernel):
         elif self.jit_compile:  # after the eager checks above: the model's own errors surface eagerly
             self._compile_target(params)
         self._initial_params = params
-        self.after_setup(params)
+        with self.drawing():
+            self.after_setup(params)
+
+    def drawing(self):
+        """The context in which this run's chains draw their random numbers: its per-chain streams
+        (``random_streams="per_chain"``), else the shared stream. The driver calls :meth:`sample` in it."""
+        return drawing_from(self.chain_streams)
 
     def after_setup(self, params: Params) -> None:
         """Hook: per-chain state that needs the target and the initial point."""

@@ -11,11 +11,12 @@ time. Every pyro-flat kernel (:class:`~pyro_flat.kernels.base.TargetKernel`) is 
 One run, as the driver makes it (:func:`pyro_flat.mcmc.run_chains`)::
 
     kernel.vectorization_error(C, args, kwargs, ...)   # None: C chains can be batched
-    kernel.configure(num_chains=C, steps_per_draw=k, minibatches=..., data_parallel=...)
+    kernel.configure(num_chains=C, steps_per_draw=k, minibatches=..., data_parallel=..., random_streams=...)
     kernel.initial_params = {name: (C, ...) tensor}    # optional: the user's starting point
     kernel.setup(warmup_steps, *args, **kwargs)        # the target and the initial point
     params = kernel.initial_params                     # unconstrained, (C, ...) per site
-    for each iteration: params = kernel.sample(params) # k iterations per kept draw after warm-up
+    for each iteration:                                # k iterations per kept draw after warm-up
+        with kernel.drawing(): params = kernel.sample(params)
     kernel.diagnostics(); kernel.cleanup()             # per-chain statistics; release the run
 
 What a kernel returns is its state, explicit (as in BlackJAX and posteriors): ``sample`` takes the
@@ -39,7 +40,7 @@ True
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Protocol, runtime_checkable
+from typing import Callable, ContextManager, Dict, List, Optional, Protocol, runtime_checkable
 
 import torch
 
@@ -86,11 +87,16 @@ class ChainKernel(Protocol):
         """``None`` if ``num_chains`` chains run correctly as one batched tensor, else why not."""
 
     def configure(self, *, num_chains: Optional[int] = None, steps_per_draw: int = 1,
-                  minibatches: str = "per_chain", data_parallel: Optional[DataParallelism] = None) -> None:
+                  minibatches: str = "per_chain", data_parallel: Optional[DataParallelism] = None,
+                  random_streams: str = "shared") -> None:
         """The driver's settings for the next run; forgets every earlier run."""
 
     def setup(self, warmup_steps: int, *args, **kwargs) -> None:
         """Build the target from the model's arguments and draw (or take) the initial point."""
+
+    def drawing(self) -> ContextManager:
+        """The context :meth:`sample` runs in: where the chains' random numbers come from
+        (:func:`pyro_flat.chains.drawing_from`)."""
 
     def sample(self, params: Params) -> Params:
         """One kept iteration (``steps_per_draw`` of them after warm-up): the next parameters."""

@@ -146,6 +146,11 @@ class StochasticGradientKernel(TargetKernel):
         """``jit_compile``: the whole iteration as one graph, built once a step size repeats."""
         if self._steps is not None:  # an earlier chain's graphs: keep what they cost
             self._compile_seconds += self._steps.compile_seconds
+            self._steps = None
+        if self.chain_streams is not None:
+            self.warn_jit("runs eagerly: random_streams='per_chain' draws each chain's numbers from a torch.Generator "
+                          "of its own, which a traced graph cannot take; pass random_streams='shared' to compile")
+            return
         self._steps = CompiledSteps(self, self.jit_backend)
 
     @property

@@ -1,0 +1,107 @@
+"""Per-chain random streams (``random_streams="per_chain"``): a chain's numbers depend on the run's seed and
+the chain's number alone, the streams are independent standard normals, and a run continues them exactly.
+
+The cross-rank equality of whole runs is in ``tests/test_distributed.py`` (the "per-chain streams" cases);
+resuming a killed run that uses them, in ``tests/test_checkpoint.py``.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import pyro
+from pyro_flat import MCMC, SGHMC, EntropySGLD
+from pyro_flat.chains import ChainStreams, chain_rand_like, chain_randn_like, chain_randn_like_each, drawing_from
+
+from moments import assert_moments
+
+
+def _draws(streams, shapes):
+    """Two iterations of each kind of draw, as the kernels make them."""
+    with drawing_from(streams):
+        out = []
+        for _ in range(2):
+            out += [chain_randn_like(torch.zeros(shapes[0])), chain_rand_like(torch.zeros(shapes[0]))]
+            out += chain_randn_like_each([torch.zeros(s) for s in shapes])
+    return out
+
+
+@pytest.mark.parametrize("split", [(0, 1, 5), (0, 3, 5), (0, 2, 4, 5)])
+def test_each_block_of_chains_draws_the_rows_of_the_whole_runs_numbers(split):
+    """5 chains split into blocks as ranks would hold them: every draw of a block is the block's rows of the
+    draw of all 5 chains, for normal and uniform numbers, one tensor or several at once."""
+    shapes = [(5, 3, 2), (5, 7), (5,)]
+    whole = _draws(ChainStreams(seed=11, chains=range(5)), shapes)
+    for start, stop in zip(split[:-1], split[1:]):
+        part = _draws(ChainStreams(seed=11, chains=range(start, stop)), [(stop - start, *s[1:]) for s in shapes])
+        for mine, full in zip(part, whole):
+            assert torch.equal(mine, full[start:stop])
+
+
+def test_the_streams_are_independent_standard_normals_and_uniforms():
+    """64 chains' normals: mean 0, covariance I between the first 6 chains' numbers (4.5 Monte-Carlo sd per
+    entry, 20,000 numbers each); the uniforms' mean 1/2 and variance 1/12. Chains with one stream (a mutant
+    that ignores the chain's number) are perfectly correlated and fail."""
+    streams = ChainStreams(seed=3, chains=range(64))
+    with drawing_from(streams):
+        normal = chain_randn_like(torch.zeros(64, 20_000, dtype=torch.float64))
+        uniform = chain_rand_like(torch.zeros(64, 20_000, dtype=torch.float64))
+    assert_moments(normal[:6].T[None].numpy(), np.zeros(6), np.eye(6))
+    u = uniform.reshape(-1)
+    se = (1 / 12 / u.numel()) ** 0.5
+    assert abs(float(u.mean()) - 0.5) < 4.5 * se and abs(float(u.var()) - 1 / 12) < 4.5 * 0.0745 / u.numel() ** 0.5
+    other_seed = ChainStreams(seed=4, chains=range(64))
+    with drawing_from(other_seed):
+        assert not torch.equal(chain_randn_like(torch.zeros(64, 5, dtype=torch.float64)), normal[:, :5])
+
+
+def test_saved_streams_continue_exactly_and_refuse_other_chains():
+    streams = ChainStreams(seed=9, chains=range(2, 4))
+    _draws(streams, [(2, 3)])
+    saved = streams.state_dict()
+    after = _draws(streams, [(2, 3)])
+    again = ChainStreams(seed=9, chains=range(2, 4))
+    again.load_state_dict(saved)
+    assert all(torch.equal(a, b) for a, b in zip(_draws(again, [(2, 3)]), after))
+    with pytest.raises(ValueError, match="chains 0..1 of seed 9; the saved ones are chains 2..3 of seed 9"):
+        ChainStreams(seed=9, chains=range(0, 2)).load_state_dict(saved)
+
+
+def _gaussian(p):
+    return 0.5 * ((p["x"] - 1.0) ** 2 / torch.tensor([1.0, 4.0], dtype=p["x"].dtype)).sum(-1)
+
+
+def test_entropy_sgld_on_per_chain_streams_samples_the_joint_and_repeats_its_draws():
+    """64 EntropySGLD chains on N(1, diag(1, 4)), eta = 0.5, each chain on its own stream: the closed-form
+    joint of theta and theta_a; the same seed repeats the draws, and they differ from the shared stream's."""
+    eta = 0.5
+
+    def run(streams):
+        pyro.set_rng_seed(5)
+        mcmc = MCMC(EntropySGLD(potential_fn=_gaussian, eta=eta, step_size=0.01), 1500, 500, num_chains=64,
+                    disable_progbar=True, initial_params={"x": torch.zeros(64, 2, dtype=torch.float64)},
+                    random_streams=streams)
+        mcmc.run()
+        return mcmc.get_samples(group_by_chain=True)
+
+    s = run("per_chain")
+    x = torch.cat([s["x"], s["x_aux"]], -1).numpy()
+    var = np.array([1.0, 4.0])
+    cov = np.block([[np.diag(var), np.diag(var)], [np.diag(var), np.diag(var + eta)]])
+    assert_moments(x, np.ones(4), cov)
+    assert all(torch.equal(v, run("per_chain")[k]) for k, v in s.items())
+    assert not torch.equal(s["x"], run("shared")["x"])
+
+
+def test_a_compiled_kernel_on_per_chain_streams_says_it_runs_eagerly():
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(SGHMC(potential_fn=_gaussian, step_size=0.01, jit_compile="fx"), 5, 5, num_chains=2,
+                disable_progbar=True, initial_params={"x": torch.zeros(2, 2)}, random_streams="per_chain")
+    with pytest.warns(RuntimeWarning, match="runs eagerly: random_streams='per_chain'"):
+        mcmc.run()
+    assert not mcmc.kernel.is_compiled
+
+
+def test_an_unknown_random_streams_is_refused_by_name():
+    with pytest.raises(ValueError, match="random_streams must be 'shared' .* or 'per_chain'.*got 'chain'"):
+        MCMC(SGHMC(potential_fn=_gaussian, step_size=0.01), 5, num_chains=2, random_streams="chain")
