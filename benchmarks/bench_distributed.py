@@ -195,8 +195,12 @@ def chain_throughput(model: str, c: int, seconds_target: float, repeats: int, st
     print(f"   ceiling: two independent 1-rank runs of {c // 2} chains at once, {seconds['ceiling']:.2f} s "
           f"({_spread(runs['ceiling'])}): {ceiling:.2f}x")
     ratio = seconds["1 rank, 1 thread"] / seconds["2 ranks, 1 thread each"]
-    verdict = ("" if model == "logistic" else
-               f"; targets >= 1.8x and >= 90% of the ceiling: {'met' if ratio >= 1.8 and ratio >= 0.9 * ceiling else 'MISSED'}")
+    verdict = ""
+    if model != "logistic":
+        verdict = (f"; targets >= 1.8x and >= 90% of the ceiling: {'met' if ratio >= 0.9 * ceiling else 'MISSED'}, "
+                   f"{'met' if ratio >= 1.8 else 'MISSED'}")
+        if ceiling < 1.8:
+            verdict += f" (1.8x is above this machine's ceiling, {ceiling:.2f}x)"
     print(f"   2 ranks against 1 rank: {ratio:.2f}x, {ratio / ceiling:.0%} of the ceiling{verdict}")
 
 

@@ -319,9 +319,10 @@ class MCMC(pyro.infer.MCMC):
         self._args, self._kwargs = args, kwargs
         args = tuple(a.detach() if torch.is_tensor(a) else a for a in args)
         quiet = self.sampler.disable_progbar or (run is not None and not run.ranks.is_main)
-        progress_bar = ProgressBar(warmup, num_samples * self.thinning, disable=quiet)
+        # the bar counts iterations: a cyclical schedule's exploration ones too (the kernel knows how many)
+        progress_bar = ProgressBar(warmup, kernel.iterations_for(warmup, num_samples) - warmup, disable=quiet)
         logger = initialize_logger(logging.getLogger("pyro.infer.mcmc"), "", progress_bar)
-        hook = ProgressHook(logger, progress_bar, self.sampler.hook, iterations_per_draw=self.thinning)
+        hook = ProgressHook(logger, progress_bar, self.sampler.hook)
         saver, clock = (None, None) if self.checkpoint is None else open_checkpoints(  # across ranks: one file each
             self.checkpoint, self.checkpoint_every,
             {**run_fingerprint(kernel, num_chains=num_chains, num_samples=num_samples, warmup_steps=warmup,
@@ -351,7 +352,8 @@ class MCMC(pyro.infer.MCMC):
                             self.draws_dir, shapes, num_samples, fresh=not resumed)
                         if resumed:  # the draws made before the stop, handed to the user's hook as when made
                             store.restore(saver.saved["draws"])
-                            progress_bar.update(saver.saved["done"])
+                            progress_bar.update(kernel.iteration)
+                            hook.counted = kernel.iteration
                             if self.sampler.hook is not None:
                                 for j in range(max(saver.saved["done"] - warmup, 0)):
                                     row = store.row(j)

@@ -11,23 +11,24 @@ from pyro.infer.mcmc.logger import DIAGNOSTIC_MSG
 class ProgressHook:
     """After every draw: the user's ``hook_fn``; at most every :attr:`interval` seconds (and when the
     phase changes or the run ends, :meth:`flush`) the kernel's ``logging()`` to Pyro's MCMC logger,
-    which feeds the progress bar's postfix, and the bar advanced by the iterations made since. With
-    thinning inside the kernel a kept draw is ``iterations_per_draw`` iterations, and the bar counts
-    iterations, so its rate and time left stay true. Logging every draw cost a ``json.dumps``, a log
+    which feeds the progress bar's postfix, and the bar advanced by the iterations the kernel made since
+    (its ``iteration``). The bar counts iterations, not draws: with thinning inside the kernel, or a
+    cyclical schedule whose exploration iterations make no draw, its rate and time left stay true (its
+    total is the kernel's ``iterations_for`` the run). Logging every draw cost a ``json.dumps``, a log
     record and a ``json.loads`` per iteration, a third of a compiled iteration's time."""
 
     interval = 0.1
 
-    def __init__(self, logger, progress_bar, user_hook=None, iterations_per_draw: int = 1):
+    def __init__(self, logger, progress_bar, user_hook=None):
         self.logger, self.progress_bar, self.user_hook = logger, progress_bar, user_hook
-        self.iterations_per_draw = iterations_per_draw
+        self.counted = 0  # the kernel's iterations the bar has counted (a resumed run: those before the stop)
         self.pending, self.stage, self.last = 0, None, time.perf_counter()
 
     def __call__(self, kernel, params, stage, i):
         if stage != self.stage:
             self.flush(kernel)
             self.stage = stage
-        self.pending += self.iterations_per_draw if stage == "Sample" else 1
+        self.pending, self.counted = self.pending + kernel.iteration - self.counted, kernel.iteration
         if time.perf_counter() - self.last >= self.interval:
             self.flush(kernel)
         if self.user_hook is not None:

@@ -12,7 +12,7 @@ import torch
 import pyro
 import pyro.distributions as dist
 from pyro.infer import NUTS
-from pyro_flat import MCMC, SGLD, DivergenceError, EntropySGLD, flat_potential, to_arviz
+from pyro_flat import MCMC, SGLD, DivergenceError, EntropySGLD, flat_potential, schedules, to_arviz
 from pyro_flat.diagnostics import chain_correlation
 from pyro_flat.targets import ModelPotential
 from pyro_flat.models import logistic_regression
@@ -448,6 +448,30 @@ def test_the_progress_bar_counts_every_iteration_while_logging_seldom(monkeypatc
     seconds = time.perf_counter() - start
     assert sum(counted) == 7 + 40
     assert 2 <= len(logged) <= 2 + seconds / 0.1
+
+
+def test_the_progress_bar_counts_a_cyclical_schedules_exploration_iterations(monkeypatch):
+    """A cyclical schedule (4 cycles of 100 iterations, the last 25 of each sampling) makes no draw while
+    it explores: the bar's total and its count are every iteration the kernel makes, 7 warm-up, then
+    through the cycles up to the 40th sampling iteration (the 2nd cycle's 15th: iteration 190)."""
+    import pyro_flat.mcmc
+    from pyro.infer.mcmc.logger import ProgressBar
+
+    counted, totals = [], []
+
+    class Counting(ProgressBar):
+        def __init__(self, warmup_steps, num_samples, **kwargs):
+            totals.append(warmup_steps + num_samples)
+            super().__init__(warmup_steps, num_samples, **kwargs)
+
+        def update(self, n=1):
+            counted.append(n)
+
+    monkeypatch.setattr(pyro_flat.mcmc, "ProgressBar", Counting)
+    schedule = schedules.cyclical_cosine(num_steps=400, num_cycles=4, exploration=0.75)
+    kernel = SGLD(_regression, step_size=1e-4, schedule=schedule)
+    MCMC(kernel, 40, 7, num_chains=3, thinning=4, disable_progbar=True).run(*_data())
+    assert kernel.iteration == 190 and totals == [190] and sum(counted) == 190
 
 
 def test_a_bayesian_mlp_moved_by_to_takes_its_prior_along():

@@ -145,9 +145,8 @@ def fit_method(method: str, config: ImagesConfig, data: ImageData, seed: int,
     assert kernel.grads_per_iteration == inner, (method, kernel.grads_per_iteration)
     pyro.set_rng_seed(seed)
     mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=0, thinning=thinning,
-                initial_params=model.initial_params(), disable_progbar=True,  # a line per fit instead: Pyro's
-                checkpoint=checkpoint, checkpoint_every=config.checkpoint_every)  # bar counts only the cycles'
-    # sampling iterations, so it would sit at 0 through the exploration
+                initial_params=model.initial_params(), disable_progbar=not config.progress,  # it counts every
+                checkpoint=checkpoint, checkpoint_every=config.checkpoint_every)  # iteration, exploration too
     start = time.perf_counter()
     try:
         mcmc.run(data.X_train, data.y_train, batch_size=scaled["batch_size"])

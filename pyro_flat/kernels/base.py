@@ -244,6 +244,16 @@ class TargetKernel(DrawRecording, MCMCKernel):
         """Hook: per-chain state that needs the target and the initial point."""
 
     @property
+    def iteration(self) -> int:
+        """Iterations made since :meth:`setup` (warm-up included): what a progress bar counts."""
+        return self._iteration
+
+    def iterations_for(self, warmup_steps: int, num_draws: int) -> int:
+        """The iterations a run of ``warmup_steps`` and ``num_draws`` kept draws makes (warm-up included):
+        :attr:`steps_per_draw` per draw here; a kernel whose draws skip iterations says more."""
+        return warmup_steps + num_draws * self.steps_per_draw
+
+    @property
     def jit_backend(self) -> str:
         """``"fx"`` (replay the traced graph) or ``"inductor"`` (``torch.compile`` it; ``True``)."""
         return "fx" if self.jit_compile == "fx" else "inductor"

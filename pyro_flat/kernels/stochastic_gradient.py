@@ -313,6 +313,22 @@ class StochasticGradientKernel(TargetKernel):
         (called before each iteration runs, eagerly or in a graph; SGHMC checks its preconditioned
         stability limit)."""
 
+    #: the most iterations :meth:`iterations_for` looks through for a schedule's sampling phases
+    MAX_COUNTED_ITERATIONS = 10**7
+
+    def iterations_for(self, warmup_steps: int, num_draws: int) -> int:
+        """With a cyclical schedule, the exploration iterations between the draws too: after warm-up the
+        run goes on until ``num_draws * steps_per_draw`` sampling-phase iterations are made (a schedule
+        that samples too rarely to count within :attr:`MAX_COUNTED_ITERATIONS`: the sampling ones only)."""
+        needed = num_draws * self.steps_per_draw
+        if getattr(self.schedule, "is_sampling", None) is None:
+            return warmup_steps + needed
+        k, last = warmup_steps, warmup_steps + self.MAX_COUNTED_ITERATIONS
+        while needed and k < last:
+            needed -= self.in_sampling_phase(k)
+            k += 1
+        return k if not needed else warmup_steps + num_draws * self.steps_per_draw
+
     def in_sampling_phase(self, iteration: int) -> bool:
         """Whether ``iteration`` injects noise and may make a draw: always, unless the schedule
         has an ``is_sampling`` (a cyclical schedule's exploration phase says no)."""
