@@ -36,7 +36,7 @@ import math
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
@@ -120,6 +120,15 @@ def chain_seed(seed: int, chain: int) -> int:
     return (int(words[0]) << 32 | int(words[1])) & (2**63 - 1)
 
 
+class NoiseSpec(NamedTuple):
+    """One draw from the chains' streams: its shape, dtype, device and kind (``"normal"`` or ``"uniform"``)."""
+
+    shape: tuple
+    dtype: torch.dtype
+    device: torch.device
+    kind: str
+
+
 class ChainStreams:
     r"""One random stream per chain: chain ``g`` of a run (numbered among all its chains) draws from a
     ``torch.Generator`` seeded with :func:`chain_seed` ``(seed, g)``, one per device it draws on.
@@ -139,6 +148,8 @@ class ChainStreams:
     def __init__(self, seed: int, chains: range):
         self.seed, self.chains = int(seed), chains
         self._generators: Dict[torch.device, List[torch.Generator]] = {}
+        self._recorded: Optional[List[NoiseSpec]] = None  # see recording()
+        self._given: Optional[Iterator[torch.Tensor]] = None  # see feeding()
 
     @property
     def count(self) -> int:
@@ -170,13 +181,58 @@ class ChainStreams:
 
     def fill(self, out: torch.Tensor, kind: str = "normal") -> torch.Tensor:
         """Fill ``out`` (``(count, ...)``, contiguous) row by row, row ``c`` from chain ``c``'s stream:
-        standard normal numbers (``kind="normal"``) or uniform on ``[0, 1)`` (``"uniform"``)."""
+        standard normal numbers (``kind="normal"``) or uniform on ``[0, 1)`` (``"uniform"``). Inside
+        :meth:`feeding`, the next given tensor instead (a compiled graph's input)."""
+        if self._given is not None:
+            given = next(self._given, None)
+            if given is None or tuple(given.shape) != tuple(out.shape):
+                raise RuntimeError(f"a {kind} draw of shape {tuple(out.shape)} was made where the traced iteration "
+                                   f"made {'none' if given is None else 'one of shape ' + str(tuple(given.shape))}")
+            return given
+        if self._recorded is not None:
+            self._recorded.append(NoiseSpec(tuple(out.shape), out.dtype, out.device, kind))
         for row, generator in zip(out, self.generators(out.device)):
             if kind == "normal":
                 row.normal_(generator=generator)
             else:
                 row.uniform_(generator=generator)
         return out
+
+
+    def draw(self, specs: Sequence[NoiseSpec]) -> List[torch.Tensor]:
+        """The draws ``specs`` describe, in order (what :meth:`recording` saw an iteration make)."""
+        return [self.fill(torch.empty(s.shape, dtype=s.dtype, device=s.device), s.kind) for s in specs]
+
+    @contextmanager
+    def recording(self) -> Iterator[List[NoiseSpec]]:
+        """Draw as usual, and list each draw's :class:`NoiseSpec` in the list yielded."""
+        self._recorded = recorded = []
+        try:
+            yield recorded
+        finally:
+            self._recorded = None
+
+    @contextmanager
+    def feeding(self, tensors: Sequence[torch.Tensor]) -> Iterator[None]:
+        """Hand out ``tensors``, in order, instead of drawing: a traced graph takes the chains' numbers as
+        inputs (a graph cannot hold a ``torch.Generator``), drawn before each call by :meth:`draw`."""
+        self._given = iter(tensors)
+        try:
+            yield
+        finally:
+            self._given = None
+
+    @contextmanager
+    def forked(self) -> Iterator[None]:
+        """Leave the streams where they were after the enclosed draws (as ``torch.random.fork_rng``)."""
+        saved = {d: [g.get_state() for g in gens] for d, gens in self._generators.items()}
+        try:
+            yield
+        finally:
+            self._generators = {d: gens for d, gens in self._generators.items() if d in saved}
+            for device, states in saved.items():
+                for generator, state in zip(self._generators[device], states):
+                    generator.set_state(state)
 
 
 def _concrete(device: torch.device) -> torch.device:
@@ -337,6 +393,6 @@ def chains_all(flag: torch.Tensor) -> bool:
 
 
 __all__ = ["ChainShard", "current_shard", "shard_of", "sharded", "RANDOM_STREAMS", "check_random_streams", "chain_seed",
-           "ChainStreams", "drawing_from", "current_streams", "chain_draw", "chain_randn_like",
+           "NoiseSpec", "ChainStreams", "drawing_from", "current_streams", "chain_draw", "chain_randn_like",
            "chain_randn_like_each", "chain_rand_like", "chain_indices", "owns", "global_chain", "chains_average",
            "chains_min", "chains_all"]

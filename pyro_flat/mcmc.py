@@ -27,7 +27,7 @@ for all chains (across ranks each rank draws every chain's numbers and keeps its
 (:class:`~pyro_flat.chains.ChainStreams`): each rank draws only its own chains' numbers, which is
 what lets a network's chains scale over ranks, and a chain's draws are the same on any number of ranks
 (one process included) with the same option. Seeded runs give other numbers under the two options,
-equally valid. ``jit_compile`` runs eagerly under ``"per_chain"`` (a graph cannot take a generator).
+equally valid. Compiled (``jit_compile``), a graph takes the per-chain numbers as inputs, drawn before each call.
 Vectorized chains draw their own (``minibatches="per_chain"``, the default: the plate's indices are
 ``(C, B)``, chain ``c``'s in row ``c``, and a model that gathers ``X[idx]`` evaluates all chains in one
 pass), so they are independent, as R-hat and ESS assume; ``"shared"`` gives every chain one minibatch

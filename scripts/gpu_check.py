@@ -3,8 +3,9 @@
 Every kernel (4 vectorized chains of Bayesian logistic regression, minibatch 100), EntropyHMC on the
 full data, the flatness measures (Hessian trace and top eigenvalue of a Bayesian MLP), the SVI
 objectives (SAM_ELBO, SABMA_ELBO), a ``BayesianModule`` CNN with BatchNorm (4 vectorized chains, then
-``bma_predict`` with each draw's BatchNorm statistics) and a 1-rank process group (nccl on a GPU,
-gloo on a CPU) running ``chain_method="distributed"``. A check passes when it runs, its results are
+``bma_predict`` with each draw's BatchNorm statistics), per-chain random streams (a split of the chains
+draws their rows of the whole draw), and a 1-rank process group (nccl on a GPU, gloo on a CPU) running
+``chain_method="distributed"``. A check passes when it runs, its results are
 finite, and the chains' state stays on the device (the draws of vectorized chains go to host memory as
 they are made, by design: device memory does not grow with the draws). The table gives the time per iteration (per
 step, per measure) after the first. ``--device cpu`` runs the same checks on the CPU (the test suite
@@ -91,6 +92,24 @@ def kernel_checks(device, quick: bool) -> List[Tuple[str, Callable[[], float]]]:
         maker = lambda name=name, own=own: make_kernel(name, logistic_regression, **own)  # noqa: E731
         checks.append((name, lambda m=maker: _timed_mcmc(m, (X, y), {"batch_size": 100}, iterations)))
     return checks
+
+
+def streams_check(device, quick: bool) -> float:
+    """Per-chain random streams on the device: chains 2-3 drawn alone equal the rows of all 4 chains' draws;
+    then the time per iteration of EntropySGLD's 4 chains drawing from them."""
+    from pyro_flat.chains import ChainStreams, chain_randn_like_each, drawing_from
+
+    shapes = [(4, 30, 7), (4, 5)]
+    with drawing_from(ChainStreams(3, range(4))):
+        whole = chain_randn_like_each([torch.zeros(s, device=device) for s in shapes])
+    with drawing_from(ChainStreams(3, range(2, 4))):
+        half = chain_randn_like_each([torch.zeros((2, *s[1:]), device=device) for s in shapes])
+    if not all(torch.equal(h, w[2:]) for h, w in zip(half, whole)):
+        raise AssertionError("chains 2-3 drawn alone differ from their rows of all 4 chains' draws")
+    _on(device, half)
+    X, y = _logistic(device)
+    return _timed_mcmc(lambda: make_kernel("EntropySGLD", logistic_regression, step_size=1e-3, eta=0.05), (X, y),
+                       {"batch_size": 100}, 30 if quick else 300, random_streams="per_chain")
 
 
 def flatness_check(device, quick: bool) -> float:
@@ -184,6 +203,7 @@ def main(argv=None) -> int:
         return 2
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
     checks = kernel_checks(device, args.quick) + [
+        ("EntropySGLD, per-chain random streams", lambda: streams_check(device, args.quick)),
         ("flatness: Hessian trace and top eigenvalue (the pair)", lambda: flatness_check(device, args.quick)),
         ("SVI: SAM_ELBO (a step)", lambda: svi_check(device, SAM_ELBO(rho=0.05), args.quick)),
         ("SVI: SABMA_ELBO (a step)", lambda: svi_check(device, SABMA_ELBO(gamma=0.01), args.quick)),

@@ -32,8 +32,8 @@ CASES = {
         EntropySGHMC(model, eta=0.1, preconditioner="diagonal", momentum=0.7), 300, 3000, 1, 20),
     "EntropyHMC, adaptation": lambda: (EntropyHMC(model, eta=0.1), 250, 100, 1, None),
     # each chain draws from its own generator (random_streams="per_chain"), whose state the checkpoint holds
-    "EntropySGHMC, per-chain streams": lambda: (EntropySGHMC(model, eta=0.1, momentum=0.7, step_size=1e-4),
-                                                300, 3000, 1, 20),
+    "EntropySGHMC, jit fx, thinning 4 (fused), per-chain streams": lambda: (
+        EntropySGHMC(model, eta=0.1, momentum=0.7, step_size=1e-4, jit_compile="fx"), 200, 6000, 4, 20),
     "SGLD, short, per-chain streams": lambda: (SGLD(model, step_size=1e-4), 100, 3000, 1, 20),
 }
 

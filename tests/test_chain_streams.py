@@ -93,13 +93,28 @@ def test_entropy_sgld_on_per_chain_streams_samples_the_joint_and_repeats_its_dra
     assert not torch.equal(s["x"], run("shared")["x"])
 
 
-def test_a_compiled_kernel_on_per_chain_streams_says_it_runs_eagerly():
-    pyro.set_rng_seed(0)
-    mcmc = MCMC(SGHMC(potential_fn=_gaussian, step_size=0.01, jit_compile="fx"), 5, 5, num_chains=2,
-                disable_progbar=True, initial_params={"x": torch.zeros(2, 2)}, random_streams="per_chain")
-    with pytest.warns(RuntimeWarning, match="runs eagerly: random_streams='per_chain'"):
-        mcmc.run()
-    assert not mcmc.kernel.is_compiled
+@pytest.mark.parametrize("kernel, thinning", [("SGHMC", 1), ("EntropySGLD", 4)])
+def test_a_compiled_kernel_takes_the_per_chain_streams_numbers_as_inputs_and_repeats_the_eager_draws(kernel, thinning):
+    """jit_compile="fx" with per-chain streams: the numbers go into the graph as inputs, drawn before each call
+    (thinning 4: 4 fused iterations' at once), and the draws equal the eager run's."""
+    from pyro_flat.models import logistic_regression
+
+    X = torch.randn(300, 5, generator=torch.Generator().manual_seed(0))
+    y = torch.bernoulli(torch.sigmoid(X.sum(-1)), generator=torch.Generator().manual_seed(1))
+
+    def run(jit):
+        pyro.set_rng_seed(0)
+        settings = dict(eta=0.01) if kernel == "EntropySGLD" else {}
+        k = (EntropySGLD if kernel == "EntropySGLD" else SGHMC)(logistic_regression, step_size=1e-3, jit_compile=jit,
+                                                                 **settings)
+        mcmc = MCMC(k, 24, 10, num_chains=3, thinning=thinning, disable_progbar=True, random_streams="per_chain")
+        mcmc.run(X, y, batch_size=50)
+        return mcmc.get_samples(group_by_chain=True), k.is_compiled
+
+    (eager, _), (compiled, is_compiled) = run(False), run("fx")
+    assert is_compiled
+    for site, value in eager.items():
+        torch.testing.assert_close(compiled[site], value, rtol=1e-6, atol=1e-6, msg=site)
 
 
 def test_an_unknown_random_streams_is_refused_by_name():

@@ -63,6 +63,8 @@ KERNELS = {
     "EntropySGLD, BayesianModule MLP": lambda device: EntropySGLD(mlp(device), eta=0.1, step_size=1e-4),
     # per-chain random streams: each rank draws only its own chains' numbers
     "SGLD, per-chain streams": lambda _: SGLD(model, step_size=1e-3),
+    "EntropySGLD, jit fx, thinning 4, per-chain streams": lambda _: EntropySGLD(model, eta=0.1, step_size=1e-3,
+                                                                                jit_compile="fx"),
     "EntropyHMC, per-chain streams": lambda _: EntropyHMC(model, eta=0.1),
     "EntropySGHMC, diagonal preconditioner, per-chain streams": lambda _: EntropySGHMC(
         model, eta=0.1, preconditioner="diagonal"),

@@ -32,6 +32,12 @@ preconditioner's frozen metric. A step size is compiled once it repeats on conse
 iterations, at most :data:`MAX_GRAPHS` of them: a schedule that changes the step at every
 iteration runs eagerly, and so does warm-up while a preconditioner adapts.
 
+Per-chain random streams (``random_streams="per_chain"``, :class:`~pyro_flat.chains.ChainStreams`): a
+graph cannot hold a ``torch.Generator``, so the numbers each iteration draws from them are the graph's
+inputs, drawn from the streams before each call in the eager order (:meth:`ChainStreams.recording
+<pyro_flat.chains.ChainStreams.recording>` lists them when the graph is built, :meth:`ChainStreams.feeding
+<pyro_flat.chains.ChainStreams.feeding>` hands them to the traced iteration): the same numbers as eager.
+
 Random numbers: the graph keeps the eager random operations (``torch.randn`` and friends, also
 under inductor, whose own Philox generator is switched off: on the CPU it is several times slower
 than ATen's for large tensors), in the eager order, so a seeded compiled run repeats the eager run
@@ -43,7 +49,8 @@ both the stream and the exact Gaussian laws.
 from __future__ import annotations
 
 import time
-from typing import Dict, Optional
+from contextlib import nullcontext
+from typing import Dict, List, Optional
 
 import torch
 
@@ -111,19 +118,24 @@ class CompiledSteps:
             entry = self._cached_build(key, keep_alive, params, step_size, temperature)
             if entry is None:
                 return None
-        graph, names, carried, plates, num_draws, stat_names, _ = entry
+        graph, names, carried, plates, num_draws, stat_names, noise, _ = entry
         indices = [batch[p] for _ in range(num_draws) for batch in (self.batches.draw(),) for p in plates]
-        outputs = self._run(graph, names, params, carried, indices)
+        outputs = self._run(graph, names, params, carried, indices + self._noise(noise, 1))
         n = len(names)
         self.last_compiled = True
         return Transition(dict(zip(names, outputs[:n])), outputs[n], dict(zip(names, outputs[n + 1: 2 * n + 1])),
                           dict(zip(stat_names, outputs[2 * n + 1:])))
 
-    def _run(self, graph, names: list, params: Params, carried: list, indices: list) -> list:
-        """Call ``graph`` on the values, the kernel's carried state and the minibatch indices; the new
-        carried state goes back to the kernel, the other outputs are returned."""
+    def _noise(self, specs: list, iterations: int) -> List[torch.Tensor]:
+        """``iterations`` iterations' draws from the per-chain streams (none without them), in order."""
+        streams = self.kernel.chain_streams
+        return [] if not specs else [t for _ in range(iterations) for t in streams.draw(specs)]
+
+    def _run(self, graph, names: list, params: Params, carried: list, inputs: list) -> list:
+        """Call ``graph`` on the values, the kernel's carried state and the other ``inputs`` (minibatch
+        indices, per-chain noise); the new carried state goes back to the kernel, the other outputs are returned."""
         state = self.kernel.carried
-        outputs = graph(*(params[n] for n in names), *(state[c] for c in carried), *indices)
+        outputs = graph(*(params[n] for n in names), *(state[c] for c in carried), *inputs)
         n, m = len(names), len(carried)
         self.kernel.carried = dict(zip(carried, outputs[n: n + m]))
         return [*outputs[:n], *outputs[n + m:]]
@@ -144,9 +156,10 @@ class CompiledSteps:
             entry = self._cached_build(key, keep_alive, params, step_size, temperature, length)
             if entry is None:
                 return None
-        graph, names, carried, plates, num_draws, stat_names, _ = entry
+        graph, names, carried, plates, num_draws, stat_names, noise, _ = entry
         batches = [self.batches.draw() for _ in range(length * num_draws)]
-        outputs = self._run(graph, names, params, carried, [batch[p] for batch in batches for p in plates])
+        outputs = self._run(graph, names, params, carried,
+                            [batch[p] for batch in batches for p in plates] + self._noise(noise, length))
         n, m = len(names), len(stat_names)
         self.last_compiled = True
         return (dict(zip(names, outputs[:n])), outputs[n], dict(zip(stat_names, outputs[n + 1: n + 1 + m])),
@@ -163,12 +176,18 @@ class CompiledSteps:
         self.graphs[key] = (*entry, keep_alive)
         return self.graphs[key]
 
-    def _fused_traceable(self, names, carried, plates, num_draws, step_size, temperature, length: int):
-        """``length`` iterations as a function of flat tensors: the values, the kernel's carried state, then
-        every minibatch's indices; it returns the last values and carried state, the energy and statistics
-        at the first iteration's start, the statistics at the last one's, and the (2, length) inf-norms of
-        each iteration's energy and new state."""
+    def _feeding(self, tensors) -> object:
+        """The per-chain streams handing out ``tensors`` (nothing to do without streams)."""
+        streams = self.kernel.chain_streams
+        return nullcontext() if streams is None else streams.feeding(tensors)
+
+    def _fused_traceable(self, names, carried, plates, num_draws, step_size, temperature, length: int, noise: int):
+        """``length`` iterations as a function of flat tensors: the values, the kernel's carried state, every
+        minibatch's indices, then each iteration's ``noise`` draws from the per-chain streams; it returns the
+        last values and carried state, the energy and statistics at the first iteration's start, the
+        statistics at the last one's, and the (2, length) inf-norms of each iteration's energy and new state."""
         kernel, n, c, k = self.kernel, len(names), len(carried), len(plates)
+        first_noise = n + c + length * num_draws * k
 
         def steps(*inputs):
             params, norms, first, stats = dict(zip(names, inputs[:n])), [], None, {}
@@ -176,7 +195,8 @@ class CompiledSteps:
                 for j in range(length):
                     at = n + c + j * num_draws * k
                     batches = [dict(zip(plates, inputs[at + d * k: at + (d + 1) * k])) for d in range(num_draws)]
-                    with self.batches.scripted(batches):
+                    drawn = inputs[first_noise + j * noise: first_noise + (j + 1) * noise]
+                    with self.batches.scripted(batches), self._feeding(drawn):
                         params, energy, _, stats = kernel.transition(params, step_size, temperature)
                     if first is None:
                         first = (energy, stats)
@@ -189,14 +209,16 @@ class CompiledSteps:
         return steps
 
     def _traceable(self, names, carried, plates, num_draws, step_size, temperature):
-        """The iteration as a function of flat tensors: the values, the kernel's carried state, then each
-        draw's minibatch indices; it returns the new values and carried state, the energy, the gradients
-        and the target's statistics."""
+        """The iteration as a function of flat tensors: the values, the kernel's carried state, each draw's
+        minibatch indices, then its draws from the per-chain streams; it returns the new values and carried
+        state, the energy, the gradients and the target's statistics."""
         kernel, n, c, k = self.kernel, len(names), len(carried), len(plates)
 
         def step(*inputs):
             batches = [dict(zip(plates, inputs[n + c + d * k: n + c + (d + 1) * k])) for d in range(num_draws)]
-            with self.batches.scripted(batches), kernel.carrying(dict(zip(carried, inputs[n: n + c]))):
+            drawn = inputs[n + c + num_draws * k:]
+            with self.batches.scripted(batches), kernel.carrying(dict(zip(carried, inputs[n: n + c]))), \
+                    self._feeding(drawn):
                 new, energy, grads, stats = kernel.transition(dict(zip(names, inputs[:n])), step_size, temperature)
                 state = kernel.carried
             return [*(new[m] for m in names), *(state[m] for m in carried), energy, *(grads[m] for m in names),
@@ -210,18 +232,23 @@ class CompiledSteps:
         values = [params[n].detach() for n in names]
         state = [kernel.carried[c].detach() for c in carried]
         devices = [v.device for v in values if v.device.type == "cuda"]
+        streams = kernel.chain_streams  # per-chain streams: what the probe draws, and back to where they were
         try:
-            with torch.random.fork_rng(devices=devices), tracing_context():
-                with self.batches.scripted() as script, kernel.carrying(kernel.carried):  # minibatches per iteration
+            with torch.random.fork_rng(devices=devices), tracing_context(), \
+                    (nullcontext() if streams is None else streams.forked()):
+                with self.batches.scripted() as script, kernel.carrying(kernel.carried), \
+                        (nullcontext([]) if streams is None else streams.recording()) as noise:
                     stat_names = list(kernel.transition(dict(zip(names, values)), step_size, temperature).stats)
                 plates, num_draws = list(script.fixed), script.count
                 # a distinct tensor (and minibatch) per draw: make_fx tells inputs apart by identity
                 inputs = values + state + [self.batches.shifted(p, script.fixed[p], d)
                                            for d in range((length or 1) * num_draws) for p in plates]
+                inputs += self._noise(noise, length or 1)
                 if length is None:
                     step = self._traceable(names, carried, plates, num_draws, step_size, temperature)
                 else:
-                    step = self._fused_traceable(names, carried, plates, num_draws, step_size, temperature, length)
+                    step = self._fused_traceable(names, carried, plates, num_draws, step_size, temperature, length,
+                                                 len(noise))
                 graph = trace_graph(step, inputs)
                 self._check(graph, step, inputs, len(names), length, carried=len(carried))
         except Exception as err:  # any failure to trace means: stay eager (or unfused), and say why
@@ -251,7 +278,7 @@ class CompiledSteps:
                 self.cuda_graphs = False
                 self.kernel.warn_jit(f"capturing the graph as a CUDA graph failed ({type(err).__name__}: "
                                      f"{first_line(err)}); it runs uncaptured, one launch per kernel")
-        return graph, names, carried, plates, num_draws, stat_names
+        return graph, names, carried, plates, num_draws, stat_names, noise
 
     def _check(self, graph, step, inputs, n: int, length: Optional[int] = None, built: bool = False,
                carried: int = 0) -> None:

@@ -146,11 +146,6 @@ class StochasticGradientKernel(TargetKernel):
         """``jit_compile``: the whole iteration as one graph, built once a step size repeats."""
         if self._steps is not None:  # an earlier chain's graphs: keep what they cost
             self._compile_seconds += self._steps.compile_seconds
-            self._steps = None
-        if self.chain_streams is not None:
-            self.warn_jit("runs eagerly: random_streams='per_chain' draws each chain's numbers from a torch.Generator "
-                          "of its own, which a traced graph cannot take; pass random_streams='shared' to compile")
-            return
         self._steps = CompiledSteps(self, self.jit_backend)
 
     @property
@@ -220,7 +215,7 @@ class StochasticGradientKernel(TargetKernel):
             return None
         step_size = self.step_size * factors.pop()
         for call in range(total // length):
-            random_state, carried = _random_state(params), self.carried
+            random_state, carried = _random_state(params, self.chain_streams), self.carried
             out = self._steps.fused(params, step_size, self.temperature, length)
             if out is None:  # no graph (it failed to trace or compile): the rest one by one
                 if call == 0:
@@ -374,17 +369,21 @@ class StochasticGradientKernel(TargetKernel):
             completed_chains=self._completed_draws)
 
 
-def _random_state(params: Params) -> tuple:
-    """The global random streams a graph call draws from (the CPU's, and the CUDA device's in use)."""
+def _random_state(params: Params, streams=None) -> tuple:
+    """The random streams a graph call draws from: the global ones (the CPU's, and the CUDA device's in use)
+    and the per-chain ``streams``, if any."""
     devices = {v.device for v in params.values() if v.device.type == "cuda"}
-    return torch.get_rng_state(), [(d, torch.cuda.get_rng_state(d)) for d in devices]
+    return (torch.get_rng_state(), [(d, torch.cuda.get_rng_state(d)) for d in devices],
+            None if streams is None else (streams, streams.state_dict()))
 
 
 def _restore_random_state(state: tuple) -> None:
-    cpu, cuda = state
+    cpu, cuda, streams = state
     torch.set_rng_state(cpu)
     for device, value in cuda:
         torch.cuda.set_rng_state(value, device)
+    if streams is not None:
+        streams[0].load_state_dict(streams[1])
 
 
 __all__ = ["StochasticGradientKernel", "Transition", "MAX_EXPLORATION_RUN"]
