@@ -11,9 +11,9 @@
    - ``cnn``: ``bench_deep.py``'s BatchNorm CNN (55k weights) as a ``BayesianModule`` on the embedded
      digits 0-9 (4,000 images, minibatch 32 per chain, eta = 0.1, 5 iterations per kept draw).
 
-   The networks' chains draw from per-chain random streams (``random_streams="per_chain"``: each rank draws
-   only its own chains' noise), the compiled logistic regression's from the shared stream (a traced graph
-   cannot take a generator); ``--random-streams`` chooses for all.
+   The chains draw from per-chain random streams (``random_streams="per_chain"``: each rank draws only its
+   own chains' noise; compiled, the graph takes them as inputs); ``--random-streams shared`` measures the
+   shared stream, of which every rank draws every chain's numbers.
 
    Targets (the MLP and the CNN): at least 1.8x the chain-iterations per second of 1 rank, and at
    least 90% of the ceiling. Runs on this 2-core machine vary by up to 30% (one rank is slowed while
@@ -30,7 +30,7 @@ ranks start it together (a barrier), so that one rank's longer compile does not 
 Each configuration runs under ``torchrun`` (``python -m torch.distributed.run``) on localhost.
 
 Run:  python benchmarks/bench_distributed.py [--models logistic mlp cnn] [--seconds 10] [--repeats 3]
-                                             [--random-streams auto|shared|per_chain]
+                                             [--random-streams per_chain|shared]
 """
 
 from __future__ import annotations
@@ -77,14 +77,6 @@ def _setting(model: str, kind: str, world_size: int):
         return fn, X, y, EntropySGLD(fn, record_draws=False, **settings), batch, thinning, warmup
     step = settings["step_size"]  # data-parallel: one SGLD chain, eager (a traced graph cannot all-reduce)
     return fn, X, y, SGLD(fn, step_size=step, record_draws=False), (100 if model == "logistic" else 1000) // world_size, 1, 20
-
-
-def streams_for(model: str, choice: str) -> str:
-    """The random streams a model's chains draw from: ``choice``, or for ``"auto"`` per-chain streams for the
-    (eager) networks and the shared stream for the compiled logistic regression."""
-    if choice != "auto":
-        return choice
-    return "shared" if model == "logistic" else "per_chain"
 
 
 def _worker(kind: str, model: str, chains: int, iterations: int, out: str, streams: str = "shared") -> None:
@@ -211,9 +203,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=2000, help="iterations of part 2 (data-parallel)")
     parser.add_argument("--chains", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each configuration of part 1 (medians)")
-    parser.add_argument("--random-streams", choices=("auto", "shared", "per_chain"), default="auto",
-                        help="where the chains draw their noise (auto: per-chain for the networks, shared for the "
-                             "compiled logistic regression)")
+    parser.add_argument("--random-streams", choices=("per_chain", "shared"), default="per_chain",
+                        help="where the chains draw their noise (part 1)")
     parser.add_argument("--worker", choices=["chains", "data"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -224,7 +215,7 @@ def main() -> None:
         return _worker(args.worker, args.models[0], args.chains if args.worker == "chains" else 1, args.iterations,
                        args.out, args.random_streams)
     for model in args.models:
-        chain_throughput(model, args.chains, args.seconds, args.repeats, streams_for(model, args.random_streams))
+        chain_throughput(model, args.chains, args.seconds, args.repeats, args.random_streams)
     n = args.iterations
     print(f"\n2. data-parallel overhead: 1 SGLD chain of the MLP, global minibatch 1,000, {n} iterations")
     one, two = launch("data", "mlp", 1, 1, 1, n), launch("data", "mlp", 2, 1, 1, n)

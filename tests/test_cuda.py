@@ -88,10 +88,11 @@ def test_a_bayesian_mlp_moved_to_cuda_draws_its_prior_there_and_its_minibatch_in
     assert all(bool(torch.isfinite(v).all()) for v in mcmc.get_samples().values())
 
 
-@pytest.mark.parametrize("chains", [1, 4])
-def test_a_compiled_iteration_replays_as_a_cuda_graph_and_repeats_the_eager_draws(chains):
+@pytest.mark.parametrize("chains, streams", [(1, "shared"), (4, "shared"), (4, "per_chain")])
+def test_a_compiled_iteration_replays_as_a_cuda_graph_and_repeats_the_eager_draws(chains, streams):
     """jit_compile on a GPU captures the iteration as a CUDA graph (no warning that the capture failed),
-    and a seeded run gives the eager run's draws up to round-off: the replay draws the same noise."""
+    and a seeded run gives the eager run's draws up to round-off: the replay draws the same noise (with
+    per-chain streams, drawn before each replay and copied in as the graph's inputs)."""
     import warnings
     from torch import nn
     from pyro_flat.nn import BayesianModule
@@ -106,7 +107,7 @@ def test_a_compiled_iteration_replays_as_a_cuda_graph_and_repeats_the_eager_draw
         kernel = EntropySGLD(BayesianModule(net), eta=0.05, step_size=1e-4, jit_compile=jit)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            mcmc = MCMC(kernel, 20, 5, num_chains=chains, disable_progbar=True)
+            mcmc = MCMC(kernel, 20, 5, num_chains=chains, disable_progbar=True, random_streams=streams)
             mcmc.run(X, y, batch_size=32)
         assert kernel.is_compiled == bool(jit)
         assert not [w for w in caught if "CUDA graph" in str(w.message) or "runs eagerly" in str(w.message)]
@@ -129,3 +130,19 @@ def test_a_dense_preconditioner_takes_a_model_whose_plate_draws_its_indices_on_t
     mcmc = MCMC(EntropySGLD(model, eta=0.1, preconditioner="dense", step_size=0.2), 20, 20, disable_progbar=True)
     mcmc.run(X, y, batch_size=50)
     assert all(bool(torch.isfinite(v).all()) for v in mcmc.get_samples().values())
+
+
+def _potential_on_cuda(rank):
+    start = torch.zeros(2, 3, device="cuda")
+    mcmc = MCMC(SGLD(potential_fn=lambda p: 0.5 * (p["x"] ** 2).sum(-1), step_size=0.1), 5, 2, num_chains=2,
+                chain_method="distributed", initial_params={"x": start}, disable_progbar=True)
+    mcmc.run()
+    return mcmc.backend
+
+
+@pytest.mark.skipif(not torch.distributed.is_nccl_available(), reason="this torch has no nccl")
+def test_a_potential_whose_initial_params_are_on_the_gpu_runs_on_nccl():
+    """No model argument is a tensor: the run's device (and so nccl) comes from initial_params."""
+    from ranks import run_ranks
+
+    assert run_ranks(_potential_on_cuda, 1, timeout=120).values() == ["nccl"]

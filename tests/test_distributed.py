@@ -285,8 +285,8 @@ def _cliff(params):
     return torch.where(x >= 3, torch.full_like(x, math.nan), energy).sum(-1)
 
 
-def _diverging(rank):
-    start = torch.zeros(4, 1, dtype=torch.float64)
+def _diverging(rank, backend):
+    start = torch.zeros(4, 1, dtype=torch.float64, device=rank_device(backend, rank))  # a potential_fn's state
     start[3] = 1.5  # chain 3: on rank 1
     mcmc = MCMC(SGLD(potential_fn=_cliff, step_size=0.1, temperature=1e-6), num_samples=40, warmup_steps=5,
                 num_chains=4, chain_method="distributed", initial_params={"x": start}, disable_progbar=True)
@@ -297,8 +297,10 @@ def _diverging(rank):
     return None
 
 
-def test_a_divergence_on_one_rank_stops_every_rank_with_the_same_error_and_keeps_the_draws():
-    rank0, rank1 = run_ranks(_diverging, 2, timeout=90).values()
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_divergence_on_one_rank_stops_every_rank_with_the_same_error_and_keeps_the_draws(backend):
+    """(On nccl the run's device is that of the potential's initial_params: no model argument is a tensor.)"""
+    rank0, rank1 = run_ranks(_diverging, 2, backend, timeout=90).values()
     message, chain, kept, completed = rank0
     assert message == rank1[0] and message.startswith("rank 1: SGLD: chain 3 diverged at iteration")
     assert chain == rank1[1] == 3
@@ -306,8 +308,12 @@ def test_a_divergence_on_one_rank_stops_every_rank_with_the_same_error_and_keeps
     assert rank1[2] == 0 and rank1[3] == []  # the other ranks hand theirs to rank 0
 
 
-def _bad_shard(rank):
-    X, y = data()
+def _rank_data(rank, backend, n=N):
+    return tuple(v.to(rank_device(backend, rank)) for v in data(n))
+
+
+def _bad_shard(rank, backend):
+    X, y = _rank_data(rank, backend)
     X, y = shard_rows(X, rank, 2).clone(), shard_rows(y, rank, 2)
     if rank == 1:
         X[5, 0] = math.nan
@@ -315,9 +321,9 @@ def _bad_shard(rank):
          disable_progbar=True).run(X, y)
 
 
-def _overflowing_shard(rank):
+def _overflowing_shard(rank, backend):
     """Finite data whose likelihood overflows on rank 1's shard alone: it was blamed on rank 0's initial point."""
-    X, y = data()
+    X, y = _rank_data(rank, backend)
     X, y = shard_rows(X, rank, 2).clone(), shard_rows(y, rank, 2)
     if rank == 1:
         X[5, 0] = 1e200
@@ -325,20 +331,20 @@ def _overflowing_shard(rank):
          disable_progbar=True).run(X, y, batch_size=None)
 
 
-def _other_data(rank):
-    X, y = data(N + 10 * rank)
+def _other_data(rank, backend):
+    X, y = _rank_data(rank, backend, N + 10 * rank)
     MCMC(SGLD(model, step_size=1e-3), num_samples=5, num_chains=2, chain_method="distributed",
          disable_progbar=True).run(X, y)
 
 
-def _other_model(rank):
-    X, y = data()
+def _other_model(rank, backend):
+    X, y = _rank_data(rank, backend)
     chosen = full_model if rank == 0 else (lambda X, y: full_model(X, y) or pyro.sample("s", dist.Normal(0.0, 1.0)))
     MCMC(SGLD(chosen, step_size=1e-3), num_samples=5, num_chains=2, chain_method="data_parallel",
          disable_progbar=True).run(shard_rows(X, rank, 2), shard_rows(y, rank, 2))
 
 
-def _dies(rank):
+def _dies(rank, backend):
     def hook(kernel, params, stage, i):
         if rank == 1 and stage == "Sample" and i == 3:
             import os
@@ -346,7 +352,7 @@ def _dies(rank):
             os._exit(3)
 
     MCMC(SGLD(model, step_size=1e-3), num_samples=50, num_chains=2, chain_method="distributed",
-         disable_progbar=True, hook_fn=hook).run(*data())
+         disable_progbar=True, hook_fn=hook).run(*_rank_data(rank, backend))
 
 
 @pytest.mark.parametrize("worker, expected", [
@@ -356,14 +362,16 @@ def _dies(rank):
     (_other_data, "rank 1 has the model's arguments"),
     (_other_model, "rank 1 has latent sites"),
 ])
-def test_a_bad_rank_stops_every_rank_at_set_up_with_a_message_that_names_it(worker, expected):
-    results = run_ranks(worker, 2, timeout=60)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_bad_rank_stops_every_rank_at_set_up_with_a_message_that_names_it(worker, expected, backend):
+    results = run_ranks(worker, 2, backend, timeout=60)
     for status, (kind, message, _, _) in results:
         assert status == "error" and kind == "ValueError" and expected in message, message
 
 
-def test_a_rank_that_dies_ends_the_others_within_the_timeout():
-    results = run_ranks(_dies, 2, timeout=60, env={"PYRO_FLAT_DIST_TIMEOUT": "20"})
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_rank_that_dies_ends_the_others_within_the_timeout(backend):
+    results = run_ranks(_dies, 2, backend, timeout=60, env={"PYRO_FLAT_DIST_TIMEOUT": "20"})
     assert results[1] == ("died", 3)
     status, (kind, message, _, _) = results[0]
     assert status == "error" and kind == "RankLost" and "another rank died or did not answer" in message
