@@ -37,7 +37,8 @@ Pyro's own run; with ``pyro.set_rng_seed(s)`` before ``run`` a vectorized run is
 
 ``thinning=k`` (NumPyro's meaning) keeps every ``k``-th of the ``num_samples`` post-warm-up iterations,
 ``num_samples // k`` draws per chain, made inside one ``sample`` call: the skipped states are never
-stored, by either driver. The progress bar counts kept draws.
+stored, by either driver. The progress bar of pyro-flat's loop counts iterations (a cyclical schedule's
+exploration iterations, which make no draw, too), so that its rate and time left are true.
 
 Example::
 
@@ -271,6 +272,10 @@ class MCMC(pyro.infer.MCMC):
                              "back to Pyro's driver (see the warning above); make the model broadcast over a leading "
                              "chain dimension, or run without them.")
         self.minibatches = "per_chain"  # one chain per setup: each draws its own
+        if self.random_streams == "per_chain":
+            warnings.warn("random_streams='per_chain' applies to chains in pyro-flat's loop (vectorized, or across "
+                          "ranks); this run's chains are in Pyro's driver (one chain, or chains that could not be "
+                          "batched) and draw from the global random stream.", stacklevel=3)
         if isinstance(self.kernel, ChainKernel):  # one chain per setup; forget any earlier run
             self.kernel.configure(steps_per_draw=self.thinning)
         return super().run(*args, **kwargs)

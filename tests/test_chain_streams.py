@@ -120,3 +120,12 @@ def test_a_compiled_kernel_takes_the_per_chain_streams_numbers_as_inputs_and_rep
 def test_an_unknown_random_streams_is_refused_by_name():
     with pytest.raises(ValueError, match="random_streams must be 'shared' .* or 'per_chain'.*got 'chain'"):
         MCMC(SGHMC(potential_fn=_gaussian, step_size=0.01), 5, num_chains=2, random_streams="chain")
+
+
+def test_chains_in_pyros_driver_say_that_per_chain_streams_do_not_apply():
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(SGHMC(potential_fn=_gaussian, step_size=0.01), 5, 2, disable_progbar=True,
+                initial_params={"x": torch.zeros(2)}, random_streams="per_chain")
+    with pytest.warns(UserWarning, match="chains are in Pyro's driver .* global random stream"):
+        mcmc.run()
+    assert mcmc.chain_method == "sequential"
