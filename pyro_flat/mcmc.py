@@ -23,10 +23,10 @@ arguments, ``chain_method`` and ``thinning``. ``chain_method`` is one of:
 Whatever ran is in ``mcmc.chain_method``; how its chains drew minibatches in ``mcmc.minibatches``.
 ``random_streams`` says where vectorized chains draw their noise: ``"shared"`` (default), one stream
 for all chains (across ranks each rank draws every chain's numbers and keeps its own rows), or
-``"per_chain"``, a stream per chain seeded from the run's seed and the chain's number
-(:class:`~pyro_flat.chains.ChainStreams`): each rank draws only its own chains' numbers, which is
-what lets a network's chains scale over ranks, and a chain's draws are the same on any number of ranks
-(one process included) with the same option. Seeded runs give other numbers under the two options,
+``"per_chain"``, a stream per chain seeded from a seed drawn from the global stream at set-up (alike on
+every rank) and the chain's number (:class:`~pyro_flat.chains.ChainStreams`): each rank draws only its
+own chains' numbers, which is what lets a network's chains scale over ranks, and a chain's draws are the
+same on any number of ranks (one process included) with the same option, up to round-off. Seeded runs give other numbers under the two options,
 equally valid. Compiled (``jit_compile``), a graph takes the per-chain numbers as inputs, drawn before each call.
 Vectorized chains draw their own (``minibatches="per_chain"``, the default: the plate's indices are
 ``(C, B)``, chain ``c``'s in row ``c``, and a model that gathers ``X[idx]`` evaluates all chains in one
