@@ -107,10 +107,12 @@ def sharded(shard: Optional[ChainShard]) -> Iterator[Optional[ChainShard]]:
 
 def check_random_streams(random_streams: str) -> str:
     """``random_streams`` must name a scheme of :data:`RANDOM_STREAMS`."""
-    if random_streams not in RANDOM_STREAMS:
+    if not isinstance(random_streams, str) or random_streams not in RANDOM_STREAMS:
+        near = str(random_streams).strip().lower().replace("-", "_").replace(" ", "_")
+        hint = f" Did you mean {near!r}?" if isinstance(random_streams, str) and near in RANDOM_STREAMS else ""
         raise ValueError(f"random_streams must be 'shared' (one random stream for all chains, the default) or "
                          f"'per_chain' (a stream per chain: a rank of a distributed run draws only its own chains' "
-                         f"numbers), got {random_streams!r}.")
+                         f"numbers), got {random_streams!r}.{hint}")
     return random_streams
 
 

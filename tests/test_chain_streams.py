@@ -117,9 +117,12 @@ def test_a_compiled_kernel_takes_the_per_chain_streams_numbers_as_inputs_and_rep
         torch.testing.assert_close(compiled[site], value, rtol=1e-6, atol=1e-6, msg=site)
 
 
-def test_an_unknown_random_streams_is_refused_by_name():
-    with pytest.raises(ValueError, match="random_streams must be 'shared' .* or 'per_chain'.*got 'chain'"):
-        MCMC(SGHMC(potential_fn=_gaussian, step_size=0.01), 5, num_chains=2, random_streams="chain")
+@pytest.mark.parametrize("value, hint", [("chain", ""), (None, ""), ("Per-Chain", " Did you mean 'per_chain'?")])
+def test_an_unknown_random_streams_is_refused_by_name(value, hint):
+    with pytest.raises(ValueError) as err:
+        MCMC(SGHMC(potential_fn=_gaussian, step_size=0.01), 5, num_chains=2, random_streams=value)
+    assert str(err.value).startswith("random_streams must be 'shared' (one random stream for all chains")
+    assert str(err.value).endswith(f"got {value!r}.{hint}")
 
 
 def test_chains_in_pyros_driver_say_that_per_chain_streams_do_not_apply():
