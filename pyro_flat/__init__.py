@@ -25,8 +25,9 @@ The package is built in layers; a module imports only from its own layer and tho
 (``tests/test_layers.py`` reads every import, those inside functions too, and fails on one that
 points up or closes a cycle). From the ground up (:data:`LAYERS`):
 
-1. foundations: the errors that cross layers, argument checks, tracing helpers, per-chain random
-   numbers (:mod:`pyro_flat.chains`), step-size schedules;
+1. foundations: the errors that cross layers, argument checks, tracing helpers, random numbers that do
+   not depend on the split of the chains over ranks (:mod:`pyro_flat.chains`, :mod:`pyro_flat.chain_streams`),
+   step-size schedules;
 2. targets: a model or potential as the energy a kernel samples (:mod:`pyro_flat.targets`);
 3. models and measures: the Entropy-MCMC joint, SAM's perturbation, the models, the datasets,
    predictions and their metrics, the exact mixtures;
@@ -45,13 +46,13 @@ from typing import TYPE_CHECKING, Any, List
 #: The layers of the package, from the ground up (see the module docstring): each module or subpackage
 #: imports only from its own layer and those below.
 LAYERS = (
-    ("errors", "validation", "tracing", "chains", "schedules"),
+    ("errors", "validation", "tracing", "chain_streams", "chains", "schedules"),
     ("targets",),
     ("flat", "sam", "models", "nn", "mnist_files", "cifar_files", "datasets", "predictive", "metrics", "online_bma",
      "corruptions", "shift", "mixture_basins", "mixtures"),
     ("kernels",),
     ("checkpoint", "distributed"),
-    ("mcmc_arguments", "draws", "progress", "diagnostics", "mcmc"),
+    ("mcmc_arguments", "draws", "progress", "sampling_loop", "diagnostics", "mcmc"),
     ("flatness", "theory", "references", "ensemble_runner", "convergence_result", "convergence", "ensembles",
      "variational"),
     ("experiments",),

@@ -7,18 +7,14 @@ rows. Chain ``c`` then gets the same numbers whatever the number of ranks, and t
 ranks equal those of one process up to floating-point round-off. The price is drawing ``R`` times
 the noise a rank needs: small next to a gradient of logistic regression, a fifth of an MLP's iteration.
 
-**Per-chain streams** (:class:`ChainStreams`, ``MCMC(..., random_streams="per_chain")``) remove that
-price: chain ``g`` draws from a generator of its own, seeded from the run's seed (which the kernel draws
-from the global stream at set-up, alike on every rank) and ``g``, so a rank draws only its own chains'
-numbers, and chain ``g`` still gets the same numbers whatever the split (one process included). That
-is what lets a network's chains scale over ranks (``benchmarks/bench_distributed.py``). They are drawn
-while :func:`drawing_from` is in force; minibatch indices keep their own shared stream (a few numbers
-per epoch).
+**Per-chain streams** (:class:`~pyro_flat.chain_streams.ChainStreams`, ``MCMC(...,
+random_streams="per_chain")``) remove that price: under :func:`~pyro_flat.chain_streams.drawing_from`
+the draws below come from each chain's own generator (:mod:`pyro_flat.chain_streams`).
 
 The kernels draw through :func:`chain_randn_like`, :func:`chain_randn_like_each` and
 :func:`chain_rand_like`, and the few decisions
 that read several chains at once (the shortest step size, whether every chain is done) through
-:func:`chains_min` and :func:`chains_all`. Outside :func:`sharded` and :func:`drawing_from` they are
+:func:`chains_min` and :func:`chains_all`. Outside :func:`sharded` and ``drawing_from`` they are
 plain torch calls.
 
 >>> shard = ChainShard(total=4, start=2, stop=4)
@@ -37,13 +33,12 @@ import math
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
-import numpy as np
 import torch
 
-#: how vectorized chains draw their random numbers (see :class:`ChainStreams`)
-RANDOM_STREAMS = ("shared", "per_chain")
+from .chain_streams import streams_for
+
 
 
 @dataclass(frozen=True)
@@ -105,171 +100,6 @@ def sharded(shard: Optional[ChainShard]) -> Iterator[Optional[ChainShard]]:
         _SHARD.reset(token)
 
 
-def check_random_streams(random_streams: str) -> str:
-    """``random_streams`` must name a scheme of :data:`RANDOM_STREAMS`."""
-    if not isinstance(random_streams, str) or random_streams not in RANDOM_STREAMS:
-        near = str(random_streams).strip().lower().replace("-", "_").replace(" ", "_")
-        hint = f" Did you mean {near!r}?" if isinstance(random_streams, str) and near in RANDOM_STREAMS else ""
-        raise ValueError(f"random_streams must be 'shared' (one random stream for all chains, the default) or "
-                         f"'per_chain' (a stream per chain: a rank of a distributed run draws only its own chains' "
-                         f"numbers), got {random_streams!r}.{hint}")
-    return random_streams
-
-
-def chain_seed(seed: int, chain: int) -> int:
-    """The 64-bit seed of chain ``chain``'s stream in a run of seed ``seed`` (numpy's ``SeedSequence``,
-    so that nearby chains and seeds give unrelated streams)."""
-    words = np.random.SeedSequence([int(seed), int(chain)]).generate_state(2, np.uint32)
-    return (int(words[0]) << 32 | int(words[1])) & (2**63 - 1)
-
-
-class NoiseSpec(NamedTuple):
-    """One draw from the chains' streams: its shape, dtype, device and kind (``"normal"`` or ``"uniform"``)."""
-
-    shape: tuple
-    dtype: torch.dtype
-    device: torch.device
-    kind: str
-
-
-class ChainStreams:
-    r"""One random stream per chain: chain ``g`` of a run (numbered among all its chains) draws from a
-    ``torch.Generator`` seeded with :func:`chain_seed` ``(seed, g)``, one per device it draws on.
-
-    A process holds the streams of its ``chains`` only, so a rank draws :math:`C/R` chains' numbers,
-    not :math:`C`; chain ``g``'s numbers depend on ``seed`` and ``g`` alone, not on the split.
-
-    >>> streams = ChainStreams(seed=7, chains=range(0, 4))
-    >>> with drawing_from(streams):
-    ...     full = chain_randn_like(torch.zeros(4, 3))
-    >>> with drawing_from(ChainStreams(seed=7, chains=range(2, 4))):   # another rank's half
-    ...     half = chain_randn_like(torch.zeros(2, 3))
-    >>> bool((half == full[2:]).all())
-    True
-    """
-
-    def __init__(self, seed: int, chains: range):
-        self.seed, self.chains = int(seed), chains
-        self._generators: Dict[torch.device, List[torch.Generator]] = {}
-        self._recorded: Optional[List[NoiseSpec]] = None  # see recording()
-        self._given: Optional[Iterator[torch.Tensor]] = None  # see feeding()
-
-    @property
-    def count(self) -> int:
-        return len(self.chains)
-
-    def generators(self, device: torch.device) -> List[torch.Generator]:
-        """The chains' generators on ``device``, made at their seeds the first time."""
-        device = _concrete(device)
-        found = self._generators.get(device)
-        if found is None:
-            found = self._generators[device] = [torch.Generator(device=device).manual_seed(chain_seed(self.seed, g))
-                                                for g in self.chains]
-        return found
-
-    def state_dict(self) -> dict:
-        """The seed, the chains and every generator's state: what a checkpoint needs to draw on exactly."""
-        return {"seed": self.seed, "chains": (self.chains.start, self.chains.stop),
-                "states": {str(d): [g.get_state() for g in gens] for d, gens in self._generators.items()}}
-
-    def load_state_dict(self, state: dict) -> None:
-        if (state["seed"], tuple(state["chains"])) != (self.seed, (self.chains.start, self.chains.stop)):
-            raise ValueError(f"these random streams are chains {self.chains.start}..{self.chains.stop - 1} of seed "
-                             f"{self.seed}; the saved ones are chains {state['chains'][0]}..{state['chains'][1] - 1} "
-                             f"of seed {state['seed']}.")
-        self._generators.clear()
-        for device, states in state["states"].items():
-            for generator, saved in zip(self.generators(torch.device(device)), states):
-                generator.set_state(saved)
-
-    def fill(self, out: torch.Tensor, kind: str = "normal") -> torch.Tensor:
-        """Fill ``out`` (``(count, ...)``, contiguous) row by row, row ``c`` from chain ``c``'s stream:
-        standard normal numbers (``kind="normal"``) or uniform on ``[0, 1)`` (``"uniform"``). Inside
-        :meth:`feeding`, the next given tensor instead (a compiled graph's input)."""
-        if self._given is not None:
-            given = next(self._given, None)
-            if given is None or tuple(given.shape) != tuple(out.shape):
-                raise RuntimeError(f"a {kind} draw of shape {tuple(out.shape)} was made where the traced iteration "
-                                   f"made {'none' if given is None else 'one of shape ' + str(tuple(given.shape))}")
-            return given
-        if self._recorded is not None:
-            self._recorded.append(NoiseSpec(tuple(out.shape), out.dtype, out.device, kind))
-        for row, generator in zip(out, self.generators(out.device)):
-            if kind == "normal":
-                row.normal_(generator=generator)
-            else:
-                row.uniform_(generator=generator)
-        return out
-
-
-    def draw(self, specs: Sequence[NoiseSpec]) -> List[torch.Tensor]:
-        """The draws ``specs`` describe, in order (what :meth:`recording` saw an iteration make)."""
-        return [self.fill(torch.empty(s.shape, dtype=s.dtype, device=s.device), s.kind) for s in specs]
-
-    @contextmanager
-    def recording(self) -> Iterator[List[NoiseSpec]]:
-        """Draw as usual, and list each draw's :class:`NoiseSpec` in the list yielded."""
-        self._recorded = recorded = []
-        try:
-            yield recorded
-        finally:
-            self._recorded = None
-
-    @contextmanager
-    def feeding(self, tensors: Sequence[torch.Tensor]) -> Iterator[None]:
-        """Hand out ``tensors``, in order, instead of drawing: a traced graph takes the chains' numbers as
-        inputs (a graph cannot hold a ``torch.Generator``), drawn before each call by :meth:`draw`."""
-        self._given = iter(tensors)
-        try:
-            yield
-        finally:
-            self._given = None
-
-    @contextmanager
-    def forked(self) -> Iterator[None]:
-        """Leave the streams where they were after the enclosed draws (as ``torch.random.fork_rng``)."""
-        saved = {d: [g.get_state() for g in gens] for d, gens in self._generators.items()}
-        try:
-            yield
-        finally:
-            self._generators = {d: gens for d, gens in self._generators.items() if d in saved}
-            for device, states in saved.items():
-                for generator, state in zip(self._generators[device], states):
-                    generator.set_state(state)
-
-
-def _concrete(device: torch.device) -> torch.device:
-    """``device`` with its index (``cuda`` is the current CUDA device)."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-_STREAMS: ContextVar[Optional[ChainStreams]] = ContextVar("pyro_flat_chain_streams", default=None)
-
-
-@contextmanager
-def drawing_from(streams: Optional[ChainStreams]) -> Iterator[Optional[ChainStreams]]:
-    """Draw the enclosed chains' random numbers from ``streams`` (``None``: the shared stream)."""
-    token = _STREAMS.set(streams)
-    try:
-        yield streams
-    finally:
-        _STREAMS.reset(token)
-
-
-def current_streams() -> Optional[ChainStreams]:
-    """The :class:`ChainStreams` in force, or ``None`` (the shared stream)."""
-    return _STREAMS.get()
-
-
-def _streams_for(x: torch.Tensor) -> Optional[ChainStreams]:
-    """The streams in force if ``x``'s leading dimension is their chains."""
-    streams = _STREAMS.get()
-    return streams if streams is not None and x.dim() and x.shape[0] == streams.count else None
-
-
 def chain_draw(draw: Callable[[Sequence[int]], torch.Tensor], shape: Sequence[int]) -> torch.Tensor:
     """``draw(shape)`` for a ``(C, ...)`` shape of this process's chains: under a shard, the full
     ``(total, ...)`` draw's rows of this shard, so that each chain's numbers do not depend on the split."""
@@ -284,7 +114,7 @@ def chain_randn_like(x: torch.Tensor) -> torch.Tensor:
     ``x``'s logical order whatever its memory layout: ``randn_like`` fills memory in storage order, so
     a channels-last ``x`` (inductor lays out convolution weights so inside a compiled graph) would give
     each element another number than the eager run does."""
-    streams = _streams_for(x)
+    streams = streams_for(x)
     if streams is not None:
         return streams.fill(torch.empty_like(x, memory_format=torch.contiguous_format))
     if _SHARD.get() is None:  # the hot path of one process: nothing to decide
@@ -311,8 +141,8 @@ def chain_randn_like_each(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]
     if not tensors:
         return []
     first, shard = tensors[0], _SHARD.get()
-    streams = _streams_for(first)
-    if streams is not None and all(_streams_for(t) is streams and t.dtype == first.dtype and t.device == first.device
+    streams = streams_for(first)
+    if streams is not None and all(streams_for(t) is streams and t.dtype == first.dtype and t.device == first.device
                                    for t in tensors):
         # per-chain streams: one draw per chain of all its tensors' numbers, on any device
         sizes = [math.prod(t.shape[1:]) for t in tensors]
@@ -331,7 +161,7 @@ def chain_randn_like_each(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]
 def chain_rand_like(x: torch.Tensor) -> torch.Tensor:
     """``torch.rand_like(x)`` for a ``(C, ...)`` tensor of chains, in ``x``'s logical order (see
     :func:`chain_randn_like`)."""
-    streams = _streams_for(x)
+    streams = streams_for(x)
     if streams is not None:
         return streams.fill(torch.empty_like(x, memory_format=torch.contiguous_format), "uniform")
     if _SHARD.get() is None:
@@ -395,7 +225,6 @@ def chains_all(flag: torch.Tensor) -> bool:
     return bool(_all_reduce(flag.all().to(torch.int32).reshape(()), dist.ReduceOp.MIN))
 
 
-__all__ = ["ChainShard", "current_shard", "shard_of", "sharded", "RANDOM_STREAMS", "check_random_streams", "chain_seed",
-           "NoiseSpec", "ChainStreams", "drawing_from", "current_streams", "chain_draw", "chain_randn_like",
+__all__ = ["ChainShard", "current_shard", "shard_of", "sharded", "chain_draw", "chain_randn_like",
            "chain_randn_like_each", "chain_rand_like", "chain_indices", "owns", "global_chain", "chains_average",
            "chains_min", "chains_all"]

@@ -19,7 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .kernels.stochastic_gradient import StochasticGradientKernel
-from .mcmc import run_chains
+from .sampling_loop import run_chains
 from .theory.problems import SITE
 
 

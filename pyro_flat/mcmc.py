@@ -24,7 +24,7 @@ Whatever ran is in ``mcmc.chain_method``; how its chains drew minibatches in ``m
 ``random_streams`` says where vectorized chains draw their noise: ``"shared"`` (default), one stream
 for all chains (across ranks each rank draws every chain's numbers and keeps its own rows), or
 ``"per_chain"``, a stream per chain seeded from a seed drawn from the global stream at set-up (alike on
-every rank) and the chain's number (:class:`~pyro_flat.chains.ChainStreams`): each rank draws only its
+every rank) and the chain's number (:class:`~pyro_flat.chain_streams.ChainStreams`): each rank draws only its
 own chains' numbers, which is what lets a network's chains scale over ranks, and a chain's draws are the
 same on any number of ranks (one process included) with the same option, up to round-off. Seeded runs give other numbers under the two options,
 equally valid. Compiled (``jit_compile``), a graph takes the per-chain numbers as inputs, drawn before each call.
@@ -59,7 +59,7 @@ import logging
 import os
 import warnings
 from pathlib import Path
-from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence
 
 import torch
 
@@ -70,48 +70,23 @@ from pyro.infer.mcmc.logger import ProgressBar, initialize_logger
 from pyro.infer.mcmc.util import print_summary
 from pyro.util import optional
 
-from .chains import check_random_streams, sharded
+from .chain_streams import check_random_streams
+from .chains import sharded
 from .diagnostics import per_chain_diagnostics, require_draws, select_draws
 from .checkpoint import check_checkpoint_arguments, refuse_loaders, run_fingerprint
 from .draws import DrawBuffers, DrawFiles
 from .progress import ProgressHook
+from .sampling_loop import run_chains
 from .distributed.driver import (RankRun, RanksFailed, checked, gather_draws, open_checkpoints,
                                  start_rank_run, with_draws)
 from .kernels.protocol import ChainKernel
 from .mcmc_arguments import check_initial_params, check_kernel
-from .targets import Params, check_minibatches
+from .targets import check_minibatches
 from .validation import check_chain_memory, check_nonnegative_int, check_positive_int, check_thinning
 
 CHAIN_METHODS = ("auto", "vectorized", "sequential", "parallel", "distributed", "data_parallel")
 #: the chain methods that span the ranks of a torch.distributed process group
 RANK_METHODS = ("distributed", "data_parallel")
-
-
-def run_chains(kernel, warmup_steps: int, num_samples: int, args: tuple = (),
-               kwargs: Optional[dict] = None,
-               resume: Optional[Callable[[], Tuple[Params, int]]] = None) -> Iterator[Tuple[str, int, Params]]:
-    """The sampling loop: set the kernel up, then yield ``(phase, i, params)`` after each draw.
-
-    ``phase`` is ``"Initial"`` once (``i = 0``, the initial point), then ``"Warmup"`` for
-    ``i < warmup_steps`` and ``"Sample"`` for the ``num_samples`` kept draws, as in Pyro's progress
-    hook. The kernel is configured beforehand (:meth:`~pyro_flat.kernels.base.TargetKernel.configure`)
-    and cleaned up however the loop ends. :class:`MCMC` stores the draws it yields; a study that
-    needs only some states (:func:`pyro_flat.convergence.run_ensemble`) keeps those. ``resume``, called
-    after the set-up, puts a checkpoint's state back and returns ``(params, steps done)``: the loop then
-    yields ``"Initial"`` with those parameters and goes on from there.
-    """
-    try:
-        kernel.setup(warmup_steps, *args, **(kwargs or {}))
-        params, done = kernel.initial_params, 0
-        if resume is not None:
-            params, done = resume()
-        yield "Initial", 0, params
-        for step in range(done, warmup_steps + num_samples):
-            with kernel.drawing():
-                params = kernel.sample(params)
-            yield ("Warmup", step, params) if step < warmup_steps else ("Sample", step - warmup_steps, params)
-    finally:
-        kernel.cleanup()
 
 
 class MCMC(pyro.infer.MCMC):

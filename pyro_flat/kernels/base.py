@@ -24,15 +24,15 @@ import torch
 from pyro.infer.autoguide.initialization import init_to_sample
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
-from ..chains import ChainStreams, check_random_streams, drawing_from, shard_of
+from ..chain_streams import ChainStreams, check_random_streams, drawing_from
+from ..chains import shard_of
 
-from ..targets import (CallablePotential, ChangedSitesError, CoupledPotential, InitialShapeError, ModelPotential,
-                       Params, Target, check_minibatches, compile_target, merge_overrides)
-from ..validation import (check_chain_memory, check_nonnegative_int, check_positive_int, check_real_tensor,
-                          check_thinning)
+from ..targets import (CallablePotential, CoupledPotential, ModelPotential, Params, Target, check_minibatches,
+                       compile_target)
+from ..validation import check_nonnegative_int, check_positive_int, check_real_tensor, check_thinning
 from .protocol import DataParallelism
 from .recording import DrawRecording
-from .vectorization import vectorization_error
+from .vectorization import probe_chains
 
 
 def constructor_signature(cls: type) -> inspect.Signature:
@@ -170,7 +170,7 @@ class TargetKernel(DrawRecording, MCMCKernel):
             process's shard of the data (a :class:`~pyro_flat.kernels.protocol.DataParallelism`, such as
             :class:`~pyro_flat.distributed.DataParallelShards`): the potential is summed over the ranks.
         :param random_streams: for vectorized chains, ``"shared"`` (one random stream for all chains) or
-            ``"per_chain"`` (a stream per chain, :class:`~pyro_flat.chains.ChainStreams`, seeded at
+            ``"per_chain"`` (a stream per chain, :class:`~pyro_flat.chain_streams.ChainStreams`, seeded at
             :meth:`setup` from the global stream; drawn from inside :meth:`drawing`).
         """
         if num_chains is not None:
@@ -343,39 +343,9 @@ class TargetKernel(DrawRecording, MCMCKernel):
         keeping ``num_draws`` draws, cannot fit in memory (checked before any batched work)."""
         previous, self.minibatches = self.minibatches, check_minibatches(minibatches)
         try:
-            return self._vectorization_error(num_chains, args, kwargs, initial_params, num_draws)
+            return probe_chains(self, num_chains, args, kwargs, initial_params, num_draws)
         finally:
             self.minibatches = previous
-
-    def _vectorization_error(self, num_chains: int, args: tuple, kwargs: dict,
-                             initial_params: Optional[Params], num_draws: int = 0) -> Optional[str]:
-        first = None if initial_params is None else {k: v[0] for k, v in initial_params.items()}
-        # one chain's target first, outside the `try`: its errors (bad data, a discrete latent, a
-        # subsampled plate for HMC, ...) are the user's to see, not a reason to fall back
-        single = self.build_target(args, kwargs, initial_params=first)
-        try:
-            one = single.initial_params(first)  # a wrong initial value is the user's error too
-        except InitialShapeError as err:  # say it in the shapes the user passed: chains first
-            raise InitialShapeError(err.name, (num_chains, *err.given), (num_chains, *err.expected)) from None
-        # a chain's state, and with its own minibatches a permutation of each subsampled plate per epoch
-        per_chain = self.minibatches == "per_chain"
-        permutations = sum(size for size, _ in single.subsampled_plates.values()) if per_chain else 0
-        check_chain_memory(num_chains, num_draws, sum(v.numel() * v.element_size() for v in one.values()),
-                           bytes_per_chain=16 * permutations)
-        # one chain's energy and gradient, outside the `try` too: a model that fails for one chain (a dtype
-        # error, labels of the wrong kind) fails for the user, not as a reason to fall back to Pyro's driver
-        single.potential_and_grad(one, single.fixed_batch())
-        try:
-            batched = self.build_target(args, kwargs, num_chains=num_chains, initial_params=initial_params)
-            # chain 0's point for every chain (the probe moves each chain its own way), the user's values
-            # put in: the batched target need not draw an initial point per chain
-            start = merge_overrides({k: v.expand(num_chains, *v.shape).clone() for k, v in one.items()},
-                                    {k: v for k, v in (initial_params or {}).items() if k in batched.sites})
-            return vectorization_error(single, batched, start)
-        except ChangedSitesError:  # the model's own error, whether or not chains are batched
-            raise
-        except Exception as err:  # any other failure of the batched run means: not broadcastable
-            return f"{type(err).__name__}: {err}".split("\n")[0]
 
     # ----------------------------------------------------------------- helpers
     def _reset_chain_state(self, warmup_steps: int) -> None:

@@ -32,11 +32,11 @@ preconditioner's frozen metric. A step size is compiled once it repeats on conse
 iterations, at most :data:`MAX_GRAPHS` of them: a schedule that changes the step at every
 iteration runs eagerly, and so does warm-up while a preconditioner adapts.
 
-Per-chain random streams (``random_streams="per_chain"``, :class:`~pyro_flat.chains.ChainStreams`): a
+Per-chain random streams (``random_streams="per_chain"``, :class:`~pyro_flat.chain_streams.ChainStreams`): a
 graph cannot hold a ``torch.Generator``, so the numbers each iteration draws from them are the graph's
 inputs, drawn from the streams before each call in the eager order (:meth:`ChainStreams.recording
-<pyro_flat.chains.ChainStreams.recording>` lists them when the graph is built, :meth:`ChainStreams.feeding
-<pyro_flat.chains.ChainStreams.feeding>` hands them to the traced iteration): the same numbers as eager.
+<pyro_flat.chain_streams.ChainStreams.recording>` lists them when the graph is built, :meth:`ChainStreams.feeding
+<pyro_flat.chain_streams.ChainStreams.feeding>` hands them to the traced iteration): the same numbers as eager.
 
 Random numbers: the graph keeps the eager random operations (``torch.randn`` and friends, also
 under inductor, whose own Philox generator is switched off: on the CPU it is several times slower

@@ -8,7 +8,7 @@ potential; this module says what the driver asks of the kernel. Any object with 
 time. Every pyro-flat kernel (:class:`~pyro_flat.kernels.base.TargetKernel`) is a
 :class:`ChainKernel`.
 
-One run, as the driver makes it (:func:`pyro_flat.mcmc.run_chains`)::
+One run, as the driver makes it (:func:`pyro_flat.sampling_loop.run_chains`)::
 
     kernel.vectorization_error(C, args, kwargs, ...)   # None: C chains can be batched
     kernel.configure(num_chains=C, steps_per_draw=k, minibatches=..., data_parallel=..., random_streams=...)
@@ -96,7 +96,7 @@ class ChainKernel(Protocol):
 
     def drawing(self) -> ContextManager:
         """The context :meth:`sample` runs in: where the chains' random numbers come from
-        (:func:`pyro_flat.chains.drawing_from`)."""
+        (:func:`pyro_flat.chain_streams.drawing_from`)."""
 
     def sample(self, params: Params) -> Params:
         """One kept iteration (``steps_per_draw`` of them after warm-up): the next parameters."""

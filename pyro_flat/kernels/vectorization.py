@@ -1,8 +1,9 @@
 r"""Can a target run ``C`` chains at once? The probe behind ``chain_method="auto"``.
 
 :class:`pyro_flat.MCMC` vectorizes chains only when the model broadcasts over a leading chain
-dimension. :func:`vectorization_error` decides it from two targets it is given, one chain's and
-``C`` chains', built by the kernel: the batched energies of the first chains (on fixed
+dimension. :func:`probe_chains` builds two targets with the kernel, one chain's and ``C`` chains'
+(after checking one chain alone and the memory ``C`` chains need), and :func:`vectorization_error`
+decides from them: the batched energies of the first chains (on fixed
 minibatches) must equal the energies of the same points evaluated one by one. With per-chain
 minibatches every chain's fixed minibatch is a different one, and each chain alone is evaluated
 on its own: a model that gives every chain the same data fails.
@@ -20,10 +21,45 @@ from typing import Optional
 
 import torch
 
-from ..targets import Params, Target
+from ..targets import ChangedSitesError, InitialShapeError, Params, Target, merge_overrides
+from ..validation import check_chain_memory
 
 #: chains compared one by one (the others only have to come out in the right shape)
 CHAINS_COMPARED = 2
+
+
+def probe_chains(kernel, num_chains: int, args: tuple, kwargs: dict, initial_params: Optional[Params],
+                 num_draws: int = 0) -> Optional[str]:
+    """``None`` if ``kernel``'s target (built by its ``build_target``) runs ``num_chains`` chains at once
+    correctly, else why not. One chain's errors (bad data, a wrong initial value, a model that fails alone)
+    are raised, not a reason to fall back; so is a ``num_chains`` whose draws cannot fit in memory."""
+    first = None if initial_params is None else {k: v[0] for k, v in initial_params.items()}
+    # one chain's target first, outside the `try`: its errors (bad data, a discrete latent, a
+    # subsampled plate for HMC, ...) are the user's to see, not a reason to fall back
+    single = kernel.build_target(args, kwargs, initial_params=first)
+    try:
+        one = single.initial_params(first)  # a wrong initial value is the user's error too
+    except InitialShapeError as err:  # say it in the shapes the user passed: chains first
+        raise InitialShapeError(err.name, (num_chains, *err.given), (num_chains, *err.expected)) from None
+    # a chain's state, and with its own minibatches a permutation of each subsampled plate per epoch
+    per_chain = kernel.minibatches == "per_chain"
+    permutations = sum(size for size, _ in single.subsampled_plates.values()) if per_chain else 0
+    check_chain_memory(num_chains, num_draws, sum(v.numel() * v.element_size() for v in one.values()),
+                       bytes_per_chain=16 * permutations)
+    # one chain's energy and gradient, outside the `try` too: a model that fails for one chain (a dtype
+    # error, labels of the wrong kind) fails for the user, not as a reason to fall back to Pyro's driver
+    single.potential_and_grad(one, single.fixed_batch())
+    try:
+        batched = kernel.build_target(args, kwargs, num_chains=num_chains, initial_params=initial_params)
+        # chain 0's point for every chain (the probe moves each chain its own way), the user's values
+        # put in: the batched target need not draw an initial point per chain
+        start = merge_overrides({k: v.expand(num_chains, *v.shape).clone() for k, v in one.items()},
+                                {k: v for k, v in (initial_params or {}).items() if k in batched.sites})
+        return vectorization_error(single, batched, start)
+    except ChangedSitesError:  # the model's own error, whether or not chains are batched
+        raise
+    except Exception as err:  # any other failure of the batched run means: not broadcastable
+        return f"{type(err).__name__}: {err}".split("\n")[0]
 
 
 def vectorization_error(single: Target, batched: Target, start: Params) -> Optional[str]:
@@ -56,4 +92,4 @@ def vectorization_error(single: Target, batched: Target, start: Params) -> Optio
     return None
 
 
-__all__ = ["vectorization_error"]
+__all__ = ["probe_chains", "vectorization_error"]
