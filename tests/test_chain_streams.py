@@ -14,7 +14,7 @@ from pyro_flat import MCMC, SGHMC, EntropySGLD
 from pyro_flat.chain_streams import ChainStreams, drawing_from
 from pyro_flat.chains import chain_rand_like, chain_randn_like, chain_randn_like_each
 
-from moments import assert_moments
+from moments import assert_moments, sgld_stationary_covariance
 
 
 def _draws(streams, shapes):
@@ -40,20 +40,36 @@ def test_each_block_of_chains_draws_the_rows_of_the_whole_runs_numbers(split):
 
 
 def test_the_streams_are_independent_standard_normals_and_uniforms():
-    """64 chains' normals: mean 0, covariance I between the first 6 chains' numbers (4.5 Monte-Carlo sd per
-    entry, 20,000 numbers each); the uniforms' mean 1/2 and variance 1/12. Chains with one stream (a mutant
-    that ignores the chain's number) are perfectly correlated and fail."""
-    streams = ChainStreams(seed=3, chains=range(64))
-    with drawing_from(streams):
-        normal = chain_randn_like(torch.zeros(64, 20_000, dtype=torch.float64))
-        uniform = chain_rand_like(torch.zeros(64, 20_000, dtype=torch.float64))
+    """64 chains' numbers, 20,000 each: the normals' mean 0 and covariance I between the first 6 chains
+    (4.5 Monte-Carlo sd per entry); the uniforms in [0, 1) with mean 1/2, variance 1/12 and fourth central
+    moment 1/80; and no pair of the 64 chains correlated, for either kind, beyond 5.5 null sds (2,016 pairs,
+    Bonferroni). Chains that share a stream (a seed that ignores, or wraps, the chain's number) fail."""
+    n = 20_000
+    with drawing_from(ChainStreams(seed=3, chains=range(64))):
+        normal = chain_randn_like(torch.zeros(64, n, dtype=torch.float64))
+        uniform = chain_rand_like(torch.zeros(64, n, dtype=torch.float64))
     assert_moments(normal[:6].T[None].numpy(), np.zeros(6), np.eye(6))
     u = uniform.reshape(-1)
-    se = (1 / 12 / u.numel()) ** 0.5
-    assert abs(float(u.mean()) - 0.5) < 4.5 * se and abs(float(u.var()) - 1 / 12) < 4.5 * 0.0745 / u.numel() ** 0.5
-    other_seed = ChainStreams(seed=4, chains=range(64))
-    with drawing_from(other_seed):
-        assert not torch.equal(chain_randn_like(torch.zeros(64, 5, dtype=torch.float64)), normal[:, :5])
+    assert float(u.min()) >= 0.0 and float(u.max()) < 1.0
+    m = u.numel()
+    central = u - 0.5
+    # E (U - 1/2)^k = 2^-k / (k + 1) for even k: the sd of each estimate's terms from the 2k-th moment
+    for moment, truth, sd in [(u.mean(), 0.5, (1 / 12) ** 0.5),
+                              (central.pow(2).mean(), 1 / 12, (1 / 80 - 1 / 144) ** 0.5),
+                              (central.pow(4).mean(), 1 / 80, (1 / 2304 - 1 / 6400) ** 0.5)]:
+        assert abs(float(moment) - truth) < 4.5 * sd / m ** 0.5, (float(moment), truth)
+    for draws in (normal, uniform):
+        r = np.corrcoef(draws.numpy())
+        worst = np.abs(r[~np.eye(64, dtype=bool)]).max() * n ** 0.5
+        assert worst < 5.5, worst
+
+
+def test_the_streams_follow_their_seed():
+    def draw(seed):
+        with drawing_from(ChainStreams(seed=seed, chains=range(64))):
+            return chain_randn_like(torch.zeros(64, 5, dtype=torch.float64))
+
+    assert torch.equal(draw(3), draw(3)) and not torch.equal(draw(4), draw(3))
 
 
 def test_saved_streams_continue_exactly_and_refuse_other_chains():
@@ -73,13 +89,15 @@ def _gaussian(p):
 
 
 def test_entropy_sgld_on_per_chain_streams_samples_the_joint_and_repeats_its_draws():
-    """64 EntropySGLD chains on N(1, diag(1, 4)), eta = 0.5, each chain on its own stream: the closed-form
-    joint of theta and theta_a; the same seed repeats the draws, and they differ from the shared stream's."""
-    eta = 0.5
+    """64 EntropySGLD chains on N(1, diag(1, 4)), eta = 0.5, each chain on its own stream: the moments of
+    theta and theta_a against the exact stationary law of the discretised joint (step 0.05: the Lyapunov
+    equation of SGLD on the joint's Hessian; its slowest mode mixes in about 300 iterations, so 1,000
+    warm-up and 2,000 draws). The same seed repeats the draws, and they differ from the shared stream's."""
+    eta, step = 0.5, 0.05
 
     def run(streams):
         pyro.set_rng_seed(5)
-        mcmc = MCMC(EntropySGLD(potential_fn=_gaussian, eta=eta, step_size=0.01), 1500, 500, num_chains=64,
+        mcmc = MCMC(EntropySGLD(potential_fn=_gaussian, eta=eta, step_size=step), 2000, 1000, num_chains=64,
                     disable_progbar=True, initial_params={"x": torch.zeros(64, 2, dtype=torch.float64)},
                     random_streams=streams)
         mcmc.run()
@@ -87,11 +105,30 @@ def test_entropy_sgld_on_per_chain_streams_samples_the_joint_and_repeats_its_dra
 
     s = run("per_chain")
     x = torch.cat([s["x"], s["x_aux"]], -1).numpy()
-    var = np.array([1.0, 4.0])
-    cov = np.block([[np.diag(var), np.diag(var)], [np.diag(var), np.diag(var + eta)]])
-    assert_moments(x, np.ones(4), cov)
+    var, eye = np.array([1.0, 4.0]), np.eye(2)
+    hessian = np.block([[np.diag(1 / var + 1 / eta), -eye / eta], [-eye / eta, eye / eta]])
+    assert_moments(x, np.ones(4), sgld_stationary_covariance(hessian, step, np.zeros((4, 4))))
     assert all(torch.equal(v, run("per_chain")[k]) for k, v in s.items())
     assert not torch.equal(s["x"], run("shared")["x"])
+
+
+def _runs(chains, streams, seed=5):
+    pyro.set_rng_seed(seed)
+    mcmc = MCMC(EntropySGLD(potential_fn=_gaussian, eta=0.5, step_size=0.05), 20, 5, num_chains=chains,
+                disable_progbar=True, initial_params={"x": torch.zeros(chains, 2, dtype=torch.float64)},
+                random_streams=streams)
+    mcmc.run()
+    return mcmc.get_samples(group_by_chain=True)["x"]
+
+
+def test_a_chains_draws_depend_on_the_seed_and_its_number_not_on_how_many_chains_run():
+    """Per-chain streams: 3 chains' first two are the 2-chain run's, bit for bit (so the streams are used,
+    not the shared one, where a third chain's rows shift the others' numbers), and another seed gives
+    other draws."""
+    two, three = _runs(2, "per_chain"), _runs(3, "per_chain")
+    assert torch.equal(three[:2], two)
+    assert not torch.equal(_runs(2, "per_chain", seed=6), two)
+    assert not torch.equal(_runs(3, "shared")[:2], _runs(2, "shared"))
 
 
 @pytest.mark.parametrize("kernel, thinning", [("SGHMC", 1), ("EntropySGLD", 4)])
