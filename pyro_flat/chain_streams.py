@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence
+from typing import Any, ContextManager, Dict, Iterator, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
@@ -176,13 +176,18 @@ _STREAMS: ContextVar[Optional[ChainStreams]] = ContextVar("pyro_flat_chain_strea
 
 
 @contextmanager
-def drawing_from(streams: Optional[ChainStreams]) -> Iterator[Optional[ChainStreams]]:
-    """Draw the enclosed chains' random numbers from ``streams`` (``None``: the shared stream)."""
-    token = _STREAMS.set(streams)
+def context_value(var: ContextVar, value: Any) -> Iterator[Any]:
+    """``var`` holds ``value`` inside the block, and what it held before after it (also on an error)."""
+    token = var.set(value)
     try:
-        yield streams
+        yield value
     finally:
-        _STREAMS.reset(token)
+        var.reset(token)
+
+
+def drawing_from(streams: Optional[ChainStreams]) -> ContextManager[Optional[ChainStreams]]:
+    """Draw the enclosed chains' random numbers from ``streams`` (``None``: the shared stream)."""
+    return context_value(_STREAMS, streams)
 
 
 def current_streams() -> Optional[ChainStreams]:
@@ -196,5 +201,5 @@ def streams_for(x: torch.Tensor) -> Optional[ChainStreams]:
     return streams if streams is not None and x.dim() and x.shape[0] == streams.count else None
 
 
-__all__ = ["RANDOM_STREAMS", "check_random_streams", "chain_seed", "NoiseSpec", "ChainStreams", "drawing_from",
-           "current_streams", "streams_for"]
+__all__ = ["RANDOM_STREAMS", "check_random_streams", "chain_seed", "NoiseSpec", "ChainStreams", "context_value",
+           "drawing_from", "current_streams", "streams_for"]

@@ -30,14 +30,13 @@ True
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, ContextManager, List, Optional, Sequence
 
 import torch
 
-from .chain_streams import streams_for
+from .chain_streams import context_value, streams_for
 
 
 
@@ -90,14 +89,9 @@ def shard_of(count: int) -> Optional[ChainShard]:
     return shard if shard is not None and shard.count == count else None
 
 
-@contextmanager
-def sharded(shard: Optional[ChainShard]) -> Iterator[Optional[ChainShard]]:
+def sharded(shard: Optional[ChainShard]) -> ContextManager[Optional[ChainShard]]:
     """Run the enclosed chains as ``shard`` of a larger set (``None``: no change)."""
-    token = _SHARD.set(shard)
-    try:
-        yield shard
-    finally:
-        _SHARD.reset(token)
+    return context_value(_SHARD, shard)
 
 
 def chain_draw(draw: Callable[[Sequence[int]], torch.Tensor], shape: Sequence[int]) -> torch.Tensor:
