@@ -120,10 +120,10 @@ def chain_randn_like_each(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]
     """:func:`chain_randn_like` of each tensor. On a GPU they are drawn as one vector, one kernel launch
     instead of one per tensor (for a network's dozens of weight tensors, most of the noise's cost), and
     each result is a view of it, tensor after tensor, in logical order; under a shard the vector holds
-    every chain's numbers, so a chain's do not depend on the split. With per-chain streams
-    (:func:`drawing_from`), on any device, each chain draws all its tensors' numbers at once. On the CPU, where a call costs
+    every chain's numbers, so a chain's do not depend on the split. On the CPU, where a call costs
     microseconds, they are drawn one tensor after another: the numbers of :func:`chain_randn_like`, so
-    seeded CPU runs keep their draws.
+    seeded CPU runs keep their draws. With per-chain streams (``drawing_from``), on any device, each
+    chain draws all its tensors' numbers at once.
 
     >>> _ = torch.manual_seed(0)
     >>> a, b = chain_randn_like_each([torch.zeros(2, 3), torch.zeros(2)])

@@ -26,8 +26,9 @@ for all chains (across ranks each rank draws every chain's numbers and keeps its
 ``"per_chain"``, a stream per chain seeded from a seed drawn from the global stream at set-up (alike on
 every rank) and the chain's number (:class:`~pyro_flat.chain_streams.ChainStreams`): each rank draws only its
 own chains' numbers, which is what lets a network's chains scale over ranks, and a chain's draws are the
-same on any number of ranks (one process included) with the same option, up to round-off. Seeded runs give other numbers under the two options,
-equally valid. Compiled (``jit_compile``), a graph takes the per-chain numbers as inputs, drawn before each call.
+same on any number of ranks (one process included) with the same option, up to round-off. Seeded runs
+give other numbers under the two options, equally valid. Compiled (``jit_compile``), a graph takes the
+per-chain numbers as inputs, drawn before each call.
 Vectorized chains draw their own (``minibatches="per_chain"``, the default: the plate's indices are
 ``(C, B)``, chain ``c``'s in row ``c``, and a model that gathers ``X[idx]`` evaluates all chains in one
 pass), so they are independent, as R-hat and ESS assume; ``"shared"`` gives every chain one minibatch

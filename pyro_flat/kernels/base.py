@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 import time
 import warnings
-from typing import Callable, Dict, Optional, Tuple, Union
+from typing import Callable, ContextManager, Dict, Optional, Tuple, Union
 
 import torch
 from pyro.infer.autoguide.initialization import init_to_sample
@@ -26,7 +26,6 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from ..chain_streams import ChainStreams, check_random_streams, drawing_from
 from ..chains import shard_of
-
 from ..targets import (CallablePotential, CoupledPotential, ModelPotential, Params, Target, check_minibatches,
                        compile_target)
 from ..validation import check_nonnegative_int, check_positive_int, check_real_tensor, check_thinning
@@ -235,7 +234,7 @@ class TargetKernel(DrawRecording, MCMCKernel):
         with self.drawing():
             self.after_setup(params)
 
-    def drawing(self):
+    def drawing(self) -> ContextManager:
         """The context in which this run's chains draw their random numbers: its per-chain streams
         (``random_streams="per_chain"``), else the shared stream. The driver calls :meth:`sample` in it."""
         return drawing_from(self.chain_streams)
