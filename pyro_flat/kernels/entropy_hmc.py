@@ -9,7 +9,7 @@ import torch
 from pyro.infer.autoguide.initialization import init_to_sample
 
 from ..chains import chain_rand_like, chain_randn_like, chains_all, chains_min
-from ..targets import ChainLayout, CoupledPotential, Params, coupling
+from ..targets import ChainLayout, CoupledPotential, Params, check_minibatches, coupling
 from ..validation import check_eta, check_number, check_positive, check_positive_int
 from .adaptation import StepSizeAdapter, WelfordCovariance, adaptation_windows
 from .base import TargetKernel, coupled_target
@@ -171,10 +171,12 @@ class EntropyHMC(TargetKernel):
                                             hint="NUTS stops doubling after 2**max_tree_depth steps.")
         self.use_nuts, self.max_tree_depth = bool(use_nuts), max_tree_depth
 
-    def _vectorization_error(self, num_chains, args, kwargs, initial_params, num_draws=0):
+    def vectorization_error(self, num_chains, args, kwargs, initial_params=None, minibatches="per_chain", *,
+                            num_draws=0):
         if self.use_nuts:
+            check_minibatches(minibatches)
             return "NUTS trees grow differently per chain: use_nuts=True runs one chain at a time"
-        return super()._vectorization_error(num_chains, args, kwargs, initial_params, num_draws)
+        return super().vectorization_error(num_chains, args, kwargs, initial_params, minibatches, num_draws=num_draws)
 
     # ----------------------------------------------------------------- target and state
     def build_target(self, args: tuple, kwargs: dict, *, num_chains: Optional[int] = None,
