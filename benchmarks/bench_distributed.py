@@ -192,7 +192,7 @@ def chain_throughput(model: str, c: int, seconds_target: float, repeats: int, st
         verdict = (f"; targets >= 1.8x and >= 90% of the ceiling: {'met' if ratio >= 0.9 * ceiling else 'MISSED'}, "
                    f"{'met' if ratio >= 1.8 else 'MISSED'}")
         if ceiling < 1.8:
-            verdict += f" (1.8x is above this machine's ceiling, {ceiling:.2f}x)"
+            verdict += f" (1.8x is above the ceiling measured in this run, {ceiling:.2f}x)"
     print(f"   2 ranks against 1 rank: {ratio:.2f}x, {ratio / ceiling:.0%} of the ceiling{verdict}")
 
 
