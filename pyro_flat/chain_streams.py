@@ -127,7 +127,6 @@ class ChainStreams:
                 row.uniform_(generator=generator)
         return out
 
-
     def draw(self, specs: Sequence[NoiseSpec]) -> List[torch.Tensor]:
         """The draws ``specs`` describe, in order (what :meth:`recording` saw an iteration make)."""
         return [self.fill(torch.empty(s.shape, dtype=s.dtype, device=s.device), s.kind) for s in specs]
@@ -154,14 +153,11 @@ class ChainStreams:
     @contextmanager
     def forked(self) -> Iterator[None]:
         """Leave the streams where they were after the enclosed draws (as ``torch.random.fork_rng``)."""
-        saved = {d: [g.get_state() for g in gens] for d, gens in self._generators.items()}
+        saved = self.state_dict()
         try:
             yield
         finally:
-            self._generators = {d: gens for d, gens in self._generators.items() if d in saved}
-            for device, states in saved.items():
-                for generator, state in zip(self._generators[device], states):
-                    generator.set_state(state)
+            self.load_state_dict(saved)
 
 
 def _concrete(device: torch.device) -> torch.device:
@@ -190,11 +186,6 @@ def drawing_from(streams: Optional[ChainStreams]) -> ContextManager[Optional[Cha
     return context_value(_STREAMS, streams)
 
 
-def current_streams() -> Optional[ChainStreams]:
-    """The :class:`ChainStreams` in force, or ``None`` (the shared stream)."""
-    return _STREAMS.get()
-
-
 def streams_for(x: torch.Tensor) -> Optional[ChainStreams]:
     """The streams in force if ``x``'s leading dimension is their chains."""
     streams = _STREAMS.get()
@@ -202,4 +193,4 @@ def streams_for(x: torch.Tensor) -> Optional[ChainStreams]:
 
 
 __all__ = ["RANDOM_STREAMS", "check_random_streams", "chain_seed", "NoiseSpec", "ChainStreams", "context_value",
-           "drawing_from", "current_streams", "streams_for"]
+           "drawing_from", "streams_for"]

@@ -333,8 +333,7 @@ class MCMC(pyro.infer.MCMC):
                             self.draws_dir, shapes, num_samples, fresh=not resumed)
                         if resumed:  # the draws made before the stop, handed to the user's hook as when made
                             store.restore(saver.saved["draws"])
-                            progress_bar.update(kernel.iteration)
-                            hook.counted = kernel.iteration
+                            hook.resumed(kernel.iteration)
                             if self.sampler.hook is not None:
                                 for j in range(max(saver.saved["done"] - warmup, 0)):
                                     row = store.row(j)

@@ -24,6 +24,11 @@ class ProgressHook:
         self.counted = 0  # the kernel's iterations the bar has counted (a resumed run: those before the stop)
         self.pending, self.stage, self.last = 0, None, time.perf_counter()
 
+    def resumed(self, iterations: int) -> None:
+        """A resumed run: the bar starts at the ``iterations`` the kernel made before the stop."""
+        self.progress_bar.update(iterations)
+        self.counted = iterations
+
     def __call__(self, kernel, params, stage, i):
         if stage != self.stage:
             self.flush(kernel)
