@@ -1,6 +1,7 @@
 """The compiled fast path (jit_compile=True): the traced graph against the eager target, the same
 random stream, and the fallback for models a trace cannot capture."""
 
+import math
 import warnings
 
 import pytest
@@ -10,9 +11,10 @@ import pyro
 import pyro.distributions as dist
 from pyro.infer import MCMC
 from pyro_flat import MCMC as VectorizedMCMC
-from pyro_flat import DivergenceError, EntropyHMC, EntropySGLD, LocalEntropySGLD, SGLD
+from pyro_flat import SGHMC, SGLD, DivergenceError, EntropyHMC, EntropySGLD, LocalEntropySGLD
 from pyro_flat.diagnostics import mcmc_sample_stats
 from pyro_flat.models import BayesianMLP, logistic_regression
+from pyro_flat.schedules import cyclical_cosine
 from pyro_flat.targets import CompiledTarget, CoupledPotential, ModelPotential, compile_target
 
 
@@ -137,16 +139,119 @@ def test_a_schedule_that_settles_is_compiled_once_it_repeats():
     _assert_same(eager, compiled)
 
 
-def test_each_step_size_gets_its_graph_up_to_a_limit():
+class _FloatStepSGLD(SGLD):
+    """A user's update that needs a Python-number step (``math.sqrt`` reads the tensor's value)."""
+
+    def update(self, params, grads, step_size, temperature):
+        scale = math.sqrt(step_size) * 0.0 + 1.0  # 1, but only computable from a number
+        return self.langevin(params, grads, step_size * scale, temperature)
+
+
+def test_an_update_that_needs_a_number_step_gets_a_graph_per_step_after_one_warning():
+    X, y = _data()
+    settling = lambda k: 1.0 / (1 + k) if k < 50 else 0.5  # noqa: E731
+    draws = []
+    for jit in (False, "fx"):
+        kernel = _FloatStepSGLD(logistic_regression, step_size=1e-3, jit_compile=jit, schedule=settling)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            draws.append(_run(kernel, 7, X, y)[0])
+        messages = [str(w.message) for w in caught if "jit_compile" in str(w.message)]
+        if jit:
+            assert len(messages) == 1 and "does not trace with the step size as a tensor" in messages[0]
+            assert list(kernel._steps.graphs) and all(key[0] == 0.5e-3 for key in kernel._steps.graphs)
+            assert kernel.is_compiled and not kernel._steps.step_input
+    _assert_same(*draws)
+
+
+def test_each_baked_step_size_gets_its_graph_up_to_a_limit():
     from pyro_flat.kernels.compiled_step import MAX_GRAPHS
 
     X, y = _data()
-    kernel = EntropySGLD(logistic_regression, eta=0.1, step_size=1e-3, jit_compile="fx",
-                         schedule=lambda k: 1.0 / (1 + k // 10))  # a new step every 10 iterations
+    declared = type("DeclaredFloatStepSGLD", (_FloatStepSGLD,), {"step_size_input": False})  # no trace to fail
+    kernel = declared(logistic_regression, step_size=1e-3, jit_compile="fx",
+                      schedule=lambda k: 1.0 / (1 + k // 10))  # a new step every 10 iterations
     with pytest.warns(RuntimeWarning, match=f"{MAX_GRAPHS} graphs compiled already"):
         draws, _ = _run(kernel, 0, X, y)
     assert len(kernel._steps.graphs) == MAX_GRAPHS and not kernel.is_compiled
     assert all(torch.isfinite(v).all() for v in draws.values())
+
+
+def _cyclical_run(kernel_class, jit, seed=8, thinning=1, pyro_driver=False, **kwargs):
+    X, y = _data()
+    schedule = cyclical_cosine(num_steps=400, num_cycles=4, exploration=0.5)
+    kwargs.setdefault("step_size", 2e-3)
+    kernel = kernel_class(logistic_regression, jit_compile=jit, schedule=schedule, **kwargs)
+    pyro.set_rng_seed(seed)
+    if pyro_driver:  # one chain: the bias is a 0-d tensor
+        mcmc = MCMC(kernel, 40, 20, disable_progbar=True)
+    else:
+        mcmc = VectorizedMCMC(kernel, 40, 20, num_chains=2, thinning=thinning, disable_progbar=True)
+    mcmc.run(X, y, batch_size=50)
+    return kernel, mcmc
+
+
+@pytest.mark.parametrize("kernel_class, kwargs", [
+    (EntropySGLD, {"eta": 0.1}),
+    (SGHMC, {"momentum": 0.9}),
+    (EntropySGLD, {"eta": 0.1, "preconditioner": "dense"}),
+    (LocalEntropySGLD, {"eta": 0.5, "inner_step_size": 1e-4, "num_inner_steps": 2}),
+    (EntropySGLD, {"eta": 0.1, "pyro_driver": True, "jit": True}),
+    (SGHMC, {"momentum": 0.9, "pyro_driver": True}),
+], ids=["EntropySGLD", "SGHMC", "EntropySGLD-dense", "LocalEntropySGLD", "EntropySGLD-pyro-inductor", "SGHMC-pyro"])
+def test_a_cyclical_schedule_runs_compiled_with_the_step_as_an_input(kernel_class, kwargs):
+    """A cosine schedule changes the step at every iteration: one graph per phase (temperature) serves
+    them all, and the compiled run repeats the eager one. A graph that kept the step it was traced
+    at would drift from it within a few iterations."""
+    kwargs = dict(kwargs)
+    jit = kwargs.pop("jit", "fx")
+    if "preconditioner" in kwargs:
+        kwargs["step_size"] = 0.05  # in the metric's units
+    eager_kernel, eager = _cyclical_run(kernel_class, False, **kwargs)
+    kernel, compiled = _cyclical_run(kernel_class, jit, **kwargs)
+    assert all(v.dtype == torch.float32 for v in compiled.get_samples().values())
+    assert kernel._steps.step_input and kernel.is_compiled
+    assert sorted(key[1] for key in kernel._steps.graphs) == [0.0, 1.0]  # exploration and sampling
+    assert all(key[0] is None for key in kernel._steps.graphs)
+    want, got = eager.get_samples(group_by_chain=True), compiled.get_samples(group_by_chain=True)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5)
+    steps = mcmc_sample_stats(compiled)["step_size"]
+    torch.testing.assert_close(steps, mcmc_sample_stats(eager)["step_size"])
+    assert len(set(steps.flatten().tolist())) > 10  # the step did change between draws
+
+
+@pytest.mark.parametrize("backend", ["fx", True])
+def test_fused_iterations_take_a_step_each(backend):
+    """Thinning 4 under a cosine schedule: each fused call's 4 iterations have 4 step sizes, inputs of
+    one graph; the draws and their recorded steps are the one-at-a-time run's."""
+    runs = []
+    for fused_steps in (1, None):
+        kernel_class = type("Fused", (EntropySGLD,), {"fused_steps": fused_steps})
+        kernel, mcmc = _cyclical_run(kernel_class, backend, thinning=4, eta=0.1)
+        runs.append((kernel, mcmc))
+    (one_kernel, one), (fused_kernel, fused) = runs
+    assert [key for key in fused_kernel._steps.graphs if len(key) == 4] == [(None, 1.0, id(None), 4)]
+    assert not any(len(key) == 4 for key in one_kernel._steps.graphs)
+    want, got = one.get_samples(group_by_chain=True), fused.get_samples(group_by_chain=True)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(mcmc_sample_stats(fused)["step_size"], mcmc_sample_stats(one)["step_size"])
+
+
+def test_sghmc_with_friction_bakes_its_step_in():
+    """``friction=`` derives the momentum from each step by a bisection in Python: graphs per step size,
+    so a cosine schedule runs eagerly (without a warning), and a constant step compiles."""
+    kernel, _ = _cyclical_run(SGHMC, "fx", friction=1.0)
+    assert not kernel._steps.step_input and not kernel._steps.graphs
+    X, y = _data()
+    runs = []
+    for jit in (False, "fx"):
+        kernel = SGHMC(logistic_regression, step_size=1e-3, friction=1.0, jit_compile=jit)
+        runs.append(_run(kernel, 2, X, y)[0])
+        assert kernel.is_compiled == bool(jit)
+    assert [key[0] for key in kernel._steps.graphs] == [1e-3]
+    _assert_same(*runs)
 
 
 def test_hmc_trajectories_use_the_graph_and_keep_the_stream():

@@ -27,10 +27,16 @@ checked against the eager iteration like any graph: a call is then one launch in
 kernel, which is what an iteration of a network with dozens of weight tensors is bound by (see
 ``benchmarks/bench_deep.py``). A capture that fails is said once and the graph runs uncaptured.
 
-A graph bakes in what was constant when it was traced: the step size and temperature, and a
-preconditioner's frozen metric. A step size is compiled once it repeats on consecutive
-iterations, at most :data:`MAX_GRAPHS` of them: a schedule that changes the step at every
-iteration runs eagerly, and so does warm-up while a preconditioner adapts.
+The step size is a graph input (a 0-d tensor; fused: one per iteration), so one graph serves every
+step of a schedule, a cyclical or decaying one included, and a fused graph's iterations may each have
+their own step. A graph bakes in what is constant for it: the temperature (a cyclical schedule's
+noise-free exploration phase gets a graph of its own), a preconditioner's frozen metric and the number
+of fused iterations; at most :data:`MAX_GRAPHS` of them. A graph is built once its key repeats on
+consecutive iterations; warm-up runs eagerly while a preconditioner adapts. A kernel whose update
+needs a Python-number step (:attr:`~pyro_flat.kernels.stochastic_gradient.StochasticGradientKernel.step_size_input`
+is ``False``: SGHMC with ``friction=``; or a subclass that fails to trace with a tensor step, after a
+warning) gets a graph per step size instead, and a schedule that changes the step at every
+iteration then runs eagerly.
 
 Per-chain random streams (``random_streams="per_chain"``, :class:`~pyro_flat.chain_streams.ChainStreams`): a
 graph cannot hold a ``torch.Generator``, so the numbers each iteration draws from them are the graph's
@@ -50,7 +56,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -58,15 +64,17 @@ from ..targets import Params
 from ..tracing import compile_graph, cuda_graph, first_line, mismatch, trace_graph, tracing_context, untraceable_reason
 from .integrators import Transition
 
-#: graphs kept per kernel (one per step size, temperature, metric and number of fused iterations)
+#: graphs kept per kernel (one per temperature, metric and number of fused iterations, and per step size
+#: where the step is not an input)
 MAX_GRAPHS = 4
 #: the most iterations one fused graph unrolls (its trace and compile time grow with it)
 MAX_FUSED_STEPS = 16
 
 
 class CompiledSteps:
-    """``kernel.transition`` compiled per (step size, temperature, metric); ``None`` where a step must
-    run eagerly. ``compile_seconds`` is the time spent tracing and compiling."""
+    """``kernel.transition`` compiled per (temperature, metric), with the step size as an input (or per step
+    size too, where :attr:`step_input` is off); ``None`` where a step must run eagerly. ``compile_seconds``
+    is the time spent tracing and compiling."""
 
     def __init__(self, kernel, backend: str = "inductor"):
         self.kernel, self.backend = kernel, backend
@@ -78,6 +86,7 @@ class CompiledSteps:
         self.cuda_graphs = True  # on a GPU, replay each graph as a CUDA graph (off after a failed capture)
         self._previous_key = None
         self.batches = kernel.target.batches  # where every minibatch of an iteration comes from
+        self.step_input = bool(kernel.step_size_input)  # the step size is a graph input (else baked in)
 
     def state_dict(self) -> dict:
         """The last iteration's step size and temperature, and whether it ran at the current metric: a
@@ -94,10 +103,26 @@ class CompiledSteps:
             key = self._key(step_size, temperature)[0]
             self._previous_key = key if same_metric else (*key[:2], None)
 
-    def _key(self, step_size: float, temperature: float) -> tuple:
+    def _key(self, step_size: Optional[float], temperature: float) -> tuple:
         preconditioner = self.kernel.preconditioner
         factor = None if preconditioner is None else preconditioner.factor
-        return (float(step_size), float(temperature), id(factor)), factor
+        step = None if self.step_input or step_size is None else float(step_size)
+        return (step, float(temperature), id(factor)), factor
+
+    def _steps_tensor(self, step_sizes: Sequence[float], params: Params, fused: bool) -> List[torch.Tensor]:
+        """The graph's step-size input: a 0-d tensor (``fused``: one entry per iteration) on the values' device,
+        copied from pinned memory without a host sync on a GPU; nothing where the step is baked in. Its dtype
+        is the values' narrowest: a 0-d value times a wider 0-d step would be promoted to the step's dtype."""
+        if not self.step_input:
+            return []
+        values = [float(v) for v in step_sizes] if fused else float(step_sizes[0])
+        dtype = min((v.dtype for v in params.values() if v.is_floating_point()), key=lambda t: t.itemsize,
+                    default=torch.get_default_dtype())
+        device = next(iter(params.values())).device
+        if device.type != "cuda":
+            return [torch.tensor(values, dtype=dtype)]
+        pinned = torch.tensor(values, dtype=dtype, pin_memory=True)
+        return [pinned.to(device, non_blocking=True)]
 
     def __call__(self, params: Params, step_size: float, temperature: float):
         self.last_compiled = False
@@ -115,12 +140,13 @@ class CompiledSteps:
                 self.kernel.warn_jit(f"{MAX_GRAPHS} graphs compiled already (one per step size and temperature); "
                                 "iterations at other step sizes run eagerly")
                 return None
-            entry = self._cached_build(key, keep_alive, params, step_size, temperature)
+            entry = self._cached_build(key, keep_alive, params, [step_size], temperature)
             if entry is None:
                 return None
         graph, names, carried, plates, num_draws, stat_names, noise, _ = entry
         indices = [batch[p] for _ in range(num_draws) for batch in (self.batches.draw(),) for p in plates]
-        outputs = self._run(graph, names, params, carried, indices + self._noise(noise, 1))
+        steps = self._steps_tensor([step_size], params, fused=False)
+        outputs = self._run(graph, names, params, carried, indices + self._noise(noise, 1) + steps)
         n = len(names)
         self.last_compiled = True
         return Transition(dict(zip(names, outputs[:n])), outputs[n], dict(zip(names, outputs[n + 1: 2 * n + 1])),
@@ -140,39 +166,46 @@ class CompiledSteps:
         self.kernel.carried = dict(zip(carried, outputs[n: n + m]))
         return [*outputs[:n], *outputs[n + m:]]
 
-    def fused(self, params: Params, step_size: float, temperature: float, length: int):
-        """``length`` iterations in one graph call: ``(new params, energy and statistics at params,
-        statistics at the last iteration's start, (2, length) energy and state inf-norms, the
-        minibatches used)``, or ``None`` where no graph can do it."""
+    def fused(self, params: Params, step_sizes: Sequence[float], temperature: float):
+        """``len(step_sizes)`` iterations in one graph call, each at its step size: ``(new params, energy and
+        statistics at params, statistics at the last iteration's start, (2, length) energy and state
+        inf-norms, the minibatches used)``, or ``None`` where no graph can do it (also where the steps
+        differ and a graph bakes the step in)."""
         self.last_compiled = False
+        length = len(step_sizes)
         if self.disabled is not None or self.fused_disabled is not None:
             return None
-        key, keep_alive = self._key(step_size, temperature)
+        if not self.step_input and len(set(step_sizes)) > 1:
+            return None
+        key, keep_alive = self._key(step_sizes[0], temperature)
         key = (*key, length)
         entry = self.graphs.get(key)
         if entry is None:
             if len(self.graphs) >= MAX_GRAPHS:
                 return None
-            entry = self._cached_build(key, keep_alive, params, step_size, temperature, length)
+            entry = self._cached_build(key, keep_alive, params, step_sizes, temperature, length)
             if entry is None:
                 return None
         graph, names, carried, plates, num_draws, stat_names, noise, _ = entry
         batches = [self.batches.draw() for _ in range(length * num_draws)]
+        steps = self._steps_tensor(step_sizes, params, fused=True)
         outputs = self._run(graph, names, params, carried,
-                            [batch[p] for batch in batches for p in plates] + self._noise(noise, length))
+                            [batch[p] for batch in batches for p in plates] + self._noise(noise, length) + steps)
         n, m = len(names), len(stat_names)
         self.last_compiled = True
         return (dict(zip(names, outputs[:n])), outputs[n], dict(zip(stat_names, outputs[n + 1: n + 1 + m])),
                 dict(zip(stat_names, outputs[n + 1 + m: n + 1 + 2 * m])), outputs[-1], batches)
 
     # ----------------------------------------------------------------- building a graph
-    def _cached_build(self, key, keep_alive, params, step_size, temperature, length=None):
+    def _cached_build(self, key, keep_alive, params, step_sizes, temperature, length=None):
         """:meth:`_build`, timed into :attr:`compile_seconds` and kept under ``key`` (``None`` if it failed)."""
         start = time.perf_counter()
-        entry = self._build(params, step_size, temperature, length)
+        entry = self._build(params, step_sizes, temperature, length)
         self.compile_seconds += time.perf_counter() - start
         if entry is None:
             return None
+        if key[0] is None and not self.step_input:  # the step turned out to be baked in: key it
+            key = (float(step_sizes[0]), *key[1:])
         self.graphs[key] = (*entry, keep_alive)
         return self.graphs[key]
 
@@ -183,9 +216,10 @@ class CompiledSteps:
 
     def _fused_traceable(self, names, carried, plates, num_draws, step_size, temperature, length: int, noise: int):
         """``length`` iterations as a function of flat tensors: the values, the kernel's carried state, every
-        minibatch's indices, then each iteration's ``noise`` draws from the per-chain streams; it returns the
-        last values and carried state, the energy and statistics at the first iteration's start, the
-        statistics at the last one's, and the (2, length) inf-norms of each iteration's energy and new state."""
+        minibatch's indices, each iteration's ``noise`` draws from the per-chain streams, then (``step_size``
+        ``None``) the ``(length,)`` step sizes; it returns the last values and carried state, the energy and
+        statistics at the first iteration's start, the statistics at the last one's, and the (2, length)
+        inf-norms of each iteration's energy and new state."""
         kernel, n, c, k = self.kernel, len(names), len(carried), len(plates)
         first_noise = n + c + length * num_draws * k
 
@@ -196,8 +230,9 @@ class CompiledSteps:
                     at = n + c + j * num_draws * k
                     batches = [dict(zip(plates, inputs[at + d * k: at + (d + 1) * k])) for d in range(num_draws)]
                     drawn = inputs[first_noise + j * noise: first_noise + (j + 1) * noise]
+                    step = inputs[-1][j] if step_size is None else step_size
                     with self.batches.scripted(batches), self._feeding(drawn):
-                        params, energy, _, stats = kernel.transition(params, step_size, temperature)
+                        params, energy, _, stats = kernel.transition(params, step, temperature)
                     if first is None:
                         first = (energy, stats)
                     state = torch.stack([v.detach().abs().amax() for v in params.values()]).amax()
@@ -210,54 +245,73 @@ class CompiledSteps:
 
     def _traceable(self, names, carried, plates, num_draws, step_size, temperature):
         """The iteration as a function of flat tensors: the values, the kernel's carried state, each draw's
-        minibatch indices, then its draws from the per-chain streams; it returns the new values and carried
-        state, the energy, the gradients and the target's statistics."""
+        minibatch indices, its draws from the per-chain streams, then (``step_size`` ``None``) the 0-d step
+        size; it returns the new values and carried state, the energy, the gradients and the target's
+        statistics."""
         kernel, n, c, k = self.kernel, len(names), len(carried), len(plates)
 
         def step(*inputs):
             batches = [dict(zip(plates, inputs[n + c + d * k: n + c + (d + 1) * k])) for d in range(num_draws)]
-            drawn = inputs[n + c + num_draws * k:]
+            drawn = inputs[n + c + num_draws * k: len(inputs) - (step_size is None)]
+            size = inputs[-1] if step_size is None else step_size
             with self.batches.scripted(batches), kernel.carrying(dict(zip(carried, inputs[n: n + c]))), \
                     self._feeding(drawn):
-                new, energy, grads, stats = kernel.transition(dict(zip(names, inputs[:n])), step_size, temperature)
+                new, energy, grads, stats = kernel.transition(dict(zip(names, inputs[:n])), size, temperature)
                 state = kernel.carried
             return [*(new[m] for m in names), *(state[m] for m in carried), energy, *(grads[m] for m in names),
                     *stats.values()]
 
         return step
 
-    def _build(self, params: Params, step_size: float, temperature: float, length: Optional[int] = None):
-        """The graph of one iteration, or of ``length`` fused ones; ``None`` (after a warning) if it fails."""
+    def _trace(self, params: Params, step_sizes: Sequence[float], temperature: float, length: Optional[int]):
+        """The traced graph of one iteration, or of ``length`` fused ones, checked against the eager
+        iteration: ``(graph, its eager function, its example inputs, entry)``; raises where it cannot."""
         kernel, names, carried = self.kernel, list(params), list(self.kernel.carried)
         values = [params[n].detach() for n in names]
         state = [kernel.carried[c].detach() for c in carried]
         devices = [v.device for v in values if v.device.type == "cuda"]
         streams = kernel.chain_streams  # per-chain streams: what the probe draws, and back to where they were
-        try:
-            with torch.random.fork_rng(devices=devices), tracing_context(), \
-                    (nullcontext() if streams is None else streams.forked()):
-                with self.batches.scripted() as script, kernel.carrying(kernel.carried), \
-                        (nullcontext([]) if streams is None else streams.recording()) as noise:
-                    stat_names = list(kernel.transition(dict(zip(names, values)), step_size, temperature).stats)
-                plates, num_draws = list(script.fixed), script.count
-                # a distinct tensor (and minibatch) per draw: make_fx tells inputs apart by identity
-                inputs = values + state + [self.batches.shifted(p, script.fixed[p], d)
-                                           for d in range((length or 1) * num_draws) for p in plates]
-                inputs += self._noise(noise, length or 1)
-                if length is None:
-                    step = self._traceable(names, carried, plates, num_draws, step_size, temperature)
-                else:
-                    step = self._fused_traceable(names, carried, plates, num_draws, step_size, temperature, length,
-                                                 len(noise))
-                graph = trace_graph(step, inputs)
-                self._check(graph, step, inputs, len(names), length, carried=len(carried))
-        except Exception as err:  # any failure to trace means: stay eager (or unfused), and say why
+        sizes = self._steps_tensor(step_sizes, params, fused=length is not None)  # none where baked in
+        baked = None if sizes else step_sizes[0]
+        with torch.random.fork_rng(devices=devices), tracing_context(), \
+                (nullcontext() if streams is None else streams.forked()):
+            with self.batches.scripted() as script, kernel.carrying(kernel.carried), \
+                    (nullcontext([]) if streams is None else streams.recording()) as noise:
+                probe = sizes[0][0] if sizes and length is not None else (sizes[0] if sizes else baked)
+                stat_names = list(kernel.transition(dict(zip(names, values)), probe, temperature).stats)
+            plates, num_draws = list(script.fixed), script.count
+            # a distinct tensor (and minibatch) per draw: make_fx tells inputs apart by identity
+            inputs = values + state + [self.batches.shifted(p, script.fixed[p], d)
+                                       for d in range((length or 1) * num_draws) for p in plates]
+            inputs += self._noise(noise, length or 1) + sizes
             if length is None:
-                self._disable(_reason(err))
+                step = self._traceable(names, carried, plates, num_draws, baked, temperature)
             else:
-                self.fused_disabled = _reason(err)
-                self.kernel.warn_jit(f"runs one iteration per graph call: fusing {length} failed ({self.fused_disabled})")
-            return None
+                step = self._fused_traceable(names, carried, plates, num_draws, baked, temperature, length,
+                                             len(noise))
+            graph = trace_graph(step, inputs)
+            self._check(graph, step, inputs, len(names), length, carried=len(carried))
+        return graph, step, inputs, (names, carried, plates, num_draws, stat_names, noise)
+
+    def _build(self, params: Params, step_sizes: Sequence[float], temperature: float, length: Optional[int] = None):
+        """The graph of one iteration, or of ``length`` fused ones; ``None`` (after a warning) if it fails."""
+        try:
+            graph, step, inputs, entry = self._trace(params, step_sizes, temperature, length)
+        except Exception as err:  # any failure to trace means: stay eager (or unfused), and say why
+            traced = self._without_step_input(err, params, step_sizes, temperature, length)
+            if traced is False:
+                return None
+            if traced is None:
+                if length is None:
+                    self._disable(_reason(err))
+                else:
+                    self.fused_disabled = _reason(err)
+                    self.kernel.warn_jit(f"runs one iteration per graph call: fusing {length} failed "
+                                         f"({self.fused_disabled})")
+                return None
+            graph, step, inputs, entry = traced
+        names, carried = entry[:2]
+        devices = [params[n].device for n in names if params[n].device.type == "cuda"]
         if self.backend == "inductor":
             try:
                 compiled = compile_graph(graph, inputs, "inductor")
@@ -278,7 +332,29 @@ class CompiledSteps:
                 self.cuda_graphs = False
                 self.kernel.warn_jit(f"capturing the graph as a CUDA graph failed ({type(err).__name__}: "
                                      f"{first_line(err)}); it runs uncaptured, one launch per kernel")
-        return graph, names, carried, plates, num_draws, stat_names, noise
+        return (graph, *entry)
+
+    def _without_step_input(self, err: Exception, params: Params, step_sizes: Sequence[float], temperature: float,
+                            length: Optional[int]):
+        """After a failed trace with the step as an input: trace again with the step baked in. If that works,
+        the kernel's update needs a Python-number step: from now on graphs are built per step size (said
+        once), and the retraced graph is returned (``False`` where the steps differ, so it cannot serve this
+        call). ``None`` where the step was not the cause (or was baked in already)."""
+        if not self.step_input:
+            return None
+        self.step_input = False
+        try:
+            traced = self._trace(params, [step_sizes[0]] * (length or 1), temperature, length)
+        except Exception:
+            self.step_input = True  # the step was not the problem: the first failure is the reason
+            return None
+        self.graphs.clear()
+        self.kernel.warn_jit(f"{type(self.kernel).__name__}.transition does not trace with the step size as a tensor "
+                             f"(it reads it as a Python number: {first_line(err)}), so a graph is built per step size, "
+                             "once that step repeats, and a schedule that changes the step every iteration runs "
+                             "eagerly. Use torch operations on step_size (pyro_flat.kernels.integrators.sqrt, "
+                             "scaled_add), or set step_size_input = False on the class to skip this trace")
+        return traced if len(set(step_sizes)) == 1 else False
 
     def _check(self, graph, step, inputs, n: int, length: Optional[int] = None, built: bool = False,
                carried: int = 0) -> None:

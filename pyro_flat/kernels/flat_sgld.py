@@ -9,7 +9,7 @@ import torch
 from ..chains import chain_randn_like_each
 from ..validation import check_positive
 from ..targets import Params
-from .integrators import Transition
+from .integrators import StepSize, Transition
 from .sgld import SGLD
 
 
@@ -59,7 +59,7 @@ class FlatSGLD(SGLD):
         super().__init__(model, **kwargs)
         self.sigma = check_positive("sigma", sigma, hint="It is the sd of the weight perturbation.")
 
-    def transition(self, params: Params, step_size: float, temperature: float) -> Transition:
+    def transition(self, params: Params, step_size: StepSize, temperature: float) -> Transition:
         indices = self.target.draw_indices()
         noise = chain_randn_like_each(params.values())
         perturbed = {n: z + self.sigma * e for (n, z), e in zip(params.items(), noise)}

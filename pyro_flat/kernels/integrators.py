@@ -7,12 +7,37 @@ sample returned by a kernel is never aliased by a later one.
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, NamedTuple, Tuple
+from typing import Callable, Dict, List, NamedTuple, Tuple, Union
 
 import torch
 
 from ..chains import chain_randn_like_each
 from ..targets import Params
+
+
+#: a step size (or a quantity made from one): a Python number in eager iterations, a 0-d tensor inside a
+#: compiled graph that takes the step as an input (:mod:`~pyro_flat.kernels.compiled_step`)
+StepSize = Union[float, torch.Tensor]
+
+
+def scaled_add(xs: List[torch.Tensor], ys: List[torch.Tensor], scale: StepSize) -> List[torch.Tensor]:
+    """``x + scale * y`` for each pair, in one multi-tensor operation for a number (``alpha=``), two for a tensor."""
+    if isinstance(scale, torch.Tensor):
+        return torch._foreach_add(xs, torch._foreach_mul(ys, scale))
+    return torch._foreach_add(xs, ys, alpha=scale)
+
+
+def scaled_add_(xs: List[torch.Tensor], ys: List[torch.Tensor], scale: StepSize) -> None:
+    """``x += scale * y`` in place, as :func:`scaled_add`."""
+    if isinstance(scale, torch.Tensor):
+        torch._foreach_add_(xs, torch._foreach_mul(ys, scale))
+    else:
+        torch._foreach_add_(xs, ys, alpha=scale)
+
+
+def sqrt(x: StepSize) -> StepSize:
+    """The square root of a number or of a tensor."""
+    return torch.sqrt(x) if isinstance(x, torch.Tensor) else math.sqrt(x)
 
 
 class Transition(NamedTuple):
@@ -25,7 +50,7 @@ class Transition(NamedTuple):
     stats: Dict[str, torch.Tensor]
 
 
-def langevin_step(params: Params, grads: Params, step_size: float, temperature: float) -> Params:
+def langevin_step(params: Params, grads: Params, step_size: StepSize, temperature: float) -> Params:
     r"""One Euler-Maruyama step of the overdamped Langevin diffusion at temperature :math:`T`.
 
     .. math:: z \leftarrow z - \alpha \nabla U(z) + \sqrt{2 \alpha T}\, \xi,
@@ -35,16 +60,15 @@ def langevin_step(params: Params, grads: Params, step_size: float, temperature: 
     :math:`\alpha` (BlackJAX's convention; Welling & Teh's :math:`\epsilon` equals :math:`2\alpha`).
     With ``temperature=0`` this is gradient descent.
     """
-    noise_scale = math.sqrt(2.0 * step_size * temperature)
     names = list(params)
     # torch._foreach_* (as in torch.optim) updates every site in one dispatch per operation.
-    new = torch._foreach_add([params[n] for n in names], [grads[n] for n in names], alpha=-step_size)
-    if noise_scale > 0:
-        torch._foreach_add_(new, chain_randn_like_each(new), alpha=noise_scale)
+    new = scaled_add([params[n] for n in names], [grads[n] for n in names], -step_size)
+    if temperature > 0:
+        scaled_add_(new, chain_randn_like_each(new), sqrt(2.0 * step_size * temperature))
     return dict(zip(names, new))
 
 
-def underdamped_step(params: Params, momenta: Params, grads: Params, time_step: float, decay: float,
+def underdamped_step(params: Params, momenta: Params, grads: Params, time_step: StepSize, decay: float,
                      temperature: float) -> Tuple[Params, Params]:
     r"""One BAOAB step of the underdamped Langevin diffusion with unit mass (Leimkuhler & Matthews, 2013),
     :math:`dq = p\,dt`, :math:`dp = -\nabla U\,dt - \gamma p\,dt + \sqrt{2\gamma T}\,dW`:
@@ -63,14 +87,14 @@ def underdamped_step(params: Params, momenta: Params, grads: Params, time_step: 
     this is gradient descent with heavy-ball momentum :math:`c`.
     """
     names = list(params)
-    kicked = torch._foreach_add([momenta[n] for n in names], [grads[n] for n in names], alpha=-time_step)
-    new_q = torch._foreach_add([params[n] for n in names], kicked, alpha=0.5 * time_step * (1.0 + decay))
+    kicked = scaled_add([momenta[n] for n in names], [grads[n] for n in names], -time_step)
+    new_q = scaled_add([params[n] for n in names], kicked, 0.5 * time_step * (1.0 + decay))
     new_p = torch._foreach_mul(kicked, decay)
     noise_scale = math.sqrt(temperature * (1.0 - decay ** 2))
     if noise_scale > 0:
         noise = chain_randn_like_each(kicked)
         torch._foreach_add_(new_p, noise, alpha=noise_scale)
-        torch._foreach_add_(new_q, noise, alpha=0.5 * time_step * noise_scale)
+        scaled_add_(new_q, noise, 0.5 * time_step * noise_scale)
     return dict(zip(names, new_q)), dict(zip(names, new_p))
 
 

@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import torch
 
 from ..validation import check_eta, check_number, check_positive, check_positive_int
-from .integrators import Transition, langevin_step
+from .integrators import StepSize, Transition, langevin_step
 from .stochastic_gradient import StochasticGradientKernel
 from ..targets import Params
 
@@ -116,7 +116,7 @@ class LocalEntropySGLD(StochasticGradientKernel):
     def grads_per_iteration(self) -> int:
         return self.num_inner_steps
 
-    def transition(self, params: Params, step_size: float, temperature: float) -> Transition:
+    def transition(self, params: Params, step_size: StepSize, temperature: float) -> Transition:
         names = list(params)
         theta = [params[n] for n in names]
         inner, mean = params, theta

@@ -114,6 +114,7 @@ from ..chains import chain_randn_like
 from ..targets import ChainLayout, FullDataTarget, Params
 from .curvature import (EXACT_DIAGONAL_DIM, absolute_curvature, absolute_spectrum, hessian, hessian_diagonal,
                         inverse_diagonal)
+from .integrators import StepSize
 from .mass_matrix import BlockFactor, CoupledFactor, PrecisionFactor, PulledFactor, factor_from_covariance
 
 PRECONDITIONERS = ("diagonal", "dense")
@@ -312,7 +313,7 @@ class Preconditioner:
         dim = self.theta.dim
         return {**self.theta.unpack(flat[:, :dim]), **self.aux.unpack(flat[:, dim:])}
 
-    def step(self, params: Params, grads: Params, step_size: float, temperature: float) -> Params:
+    def step(self, params: Params, grads: Params, step_size: StepSize, temperature: float) -> Params:
         r""":math:`z - \alpha M^{-1}\nabla U + \sqrt{2\alpha T} L\xi` for every chain."""
         z, g = self._pack(params), self._pack(grads)
         if temperature == 0:  # SGD, or a cyclical schedule's exploration phase: the drift alone
@@ -320,7 +321,7 @@ class Preconditioner:
         noise = (2.0 * step_size * temperature) ** 0.5
         return self._unpack(z + self.factor.increment(g, chain_randn_like(z), step_size, noise))
 
-    def underdamped_step(self, params: Params, momenta: Params, grads: Params, time_step: float, decay: float,
+    def underdamped_step(self, params: Params, momenta: Params, grads: Params, time_step: StepSize, decay: float,
                          temperature: float):
         r""":func:`~pyro_flat.kernels.integrators.underdamped_step` with mass matrix :math:`M`: the kick
         :math:`p' = p - h\nabla U`, :math:`p'' = c\,p' + \sqrt{T(1 - c^2)}\,L^{-\top}\xi` (a draw of

@@ -6,7 +6,7 @@ from typing import Callable, Optional
 
 from ..targets import Params
 from ..sam import check_sam_radius, sam_perturbation
-from .integrators import Transition
+from .integrators import StepSize, Transition
 from .sgld import SGLD
 
 
@@ -58,7 +58,7 @@ class SASGLD(SGLD):
         super().__init__(model, **kwargs)
         self.rho = check_sam_radius("rho", rho, type(self).__name__)
 
-    def transition(self, params: Params, step_size: float, temperature: float) -> Transition:
+    def transition(self, params: Params, step_size: StepSize, temperature: float) -> Transition:
         indices = self.target.draw_indices()  # one minibatch for both gradients
         energy, grads, stats = self.target.evaluate(params, indices)
         ascent = {n: params[n] + e for n, e in sam_perturbation(grads, self.rho, self.num_chains).items()}

@@ -35,7 +35,7 @@ import torch
 from ..chains import chain_randn_like_each
 from ..targets import Params
 from ..validation import check_positive
-from .integrators import underdamped_step
+from .integrators import StepSize, underdamped_step
 from .stochastic_gradient import StochasticGradientKernel
 
 #: ``momentum`` when neither it nor ``friction`` is given (``torch.optim.SGD``'s usual 0.9)
@@ -120,8 +120,19 @@ class SGHMC(StochasticGradientKernel):
         self._integrator: Dict[float, Tuple[float, float]] = {}  # (h, μ) per step size
         self._stable_steps: set = set()  # step sizes checked against the metric's limit
 
-    def integrator(self, step_size: float) -> Tuple[float, float]:
-        r"""``(h, μ)``: the time step and momentum decay of an iteration at ``step_size`` (see the module)."""
+    @property
+    def step_size_input(self) -> bool:
+        """With ``friction=`` the momentum follows each step by a bisection in Python: a compiled graph is then
+        built per step size (with ``momentum=`` the step is a graph input, see the base class)."""
+        return self.friction is None
+
+    def integrator(self, step_size: StepSize) -> Tuple[StepSize, float]:
+        r"""``(h, μ)``: the time step and momentum decay of an iteration at ``step_size`` (see the module); a
+        tensor step (a compiled graph's input) gives a tensor :math:`h`."""
+        if isinstance(step_size, torch.Tensor):
+            if self.friction is not None:
+                raise TypeError(f"{type(self).__name__}(friction=...) needs a Python number step_size, got a tensor.")
+            return torch.sqrt(2.0 * step_size / (1.0 + self.momentum)), self.momentum
         found = self._integrator.get(step_size)
         if found is None:
             if len(self._integrator) >= MAX_CACHED_STEPS:  # a schedule that changes the step at every iteration
@@ -172,7 +183,7 @@ class SGHMC(StochasticGradientKernel):
         scale = math.sqrt(self.temperature)
         return dict(zip(params, torch._foreach_mul(chain_randn_like_each(params.values()), scale)))
 
-    def update(self, params: Params, grads: Params, step_size: float, temperature: float) -> Params:
+    def update(self, params: Params, grads: Params, step_size: StepSize, temperature: float) -> Params:
         h, mu = self.integrator(step_size)  # the carried momenta have params' names: passed as they are
         if self.preconditioner is None:
             new, self.carried = underdamped_step(params, self.carried, grads, h, mu, temperature)

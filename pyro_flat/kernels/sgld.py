@@ -2,6 +2,7 @@ r"""Stochastic-gradient Langevin dynamics (Welling & Teh, 2011) as a Pyro ``MCMC
 
 from __future__ import annotations
 
+from .integrators import StepSize
 from .stochastic_gradient import StochasticGradientKernel
 from ..targets import Params
 
@@ -41,5 +42,5 @@ class SGLD(StochasticGradientKernel):
         torch.Size([200])
     """
 
-    def update(self, params: Params, grads: Params, step_size: float, temperature: float) -> Params:
+    def update(self, params: Params, grads: Params, step_size: StepSize, temperature: float) -> Params:
         return self.langevin(params, grads, step_size, temperature)

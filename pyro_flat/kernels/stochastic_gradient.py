@@ -23,7 +23,7 @@ from ..validation import check_positive
 from .base import TargetKernel
 from .compiled_step import MAX_FUSED_STEPS, CompiledSteps
 from .divergence import divergence_error, fused_blow_up, inf_norm, step_blow_up
-from .integrators import Transition, langevin_step
+from .integrators import StepSize, Transition, langevin_step
 from .preconditioning import DEFAULT_STEP_SIZE, Preconditioner
 
 
@@ -142,6 +142,16 @@ class StochasticGradientKernel(TargetKernel):
 
     supports_thinning = True
 
+    @property
+    def step_size_input(self) -> bool:
+        """Whether :meth:`transition` takes its ``step_size`` as a 0-d tensor, so that one compiled graph
+        (``jit_compile``) serves every step of a schedule, a cyclical or decaying one included. The
+        update rules here do (:func:`~pyro_flat.kernels.integrators.scaled_add`, :func:`~pyro_flat.kernels.integrators.sqrt`);
+        a subclass whose update needs a Python number returns ``False`` (then a graph is built per
+        step size, once it repeats), and one that fails to trace with a tensor step falls back to that
+        after a warning."""
+        return True
+
     def _compile_target(self, params: Params) -> None:
         """``jit_compile``: the whole iteration as one graph, built once a step size repeats."""
         if self._steps is not None:  # an earlier chain's graphs: keep what they cost
@@ -169,7 +179,7 @@ class StochasticGradientKernel(TargetKernel):
             self.num_grad_evals += 2 * self.preconditioner.setup(
                 self.target, params, num_chains=self.num_chains, warmup_steps=self._warmup_steps)
 
-    def langevin(self, params: Params, grads: Params, step_size: float, temperature: float) -> Params:
+    def langevin(self, params: Params, grads: Params, step_size: StepSize, temperature: float) -> Params:
         """The shared Langevin step, preconditioned when the kernel has a preconditioner."""
         if self.preconditioner is None:
             return langevin_step(params, grads, step_size, temperature)
@@ -206,17 +216,15 @@ class StochasticGradientKernel(TargetKernel):
 
     def _fused_draw(self, params: Params) -> Optional[Params]:
         """A draw's :attr:`steps_per_draw` iterations as fused graph calls, or ``None`` (then they run one
-        by one) where a graph cannot do them: a step size or phase that changes within the draw."""
+        by one) where a graph cannot do them: a phase that changes within the draw (or a step size that
+        does, where the graph bakes the step in)."""
         first, total, length = self._iteration, self.steps_per_draw, self._fused_length()
-        if length < 2:
+        if length < 2 or not all(self.in_sampling_phase(k) for k in range(first, first + total)):
             return None
-        factors = {self._schedule_factor(k) for k in range(first, first + total)}
-        if len(factors) > 1 or not all(self.in_sampling_phase(k) for k in range(first, first + total)):
-            return None
-        step_size = self.step_size * factors.pop()
+        step_sizes = [self.step_size * self._schedule_factor(k) for k in range(first, first + total)]
         for call in range(total // length):
             random_state, carried = _random_state(params, self.chain_streams), self.carried
-            out = self._steps.fused(params, step_size, self.temperature, length)
+            out = self._steps.fused(params, step_sizes[call * length: (call + 1) * length], self.temperature)
             if out is None:  # no graph (it failed to trace or compile): the rest one by one
                 if call == 0:
                     return None
@@ -238,9 +246,9 @@ class StochasticGradientKernel(TargetKernel):
             if call == 0 and first > self._warmup_steps:  # the previous draw's statistics (see _iterate)
                 self._record_state({"potential_energy": energy, **stats})
             self._iteration += length
-            self._last_stats = {"step_size": step_size, **last_stats}
+            self._last_stats = {"step_size": step_sizes[(call + 1) * length - 1], **last_stats}
             params = new_params
-        self._stats["step_size"].append(step_size)
+        self._stats["step_size"].append(self._last_stats["step_size"])  # the draw's own step, as one by one
         self._stats["grad_evals"].append(self.num_grad_evals)
         self._record_draw(params)
         return params
@@ -330,7 +338,7 @@ class StochasticGradientKernel(TargetKernel):
         is_sampling = getattr(self.schedule, "is_sampling", None)
         return True if is_sampling is None else bool(is_sampling(iteration))
 
-    def transition(self, params: Params, step_size: float, temperature: float) -> Transition:
+    def transition(self, params: Params, step_size: StepSize, temperature: float) -> Transition:
         """One iteration at this step's size and temperature (0 in a cyclical schedule's
         exploration phase): the new state, and the energy, gradient and target statistics at ``params``."""
         energy, grads, stats = self.target.evaluate(params)
@@ -356,7 +364,7 @@ class StochasticGradientKernel(TargetKernel):
         for name, value in state_stats.items():
             self._stats[name].append(value)
 
-    def update(self, params: Params, grads: Params, step_size: float, temperature: float) -> Params:
+    def update(self, params: Params, grads: Params, step_size: StepSize, temperature: float) -> Params:
         raise NotImplementedError
 
     def _raise_divergence(self, params, grads, new_params, energy, step_size, problem="non-finite") -> None:
