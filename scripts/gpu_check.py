@@ -3,7 +3,8 @@
 Every kernel (4 vectorized chains of Bayesian logistic regression, minibatch 100), EntropyHMC on the
 full data, the flatness measures (Hessian trace and top eigenvalue of a Bayesian MLP), the SVI
 objectives (SAM_ELBO, SABMA_ELBO), a ``BayesianModule`` CNN with BatchNorm (4 vectorized chains, then
-``bma_predict`` with each draw's BatchNorm statistics), per-chain random streams (a split of the chains
+``bma_predict`` with each draw's BatchNorm statistics), the image study's Entropy-MCMC fit compiled
+(``--jit fx``) against eager, per-chain random streams (a split of the chains
 draws their rows of the whole draw), and a 1-rank process group (nccl on a GPU, gloo on a CPU) running
 ``chain_method="distributed"``. A check passes when it runs, its results are
 finite, and the chains' state stays on the device (the draws of vectorized chains go to host memory as
@@ -168,6 +169,28 @@ def cnn_check(device, quick: bool) -> float:
     return seconds
 
 
+def images_check(device, quick: bool) -> float:
+    """One Entropy-MCMC fit of ``pyro-flat images`` (its reduced run: a tiny ResNet, a cosine schedule) on the
+    device, eager and compiled (``--jit fx``: on a GPU one CUDA graph per phase, the step size an input): the
+    compiled draws must equal the eager ones up to round-off. The time is the compiled fit's per iteration,
+    its compiling left out."""
+    from pyro_flat.experiments import images
+    from pyro_flat.experiments.images_config import ImagesConfig
+
+    fits = []
+    for jit in ("off", "fx"):
+        config = ImagesConfig.reduced(methods=("emcmc",), seeds=1, device=str(device), jit=jit, progress=False,
+                                      **({"train_size": 64, "batch_size": 16} if quick else {}))
+        data = images.load_image_data(config).to(device)
+        fits.append(images.fit_method("emcmc", config, data, seed=0))
+    for name, want in fits[0].samples.items():
+        _on(device, [fits[1].samples[name]])
+        torch.testing.assert_close(fits[1].samples[name], want, rtol=1e-3, atol=1e-4)
+    if fits[1].compile_seconds <= 0:
+        raise AssertionError("the --jit fx fit compiled nothing")
+    return (fits[1].seconds - fits[1].compile_seconds) / fits[1].iterations
+
+
 def process_group_check(device, quick: bool) -> float:
     """``chain_method="distributed"`` in a group of one rank (nccl on CUDA tensors, gloo on the CPU)."""
     import torch.distributed as dist_
@@ -209,6 +232,7 @@ def main(argv=None) -> int:
         ("SVI: SAM_ELBO (a step)", lambda: svi_check(device, SAM_ELBO(rho=0.05), args.quick)),
         ("SVI: SABMA_ELBO (a step)", lambda: svi_check(device, SABMA_ELBO(gamma=0.01), args.quick)),
         ("BayesianModule CNN, BatchNorm, 4 vectorized chains", lambda: cnn_check(device, args.quick)),
+        ("images study: an Entropy-MCMC fit, cosine schedule, --jit fx", lambda: images_check(device, args.quick)),
         ("1-rank process group, chain_method='distributed'", lambda: process_group_check(device, args.quick)),
     ]
     print(f"pyro-flat on {name}, torch {torch.__version__}, pyro {pyro.__version__}\n")

@@ -3,6 +3,7 @@
 Skipped without a GPU (CI has none); run on a GPU machine with ``python -m pytest tests/test_cuda.py``.
 """
 
+import numpy as np
 import pytest
 import torch
 
@@ -146,3 +147,20 @@ def test_a_potential_whose_initial_params_are_on_the_gpu_runs_on_nccl():
     from ranks import run_ranks
 
     assert run_ranks(_potential_on_cuda, 1, timeout=120).values() == ["nccl"]
+
+
+def test_the_images_study_runs_on_the_gpu_compiled(tmp_path):
+    """``pyro-flat images --device cuda --jit fx``: the data, networks, draws and scores on the GPU (the
+    report names it), every iteration through a CUDA graph, the numbers finite."""
+    import json
+    from pyro_flat.experiments.cli import main
+
+    out = tmp_path / "images"
+    args = ["--network", "tiny-resnet", "--epochs", "2", "--cycles", "1", "--seeds", "1", "--train-size", "160",
+            "--test-size", "40", "--flatness-images", "32", "--trace-probes", "2", "--batch-size", "32", "--lr",
+            "0.05", "--inner-steps", "2", "--no-progress", "--methods", "sgd", "emcmc"]
+    assert main(["images", *args, "--device", "cuda", "--jit", "fx", "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert "cuda" in report["device"] and report["config"]["jit"] == "fx"
+    for row in report["rows"]:
+        assert all(np.isfinite(row[k]) for k in ("accuracy", "nll", "ood_auroc"))

@@ -3,9 +3,11 @@ numbers (a changed number changes the verdict), CIFAR runs from generated files 
 bad options are one line."""
 
 import json
+import warnings
 
 import numpy as np
 import pytest
+import torch
 
 from pyro_flat.cifar_files import write_cifar
 from pyro_flat.experiments.cli import main
@@ -97,6 +99,8 @@ def test_cifar10_runs_from_generated_files_of_the_official_layout(tmp_path):
     (["--epochs", "5", "--cycles", "2"], "must be a multiple of --cycles"),
     (["--lr", "5", "--train-size", "100"], "lower --lr or raise --eta"),
     (["--ood-digits", "12"], "--ood-digits"),
+    (["--device", "gpu"], "--device takes auto, cpu, cuda or cuda:N, got 'gpu'"),
+    (["--device", "cuda:7"], "--device cuda:7: torch sees"),
 ])
 def test_bad_options_are_one_line_that_names_them(tmp_path, capsys, args, needle):
     (tmp_path / "EMPTY").mkdir()
@@ -141,3 +145,30 @@ def test_a_killed_run_resumes_with_the_fits_it_finished_and_the_rest_as_if_never
         for key in ("accuracy", "nll", "ece", "corrupted_accuracy", "ood_auroc", "top_eigenvalue"):
             assert mine.get(key) == want.get(key), (mine["label"], key)
     assert not (tmp_path / ".killed.checkpoints").exists()
+
+
+@pytest.mark.parametrize("method", ["sgd", "sam", "entropy-sgd", "emcmc"])
+def test_compiled_fits_repeat_the_eager_ones(method, monkeypatch):
+    """``--jit fx``: every iteration of the fit, under its cosine schedule (a new step each time), runs through
+    one traced graph per phase, the BatchNorm network and its augmentation included, and gives the eager fit's
+    draws up to round-off."""
+    from pyro_flat.experiments import images
+    from pyro_flat.experiments.images_config import ImagesConfig
+
+    kernels = []
+    make = images.make_kernel
+    monkeypatch.setattr(images, "make_kernel", lambda *a, **k: kernels.append(make(*a, **k)) or kernels[-1])
+    fits = []
+    for jit in ("off", "fx"):
+        config = ImagesConfig.reduced(methods=(method,), seeds=1, train_size=64, batch_size=16, jit=jit,
+                                      device="cpu")
+        data = images.load_image_data(config)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # a graph that fails says so in a RuntimeWarning
+            fits.append(images.fit_method(method, config, data, seed=3))
+    eager_kernel, kernel = kernels
+    assert eager_kernel.compile_seconds == 0 and kernel.compile_seconds > 0
+    assert kernel.is_compiled or method != "emcmc"  # an optimiser's last iteration, its one draw, is eager
+    assert kernel._steps.step_input and kernel._steps.graphs
+    for name, want in fits[0].samples.items():
+        torch.testing.assert_close(fits[1].samples[name], want, rtol=1e-4, atol=1e-5)

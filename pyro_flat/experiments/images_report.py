@@ -131,7 +131,7 @@ def _cell(entry: Optional[dict], digits: int = 4) -> str:
 
 def report_markdown(report: dict) -> str:
     """``report.md``: the setting, the table per method, corruption by severity, OOD, flatness, the claims."""
-    s, p = report["summary"], report["protocol"]
+    s, p, jit = report["summary"], report["protocol"], report["config"]["jit"]
     lines = [f"# pyro-flat images: {report['data']['source']}", "",
              f"{report['data']['n_train']:,} training and {report['data']['n_test']:,} test images; "
              f"{p['network']} ({report['weights']:,} weights); {report['seeds']} seeds; {p['epochs']} epochs in "
@@ -139,7 +139,8 @@ def report_markdown(report: dict) -> str:
              f"cosine decay for the optimisers; minibatch {p['batch_size']}. Protocol `{report['preset']}` in "
              f"pyro-flat's scale: step size {report['scaled']['step_size']:.3g} (lr {p['lr']} / N), prior sd "
              f"{report['scaled']['prior_sd']:.3g} (weight decay {p['weight_decay']}), temperature "
-             f"{report['scaled']['temperature']:g}, eta {report['scaled']['eta']:.3g}.", "",
+             f"{report['scaled']['temperature']:g}, eta {report['scaled']['eta']:.3g}. Ran on {report['device']}"
+             + ("" if jit == "off" else f", each iteration compiled (jit {jit})") + ".", "",
              f"Corrupted test sets: {report['data']['corruptions']}. Out-of-distribution: {report['data']['ood']}.", "",
              "Mean ± standard error over the seeds. NLL, ECE and Brier of the Bayesian model average of each "
              "method's draws (the optimisers: their one network); the Hessian measures are of the training NLL per "
