@@ -26,8 +26,10 @@ CASES = {
     "SGLD, dense preconditioner, cyclical": lambda: (
         SGLD(model, preconditioner="dense", schedule=schedules.cyclical_cosine(num_steps=6000, num_cycles=6)),
         300, 3000, 1, 20),
-    "EntropySGLD, jit fx, thinning 4 (fused)": lambda: (EntropySGLD(model, eta=0.1, step_size=1e-4, jit_compile="fx"),
-                                                        200, 6000, 4, 20),
+    # a cosine schedule: the step changes at every iteration, a graph input; the exploration phases unfused
+    "EntropySGLD, jit fx, thinning 4 (fused), cyclical": lambda: (
+        EntropySGLD(model, eta=0.1, step_size=1e-4, jit_compile="fx",
+                    schedule=schedules.cyclical_cosine(num_steps=6400, num_cycles=4)), 200, 3000, 4, 20),
     "EntropySGHMC, diagonal preconditioner": lambda: (
         EntropySGHMC(model, eta=0.1, preconditioner="diagonal", momentum=0.7), 300, 3000, 1, 20),
     "EntropyHMC, adaptation": lambda: (EntropyHMC(model, eta=0.1), 250, 100, 1, None),

@@ -51,7 +51,7 @@ def _kill_after_first_checkpoint(case, checkpoint, out, seconds: float, *extra):
 @pytest.mark.parametrize("case, kills", [
     ("SGLD, streamed draws", 2),  # plain SGLD, its draws in .npy files, killed twice
     ("SGLD, dense preconditioner, cyclical", 1),
-    ("EntropySGLD, jit fx, thinning 4 (fused)", 1),
+    ("EntropySGLD, jit fx, thinning 4 (fused), cyclical", 1),
     ("EntropySGHMC, diagonal preconditioner", 1),
     ("EntropyHMC, adaptation", 1),
     ("EntropySGHMC, jit fx, thinning 4 (fused), per-chain streams", 1),

@@ -85,16 +85,21 @@ class CompiledSteps:
         self.last_compiled = False  # whether the last iteration ran through a graph
         self.cuda_graphs = True  # on a GPU, replay each graph as a CUDA graph (off after a failed capture)
         self._previous_key = None
+        self._resumed_keys: set = set()  # graphs the run before a resume had built: built at their first use
         self.batches = kernel.target.batches  # where every minibatch of an iteration comes from
         self.step_input = bool(kernel.step_size_input)  # the step size is a graph input (else baked in)
 
     def state_dict(self) -> dict:
-        """The last iteration's step size and temperature, and whether it ran at the current metric: a
-        resumed run compiles the graph an uninterrupted one would reuse (graphs themselves are rebuilt)."""
+        """The last iteration's step size and temperature, and whether it ran at the current metric, and the
+        (step size, temperature) of each one-iteration graph built at the current metric: a resumed run builds
+        a graph where an uninterrupted one would reuse it (graphs themselves are rebuilt), so its iterations
+        run compiled where the uninterrupted run's did, to the same numbers."""
+        current = self._key(None, 0.0)[0][2]
+        built = [key[:2] for key in self.graphs if len(key) == 3 and key[2] == current]
         if self._previous_key is None:
-            return {"previous": None}
+            return {"previous": None, "built": built}
         step_size, temperature, factor = self._previous_key
-        return {"previous": (step_size, temperature, factor == self._key(step_size, temperature)[0][2])}
+        return {"previous": (step_size, temperature, factor == current), "built": built}
 
     def load_state_dict(self, state: dict) -> None:
         previous = state["previous"]
@@ -102,6 +107,7 @@ class CompiledSteps:
             step_size, temperature, same_metric = previous
             key = self._key(step_size, temperature)[0]
             self._previous_key = key if same_metric else (*key[:2], None)
+        self._resumed_keys = {self._key(step_size, temperature)[0] for step_size, temperature in state.get("built", [])}
 
     def _key(self, step_size: Optional[float], temperature: float) -> tuple:
         preconditioner = self.kernel.preconditioner
@@ -132,13 +138,14 @@ class CompiledSteps:
         entry = self.graphs.get(key)
         repeated, self._previous_key = key == self._previous_key, key
         if entry is None:
-            # compile a step size once it repeats: a schedule that changes the step at every
-            # iteration (a decaying or cyclical one) never pays for a graph it would use once
-            if not repeated:
+            # compile a key once it repeats: a schedule that changes a baked-in step at every iteration
+            # never pays for a graph it would use once
+            if not repeated and key not in self._resumed_keys:
                 return None
             if len(self.graphs) >= MAX_GRAPHS:
-                self.kernel.warn_jit(f"{MAX_GRAPHS} graphs compiled already (one per step size and temperature); "
-                                "iterations at other step sizes run eagerly")
+                self.kernel.warn_jit(f"{MAX_GRAPHS} graphs compiled already (one per temperature, metric and number "
+                                     "of fused iterations, and per step size where the step is baked in); other "
+                                     "iterations run eagerly")
                 return None
             entry = self._cached_build(key, keep_alive, params, [step_size], temperature)
             if entry is None:
