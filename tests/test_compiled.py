@@ -241,9 +241,13 @@ def test_fused_iterations_take_a_step_each(backend):
 
 def test_sghmc_with_friction_bakes_its_step_in():
     """``friction=`` derives the momentum from each step by a bisection in Python: graphs per step size,
-    so a cosine schedule runs eagerly (without a warning), and a constant step compiles."""
-    kernel, _ = _cyclical_run(SGHMC, "fx", friction=1.0)
+    so a cosine schedule runs eagerly (without a warning), fused draws included, and a constant step compiles."""
+    _, eager = _cyclical_run(SGHMC, False, friction=1.0, thinning=4)
+    kernel, compiled = _cyclical_run(SGHMC, "fx", friction=1.0, thinning=4)
     assert not kernel._steps.step_input and not kernel._steps.graphs
+    want, got = eager.get_samples(group_by_chain=True), compiled.get_samples(group_by_chain=True)
+    for name in want:
+        assert torch.equal(got[name], want[name])  # eager throughout: the same numbers
     X, y = _data()
     runs = []
     for jit in (False, "fx"):
@@ -398,3 +402,29 @@ def test_noise_follows_the_logical_order_of_a_channels_last_tensor():
         torch.manual_seed(0)
         laid_out = draw(x.to(memory_format=torch.channels_last))
         assert torch.equal(eager, laid_out)
+
+
+def _mixed_dtypes(params):
+    a, b, c = params["a"], params["b"], params["c"]
+    return 0.5 * (a ** 2).sum(-1) + 0.5 * b.double() ** 2 * 4.0 + 0.5 * c ** 2
+
+
+def test_each_site_takes_the_step_in_its_own_dtype():
+    """A float32 vector, a float64 scalar and a float32 scalar under a cosine schedule: the graph's float64
+    step is cast to each site's dtype, as ``alpha=`` casts a number, so no site changes dtype (a 0-d float32
+    site times a 0-d float64 step would become float64) and the float64 site moves at float64 precision."""
+    init = {"a": torch.ones(3), "b": torch.tensor(1.0, dtype=torch.float64), "c": torch.tensor(1.0)}
+    draws = []
+    for jit in (False, "fx"):
+        pyro.set_rng_seed(3)
+        kernel = SGLD(potential_fn=_mixed_dtypes, step_size=1e-3, jit_compile=jit,
+                      schedule=cyclical_cosine(num_steps=200, num_cycles=2))
+        mcmc = VectorizedMCMC(kernel, 40, 10, initial_params={k: v.clone() for k, v in init.items()},
+                              disable_progbar=True)
+        mcmc.run()
+        assert kernel.is_compiled == bool(jit)
+        assert {k: v.dtype for k, v in kernel._last_draw.items()} == {k: v.dtype for k, v in init.items()}
+        draws.append(mcmc.get_samples())  # (Pyro's driver stacks the sites' draws in one dtype)
+    for name, value in draws[0].items():
+        tolerance = 1e-12 if init[name].dtype == torch.float64 else 1e-6
+        torch.testing.assert_close(draws[1][name], value, rtol=tolerance, atol=tolerance)

@@ -31,8 +31,10 @@ The step size is a graph input (a 0-d tensor; fused: one per iteration), so one 
 step of a schedule, a cyclical or decaying one included, and a fused graph's iterations may each have
 their own step. A graph bakes in what is constant for it: the temperature (a cyclical schedule's
 noise-free exploration phase gets a graph of its own), a preconditioner's frozen metric and the number
-of fused iterations; at most :data:`MAX_GRAPHS` of them. A graph is built once its key repeats on
-consecutive iterations; warm-up runs eagerly while a preconditioner adapts. A kernel whose update
+of fused iterations; at most :data:`MAX_GRAPHS` of them. A one-iteration graph is built once its key
+repeats on consecutive iterations (or at its first use after a resume, where the run before it had
+built it: :meth:`CompiledSteps.state_dict`), a fused graph at its first use; warm-up runs eagerly
+while a preconditioner adapts. A kernel whose update
 needs a Python-number step (:attr:`~pyro_flat.kernels.stochastic_gradient.StochasticGradientKernel.step_size_input`
 is ``False``: SGHMC with ``friction=``; or a subclass that fails to trace with a tensor step, after a
 warning) gets a graph per step size instead, and a schedule that changes the step at every
@@ -102,12 +104,15 @@ class CompiledSteps:
         return {"previous": (step_size, temperature, factor == current), "built": built}
 
     def load_state_dict(self, state: dict) -> None:
+        built = state.get("built", [])
+        if any(step_size is not None for step_size, _ in built):  # the run had fallen back to baked-in steps
+            self.step_input = False
+        self._resumed_keys = {self._key(step_size, temperature)[0] for step_size, temperature in built}
         previous = state["previous"]
         if previous is not None:
             step_size, temperature, same_metric = previous
             key = self._key(step_size, temperature)[0]
             self._previous_key = key if same_metric else (*key[:2], None)
-        self._resumed_keys = {self._key(step_size, temperature)[0] for step_size, temperature in state.get("built", [])}
 
     def _key(self, step_size: Optional[float], temperature: float) -> tuple:
         preconditioner = self.kernel.preconditioner
@@ -116,18 +121,17 @@ class CompiledSteps:
         return (step, float(temperature), id(factor)), factor
 
     def _steps_tensor(self, step_sizes: Sequence[float], params: Params, fused: bool) -> List[torch.Tensor]:
-        """The graph's step-size input: a 0-d tensor (``fused``: one entry per iteration) on the values' device,
-        copied from pinned memory without a host sync on a GPU; nothing where the step is baked in. Its dtype
-        is the values' narrowest: a 0-d value times a wider 0-d step would be promoted to the step's dtype."""
+        """The graph's step-size input: a 0-d float64 tensor (``fused``: one entry per iteration) on the values'
+        device, copied from pinned memory without a host sync on a GPU; nothing where the step is baked in. The
+        update rules cast it to each value's dtype (:func:`~pyro_flat.kernels.integrators.scaled_add`), as
+        ``alpha=`` casts a Python number."""
         if not self.step_input:
             return []
         values = [float(v) for v in step_sizes] if fused else float(step_sizes[0])
-        dtype = min((v.dtype for v in params.values() if v.is_floating_point()), key=lambda t: t.itemsize,
-                    default=torch.get_default_dtype())
         device = next(iter(params.values())).device
         if device.type != "cuda":
-            return [torch.tensor(values, dtype=dtype)]
-        pinned = torch.tensor(values, dtype=dtype, pin_memory=True)
+            return [torch.tensor(values, dtype=torch.float64)]
+        pinned = torch.tensor(values, dtype=torch.float64, pin_memory=True)
         return [pinned.to(device, non_blocking=True)]
 
     def __call__(self, params: Params, step_size: float, temperature: float):
@@ -357,7 +361,7 @@ class CompiledSteps:
             return None
         self.graphs.clear()
         self.kernel.warn_jit(f"{type(self.kernel).__name__}.transition does not trace with the step size as a tensor "
-                             f"(it reads it as a Python number: {first_line(err)}), so a graph is built per step size, "
+                             f"(with it: {_reason(err)}), so a graph is built per step size, "
                              "once that step repeats, and a schedule that changes the step every iteration runs "
                              "eagerly. Use torch operations on step_size (pyro_flat.kernels.integrators.sqrt, "
                              "scaled_add), or set step_size_input = False on the class to skip this trace")

@@ -20,17 +20,26 @@ from ..targets import Params
 StepSize = Union[float, torch.Tensor]
 
 
+def _times(ys: List[torch.Tensor], scale: torch.Tensor) -> List[torch.Tensor]:
+    """``scale * y`` for each ``y``, the 0-d ``scale`` cast to ``y``'s dtype first (as ``alpha=`` is): a 0-d
+    ``y`` is not promoted to ``scale``'s dtype, and each dtype gets the step rounded to its own precision."""
+    dtypes = {y.dtype for y in ys}
+    if len(dtypes) == 1:
+        return torch._foreach_mul(ys, scale.to(dtypes.pop()))
+    return [y * scale.to(y.dtype) for y in ys]
+
+
 def scaled_add(xs: List[torch.Tensor], ys: List[torch.Tensor], scale: StepSize) -> List[torch.Tensor]:
     """``x + scale * y`` for each pair, in one multi-tensor operation for a number (``alpha=``), two for a tensor."""
     if isinstance(scale, torch.Tensor):
-        return torch._foreach_add(xs, torch._foreach_mul(ys, scale))
+        return torch._foreach_add(xs, _times(ys, scale))
     return torch._foreach_add(xs, ys, alpha=scale)
 
 
 def scaled_add_(xs: List[torch.Tensor], ys: List[torch.Tensor], scale: StepSize) -> None:
     """``x += scale * y`` in place, as :func:`scaled_add`."""
     if isinstance(scale, torch.Tensor):
-        torch._foreach_add_(xs, torch._foreach_mul(ys, scale))
+        torch._foreach_add_(xs, _times(ys, scale))
     else:
         torch._foreach_add_(xs, ys, alpha=scale)
 

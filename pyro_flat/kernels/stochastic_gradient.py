@@ -107,7 +107,8 @@ class StochasticGradientKernel(TargetKernel):
 
     def state_dict(self) -> Dict[str, object]:
         """:meth:`TargetKernel.state_dict <pyro_flat.kernels.base.TargetKernel.state_dict>` plus the
-        preconditioner's metric and which compiled graph the last iteration would reuse."""
+        preconditioner's metric and which compiled graphs the run had built and the last iteration would
+        reuse (a resumed run builds them where it would have reused them)."""
         state = super().state_dict()
         if self.preconditioner is not None:
             state["preconditioner"] = self.preconditioner.state_dict()
@@ -154,7 +155,8 @@ class StochasticGradientKernel(TargetKernel):
         return True
 
     def _compile_target(self, params: Params) -> None:
-        """``jit_compile``: the whole iteration as one graph, built once a step size repeats."""
+        """``jit_compile``: the whole iteration as one graph per temperature and metric (the step size an input),
+        built once its key repeats (see :mod:`~pyro_flat.kernels.compiled_step`)."""
         if self._steps is not None:  # an earlier chain's graphs: keep what they cost
             self._compile_seconds += self._steps.compile_seconds
         self._steps = CompiledSteps(self, self.jit_backend)
@@ -195,9 +197,10 @@ class StochasticGradientKernel(TargetKernel):
         phase are optimisation steps (no injected noise) and make no draw: after warm-up one call
         runs through them to the next sampling-phase iterations (cSGMCMC, Zhang et al. 2020).
 
-        Compiled (``jit_compile``), a draw's iterations at one step size run as fused graphs of
-        :attr:`fused_steps` iterations each (:meth:`~pyro_flat.kernels.compiled_step.CompiledSteps.fused`):
-        one call and one host sync per graph instead of per iteration, the same draws up to round-off.
+        Compiled (``jit_compile``), a draw's iterations in one sampling phase run as fused graphs of
+        :attr:`fused_steps` iterations each, each iteration at its own step
+        (:meth:`~pyro_flat.kernels.compiled_step.CompiledSteps.fused`): one call and one host sync per graph
+        instead of per iteration, the same draws up to round-off.
         """
         sampling = self._iteration >= self._warmup_steps
         if sampling and self._steps is not None:
