@@ -76,7 +76,9 @@ def per_iteration(run, short: int, long: int) -> float:
 def in_one_run(make, X, y, eta: float, jit, thinning: int, draws: int = 6) -> float:
     """Seconds per iteration of one chain of EntropySGLD within one run: the median over draws 3.. of the
     time between draws ``thinning`` iterations apart (a compiled graph is built in the first ones; no
-    fused multi-iteration graph, so it is built once)."""
+    fused multi-iteration graph, so it is built once). The kernel keeps no draws (``record_draws=False``):
+    copying a draw to host memory is timed on its own (:func:`draw_copy`), as a long run keeps one every
+    few hundred iterations."""
     stamps = []
 
     def clock(kernel, samples, stage, i) -> None:
@@ -85,7 +87,7 @@ def in_one_run(make, X, y, eta: float, jit, thinning: int, draws: int = 6) -> fl
 
     pyro.set_rng_seed(0)
     model = BayesianModule(make().to(X.device), prior=1.0)
-    kernel = EntropySGLD(model, eta=eta, step_size=STEP, jit_compile=jit)
+    kernel = EntropySGLD(model, eta=eta, step_size=STEP, jit_compile=jit, record_draws=False)
     kernel.fused_steps = 1
     MCMC(kernel, num_samples=draws * thinning, warmup_steps=2, thinning=thinning, hook_fn=clock,
          disable_progbar=True).run(X, y, batch_size=BATCH)
@@ -93,6 +95,19 @@ def in_one_run(make, X, y, eta: float, jit, thinning: int, draws: int = 6) -> fl
         raise RuntimeError(f"jit_compile={jit!r} fell back to the eager iteration: see the warning above")
     gaps = sorted(b - a for a, b in zip(stamps[3:], stamps[4:]))
     return gaps[len(gaps) // 2] / thinning
+
+
+def draw_copy(make, device: torch.device, repeats: int = 5) -> float:
+    """Seconds to copy one draw of the network's θ and θa to host memory, as a kept draw is (median)."""
+    tensors = [p.detach() for p in make().to(device).parameters()] * 2
+    times = []
+    for _ in range(repeats):
+        _sync()
+        start = time.perf_counter()
+        [t.cpu() for t in tensors]
+        _sync()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
 
 
 def main() -> None:
@@ -199,6 +214,10 @@ def main() -> None:
         against = f", {compiled / t_graphed:.2f}x the SGD step's CUDA graph" if device.type == "cuda" else ""
         print(f"  EntropySGLD, jit_compile={args.jit:9s}{compiled * 1e3:8.1f} ms   {BATCH / compiled:8.0f} images/s   "
               f"{compiled / t_sgd:.2f}x the SGD step{against} (the paper's minimal overhead: <= 1.15x)")
+        if device.type == "cuda":  # on the CPU a kept draw stays where it is
+            copy = draw_copy(make, device)
+            print(f"  (no draws kept in these two runs; keeping one, θ and θa copied to host memory, costs "
+                  f"{copy * 1e3:.1f} ms once: {copy / 391 * 1e3:.3f} ms an iteration at the paper's one draw in 391)")
     for chains in (c for c in args.chains if c > 1):
         for label in ("loop", "vmap"):
             t = per_iteration(sampler(chains, label), short, long)
