@@ -34,11 +34,11 @@ noise-free exploration phase gets a graph of its own), a preconditioner's frozen
 of fused iterations; at most :data:`MAX_GRAPHS` of them. A one-iteration graph is built once its key
 repeats on consecutive iterations (or at its first use after a resume, where the run before it had
 built it: :meth:`CompiledSteps.state_dict`), a fused graph at its first use; warm-up runs eagerly
-while a preconditioner adapts. A kernel whose update
-needs a Python-number step (:attr:`~pyro_flat.kernels.stochastic_gradient.StochasticGradientKernel.step_size_input`
-is ``False``: SGHMC with ``friction=``; or a subclass that fails to trace with a tensor step, after a
-warning) gets a graph per step size instead, and a schedule that changes the step at every
-iteration then runs eagerly.
+while a preconditioner adapts. A kernel whose update needs a Python-number step
+(:attr:`~pyro_flat.kernels.stochastic_gradient.StochasticGradientKernel.step_size_input` is ``False``:
+SGHMC with ``friction=``; or a subclass that fails to trace with a tensor step, after a warning) gets
+a graph per step size instead, and a schedule that changes the step at every iteration then runs
+eagerly.
 
 Per-chain random streams (``random_streams="per_chain"``, :class:`~pyro_flat.chain_streams.ChainStreams`): a
 graph cannot hold a ``torch.Generator``, so the numbers each iteration draws from them are the graph's
