@@ -92,10 +92,9 @@ class CompiledSteps:
         self.step_input = bool(kernel.step_size_input)  # the step size is a graph input (else baked in)
 
     def state_dict(self) -> dict:
-        """The last iteration's step size and temperature, and whether it ran at the current metric, and the
-        (step size, temperature) of each one-iteration graph built at the current metric: a resumed run builds
-        a graph where an uninterrupted one would reuse it (graphs themselves are rebuilt), so its iterations
-        run compiled where the uninterrupted run's did, to the same numbers."""
+        """The last iteration's step size and temperature (and whether at the current metric), and those of each
+        one-iteration graph built at the current metric: a resumed run builds a graph where an uninterrupted one
+        would reuse it, so its iterations run compiled where the uninterrupted run's did, to the same numbers."""
         current = self._key(None, 0.0)[0][2]
         built = [key[:2] for key in self.graphs if len(key) == 3 and key[2] == current]
         if self._previous_key is None:
@@ -121,10 +120,9 @@ class CompiledSteps:
         return (step, float(temperature), id(factor)), factor
 
     def _steps_tensor(self, step_sizes: Sequence[float], params: Params, fused: bool) -> List[torch.Tensor]:
-        """The graph's step-size input: a 0-d float64 tensor (``fused``: one entry per iteration) on the values'
-        device, copied from pinned memory without a host sync on a GPU; nothing where the step is baked in. The
-        update rules cast it to each value's dtype (:func:`~pyro_flat.kernels.integrators.scaled_add`), as
-        ``alpha=`` casts a Python number."""
+        """The graph's step-size input: a 0-d float64 tensor (``fused``: one per iteration) on the values' device,
+        from pinned memory without a host sync on a GPU (none where the step is baked in); the update rules cast
+        it to each value's dtype (:func:`~pyro_flat.kernels.integrators.scaled_add`), as ``alpha=`` does."""
         if not self.step_input:
             return []
         values = [float(v) for v in step_sizes] if fused else float(step_sizes[0])

@@ -145,13 +145,10 @@ class StochasticGradientKernel(TargetKernel):
 
     @property
     def step_size_input(self) -> bool:
-        """Whether :meth:`transition` takes its ``step_size`` as a 0-d tensor, so that one compiled graph
-        (``jit_compile``) serves every step of a schedule, a cyclical or decaying one included. The
-        update rules here do (:func:`~pyro_flat.kernels.integrators.scaled_add`,
-        :func:`~pyro_flat.kernels.integrators.sqrt`);
-        a subclass whose update needs a Python number returns ``False`` (then a graph is built per
-        step size, once it repeats), and one that fails to trace with a tensor step falls back to that
-        after a warning."""
+        """Whether :meth:`transition` takes ``step_size`` as a 0-d tensor, so that one compiled graph (``jit_compile``)
+        serves every step of a schedule (the rules here do: :func:`~pyro_flat.kernels.integrators.scaled_add`).
+        A subclass whose update needs a Python number returns ``False`` (a graph per step size, once it repeats);
+        one that fails to trace with a tensor step falls back to that after a warning."""
         return True
 
     def _compile_target(self, params: Params) -> None:
