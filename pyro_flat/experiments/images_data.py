@@ -110,7 +110,8 @@ def load_image_data(config: ImagesConfig) -> ImageData:
         try:
             rows = keep[subset].numpy()
             corrupted = {(kind, s): to_float(read_cifar10c(config.data_dir, kind, s)[0][rows])
-                         for kind in ("gaussian_noise", "defocus_blur", "contrast", "fog", "pixelate") for s in range(1, 6)}
+                         for kind in ("gaussian_noise", "defocus_blur", "contrast", "fog", "pixelate")
+                         for s in range(1, 6)}
             corruption_source = "CIFAR-10-C (gaussian_noise, defocus_blur, contrast, fog, pixelate)"
         except ImageFileError:
             corrupted = None
