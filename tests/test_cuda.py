@@ -75,6 +75,16 @@ def test_a_bayesian_module_cnn_runs_vectorized_on_cuda_and_its_draws_leave_the_g
     # the draws as the run left them, in host memory: bma_predict moves them to the model's device
     probs = bma_predict(model, samples, X[:32], batchnorm_data=X[:256])
     assert probs.is_cuda and torch.allclose(probs.sum(-1), torch.ones(32, device="cuda"))
+    # and the flatness measures, and a loss along a line between two draws, evaluate them there too
+    from pyro_flat import flatness
+
+    measured = flatness.flatness_at_samples(model, {k: v[-1:] for k, v in samples.items()}, X[:128], y[:128],
+                                            k=1, num_probes=2, likelihood_only=True)
+    assert np.isfinite(measured["top_eigenvalues"]).all() and np.isfinite(measured["trace"]).all()
+    first, last = ({k: v[i] for k, v in samples.items() if not k.endswith("_aux")} for i in (0, -1))
+    loss = flatness.FlatLoss.from_model(model, first, X[:128], y[:128], likelihood_only=True)
+    curve = flatness.interpolation_curve(loss, loss.flatten(first), loss.flatten(last), num_points=3)
+    assert loss.params.is_cuda and np.isfinite(curve.loss).all()
 
 
 def test_a_bayesian_mlp_moved_to_cuda_draws_its_prior_there_and_its_minibatch_indices_too():

@@ -191,7 +191,7 @@ class FlatLoss:
 def _flatten_sites(target, sample: Mapping[str, torch.Tensor]) -> torch.Tensor:
     parts = {}
     for name, site in target.sites.items():
-        value = torch.as_tensor(sample[name])
+        value = torch.as_tensor(sample[name]).to(target.device)  # draws kept in host memory: to the model's device
         if value.shape != site.shape:
             raise ValueError(
                 f"site {name!r} has shape {tuple(site.shape)} in the model but "

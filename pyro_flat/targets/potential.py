@@ -216,6 +216,8 @@ class ModelPotential(AutogradTarget):
                 "parameter is a pyro.sample / PyroSample site."
             )
         self._initial_trace = trace
+        #: where the model draws its latents (draws kept in host memory go back there to be evaluated)
+        self.device = trace.nodes[next(iter(self.sites))]["value"].device
         self.batches = Minibatches(batchers)
         self.subsampled_plates: Dict[str, Tuple[int, int]] = subsampled
         self.max_plate_nesting = nesting
