@@ -80,6 +80,9 @@ class Fit:
     seconds: float
     #: of ``seconds``, the time spent tracing and compiling the iteration (``--jit``)
     compile_seconds: float = 0.0
+    #: what compiled its iterations: ``"inductor"``, ``"fx"`` (the traced graph, also where inductor failed its
+    #: check), or ``None``
+    compiled: Optional[str] = None
 
     @property
     def uses(self) -> Tuple[str, ...]:
@@ -137,7 +140,8 @@ def fit_method(method: str, config: ImagesConfig, data: ImageData, seed: int,
     except CheckpointError as err:  # a damaged file or other settings: one line, not a traceback
         raise StudyError(f"--resume: {err}") from None
     samples = {k: v.detach() for k, v in mcmc.get_samples().items()}
-    return Fit(method, model, samples, steps, steps * inner, time.perf_counter() - start, kernel.compile_seconds)
+    return Fit(method, model, samples, steps, steps * inner, time.perf_counter() - start, kernel.compile_seconds,
+               kernel.jit_backend if kernel.compile_seconds > 0 else None)
 
 
 def _draws(fit: Fit, use: str) -> Dict[str, torch.Tensor]:
@@ -260,6 +264,7 @@ def _fit_seeds(config: ImagesConfig, ranks, data: ImageData, log: Callable[[str]
                 label = METHOD_LABELS[method] + ("" if use == "theta" and method != "emcmc" else
                                                  {"theta": " (θ)", "aux": " (θa)", "both": " (both)"}[use])
                 row = {"label": label, "method": method, "use": use, "seed": seed, "seconds": fit.seconds,
+                       "compiled": fit.compiled,
                        "grad_evals": fit.grad_evals, "draws": int(next(iter(_draws(fit, use).values())).shape[0]),
                        **scores}
                 rows.append(row)
@@ -302,7 +307,7 @@ def _lead(config: ImagesConfig, out, log: Callable[[str], None], ranks) -> dict:
     log(f"images: {data.source}: {len(data.X_train):,} training and {len(data.X_test):,} test images, "
         f"{data.num_classes} classes; {protocol['network']} ({weights:,} weights); {len(config.methods)} methods x "
         f"{config.seeds} seeds, {protocol['epochs']} epochs each ({scaled['iterations']:,} gradient evaluations); "
-        f"on {_device_name(device)}" + ("" if config.jit == "off" else f", compiled ({config.jit})"))
+        f"on {_device_name(device)}" + ("" if config.jit == "off" else f", --jit {config.jit}"))
     if ranks.distributed:
         log(f"{ranks.world_size} ranks (torch.distributed, {ranks.backend}): the seeds split over them; rank 0 writes")
     rows, curves = _fit_seeds(config, ranks, data, log)

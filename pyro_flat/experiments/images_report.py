@@ -129,6 +129,18 @@ def _cell(entry: Optional[dict], digits: int = 4) -> str:
     return f"{entry['mean']:.{digits}f} ± {entry['se']:.{digits}f}"
 
 
+def _compiled_text(rows: List[dict], jit: str) -> str:
+    """What compiled the fits' iterations under ``--jit``, counted over the fits (inductor falls back to the
+    traced graph where it fails its check against the eager iteration)."""
+    if jit == "off":
+        return ""
+    fits = {(r["method"], r["seed"]): r.get("compiled") for r in rows}
+    counts = {name: sum(c == name for c in fits.values()) for name in ("inductor", "fx", None)}
+    parts = [f"{counts[name]} of {len(fits)} fits {text}" for name, text in
+             (("inductor", "compiled by inductor"), ("fx", "run as traced graphs (fx)"), (None, "eager")) if counts[name]]
+    return f"; --jit {jit}: {', '.join(parts)}"
+
+
 def report_markdown(report: dict) -> str:
     """``report.md``: the setting, the table per method, corruption by severity, OOD, flatness, the claims."""
     s, p, jit = report["summary"], report["protocol"], report["config"]["jit"]
@@ -140,7 +152,7 @@ def report_markdown(report: dict) -> str:
              f"pyro-flat's scale: step size {report['scaled']['step_size']:.3g} (lr {p['lr']} / N), prior sd "
              f"{report['scaled']['prior_sd']:.3g} (weight decay {p['weight_decay']}), temperature "
              f"{report['scaled']['temperature']:g}, eta {report['scaled']['eta']:.3g}. Ran on {report['device']}"
-             + ("" if jit == "off" else f", each iteration compiled (jit {jit})") + ".", "",
+             + _compiled_text(report["rows"], jit) + ".", "",
              f"Corrupted test sets: {report['data']['corruptions']}. Out-of-distribution: {report['data']['ood']}.", "",
              "Mean ± standard error over the seeds. NLL, ECE and Brier of the Bayesian model average of each "
              "method's draws (the optimisers: their one network); the Hessian measures are of the training NLL per "

@@ -254,8 +254,10 @@ class TargetKernel(DrawRecording, MCMCKernel):
 
     @property
     def jit_backend(self) -> str:
-        """``"fx"`` (replay the traced graph) or ``"inductor"`` (``torch.compile`` it; ``True``)."""
-        return "fx" if self.jit_compile == "fx" else "inductor"
+        """``"fx"`` (replay the traced graph) or ``"inductor"`` (``torch.compile`` it; ``True``); ``"fx"`` too once
+        inductor failed on this kernel's iteration (said in a warning): what compiles, and what ran."""
+        failed = self._steps is not None and self._steps.backend == "fx"
+        return "fx" if self.jit_compile == "fx" or failed else "inductor"
 
     @property
     def compile_seconds(self) -> float:

@@ -1,30 +1,25 @@
 r"""A stochastic-gradient kernel's whole iteration as one compiled graph (``jit_compile=True``).
 
-After setup a kernel knows its target's structure; :class:`CompiledSteps` then traces the
-kernel's own :meth:`~pyro_flat.kernels.stochastic_gradient.StochasticGradientKernel.transition`: gradient,
-coupling, preconditioner, noise and update, for SGLD, EntropySGLD, SGHMC, SASGLD, FlatSGLD, the
-local-entropy kernels or a user's subclass alike, with ``make_fx`` (autograd's backward pass
-included), and hands the graph to ``torch.compile`` (inductor), which fuses it into generated
-C++ (a few seconds per graph; ``jit_compile="fx"`` skips this and replays the traced graph). Each call then draws the iteration's minibatch indices eagerly (the graph's inputs) and runs
-the graph: Pyro's handlers, the distributions' Python code and autograd's tape are gone from the
-loop.
+After setup :class:`CompiledSteps` traces the kernel's own
+:meth:`~pyro_flat.kernels.stochastic_gradient.StochasticGradientKernel.transition` (gradient, coupling,
+preconditioner, noise and update, of any stochastic-gradient kernel or a user's subclass) with
+``make_fx``, autograd's backward pass included, and hands the graph to inductor (a few seconds per
+graph; ``jit_compile="fx"`` replays the traced graph). Each call draws the iteration's minibatch
+indices eagerly (the graph's inputs) and runs the graph: Pyro's handlers, the distributions' Python
+code and autograd's tape are gone from the loop.
 
-Fused iterations: after warm-up, :meth:`CompiledSteps.fused` runs ``k`` iterations (a kept draw's,
-thinning inside the kernel) as one graph: the ``k`` minibatches go in as inputs (drawn ahead from
-the batcher's own random stream, so the same ones as one at a time), the noise is drawn inside in
-the eager order, and the graph returns the last state, the statistics at the first and last
-iterations' starting states, and every iteration's energy and state inf-norms, which the kernel
-checks with one host sync per call. The draws equal the one-at-a-time compiled path's up to
-round-off; a divergence is replayed one iteration at a time on the same random numbers, so that
-its report names the iteration and the chain.
+Fused iterations: after warm-up, :meth:`CompiledSteps.fused` runs ``k`` iterations (a kept draw's) as
+one graph: the ``k`` minibatches are inputs (drawn ahead from the batcher's own stream), the noise is
+drawn inside in the eager order, and the graph returns the last state, the statistics at the first
+and last iterations' starts, and every iteration's energy and state inf-norms, which the kernel
+checks with one host sync per call. A divergence is replayed one iteration at a time on the same
+random numbers, so that its report names the iteration and the chain.
 
-The state a kernel carries beside the parameters (SGHMC's momenta,
-:attr:`~pyro_flat.kernels.stochastic_gradient.StochasticGradientKernel.carried`) is an input and an
-output of every graph, like the parameters: the graph returns its new value and the kernel keeps it.
+The state a kernel carries beside the parameters (SGHMC's momenta, ``kernel.carried``) is an input and
+an output of every graph, like the parameters.
 
-On a GPU each graph is also captured as a CUDA graph (:func:`~pyro_flat.tracing.cuda_graph`) and
-checked against the eager iteration like any graph: a call is then one launch instead of one per
-kernel, which is what an iteration of a network with dozens of weight tensors is bound by (see
+On a GPU each graph is also captured as a CUDA graph (:func:`~pyro_flat.tracing.cuda_graph`), checked
+against the eager iteration like any graph: one launch per call instead of one per kernel (see
 ``benchmarks/bench_deep.py``). A capture that fails is said once and the graph runs uncaptured.
 
 The step size is a graph input (a 0-d tensor; fused: one per iteration), so one graph serves every
@@ -40,18 +35,13 @@ SGHMC with ``friction=``; or a subclass that fails to trace with a tensor step, 
 a graph per step size instead, and a schedule that changes the step at every iteration then runs
 eagerly.
 
-Per-chain random streams (``random_streams="per_chain"``, :class:`~pyro_flat.chain_streams.ChainStreams`): a
-graph cannot hold a ``torch.Generator``, so the numbers each iteration draws from them are the graph's
-inputs, drawn from the streams before each call in the eager order (:meth:`ChainStreams.recording
-<pyro_flat.chain_streams.ChainStreams.recording>` lists them when the graph is built, :meth:`ChainStreams.feeding
-<pyro_flat.chain_streams.ChainStreams.feeding>` hands them to the traced iteration): the same numbers as eager.
+Per-chain random streams (:class:`~pyro_flat.chain_streams.ChainStreams`): a graph cannot hold a
+``torch.Generator``, so their numbers are the graph's inputs, drawn before each call in the eager order
+(``ChainStreams.recording`` lists them when the graph is built, ``feeding`` hands them to the trace).
 
-Random numbers: the graph keeps the eager random operations (``torch.randn`` and friends, also
-under inductor, whose own Philox generator is switched off: on the CPU it is several times slower
-than ATen's for large tensors), in the eager order, so a seeded compiled run repeats the eager run
-up to floating-point round-off. The one exception: a kernel that draws several minibatches per
-iteration (the local-entropy kernels) draws them all before the iteration's noise. The tests check
-both the stream and the exact Gaussian laws.
+Random numbers: the graph keeps the eager random operations in the eager order (inductor's own, slower
+Philox generator is switched off), so a seeded compiled run repeats the eager run up to round-off; a
+kernel that draws several minibatches per iteration (local entropy) draws them all before the noise.
 """
 
 from __future__ import annotations
@@ -71,6 +61,8 @@ from .integrators import Transition
 MAX_GRAPHS = 4
 #: the most iterations one fused graph unrolls (its trace and compile time grow with it)
 MAX_FUSED_STEPS = 16
+#: iterations in a row without a graph (a baked-in step that never repeats) after which a warning says so
+MAX_MISSES = 50
 
 
 class CompiledSteps:
@@ -88,6 +80,7 @@ class CompiledSteps:
         self.cuda_graphs = True  # on a GPU, replay each graph as a CUDA graph (off after a failed capture)
         self._previous_key = None
         self._resumed_keys: set = set()  # graphs the run before a resume had built: built at their first use
+        self._misses = 0  # iterations in a row whose graph was not built (their key did not repeat)
         self.batches = kernel.target.batches  # where every minibatch of an iteration comes from
         self.step_input = bool(kernel.step_size_input)  # the step size is a graph input (else baked in)
 
@@ -139,10 +132,16 @@ class CompiledSteps:
         key, keep_alive = self._key(step_size, temperature)
         entry = self.graphs.get(key)
         repeated, self._previous_key = key == self._previous_key, key
+        self._misses *= not repeated
         if entry is None:
             # compile a key once it repeats: a schedule that changes a baked-in step at every iteration
             # never pays for a graph it would use once
             if not repeated and key not in self._resumed_keys:
+                self._misses += 1
+                if self._misses == MAX_MISSES and not self.step_input:  # else a cyclical run is silently eager
+                    self.kernel.warn_jit(f"no step size repeated in {MAX_MISSES} iterations: the step is baked into "
+                                         "each graph (step_size_input is False; SGHMC: with friction=, not "
+                                         "momentum=), so a schedule that changes it at every iteration runs eagerly")
                 return None
             if len(self.graphs) >= MAX_GRAPHS:
                 self.kernel.warn_jit(f"{MAX_GRAPHS} graphs compiled already (one per temperature, metric and number "
@@ -358,8 +357,9 @@ class CompiledSteps:
             self.step_input = True  # the step was not the problem: the first failure is the reason
             return None
         self.graphs.clear()
+        detail = str(err) if isinstance(err, _Mismatch) else f"{type(err).__name__}: {first_line(err)}"
         self.kernel.warn_jit(f"{type(self.kernel).__name__}.transition does not trace with the step size as a tensor "
-                             f"(with it: {_reason(err)}), so a graph is built per step size, "
+                             f"({detail}), so a graph is built per step size, "
                              "once that step repeats, and a schedule that changes the step every iteration runs "
                              "eagerly. Use torch operations on step_size (pyro_flat.kernels.integrators.sqrt, "
                              "scaled_add), or set step_size_input = False on the class to skip this trace")
