@@ -11,15 +11,14 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from ..corruptions import KINDS, corrupted_test_sets
-from .images_config import DEVICE_PATTERN, ImagesConfig
+from .images_config import ImagesConfig
 from .output import StudyError
 
 
 def study_device(spec: str) -> torch.device:
     """``--device``: ``auto`` is this process's GPU where torch sees one (under ``torchrun``, ``cuda:LOCAL_RANK``),
-    else the CPU; ``cpu``, ``cuda`` or ``cuda:N`` as given, refused in one line where torch sees no such GPU."""
-    if not DEVICE_PATTERN.fullmatch(spec):
-        raise StudyError(f"--device takes auto, cpu, cuda or cuda:N, got {spec!r}")
+    else the CPU; ``cpu``, ``cuda`` or ``cuda:N`` (:meth:`ImagesConfig.validate` checked the form) as given, refused
+    in one line where torch sees no such GPU."""
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if spec == "auto":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % count) if count else torch.device("cpu")

@@ -35,7 +35,7 @@ import torch
 from ..chains import chain_randn_like_each
 from ..targets import Params
 from ..validation import check_positive
-from .integrators import StepSize, underdamped_step
+from .integrators import StepSize, sqrt, underdamped_step
 from .stochastic_gradient import StochasticGradientKernel
 
 #: ``momentum`` when neither it nor ``friction`` is given (``torch.optim.SGD``'s usual 0.9)
@@ -129,10 +129,8 @@ class SGHMC(StochasticGradientKernel):
     def integrator(self, step_size: StepSize) -> Tuple[StepSize, float]:
         r"""``(h, μ)``: the time step and momentum decay of an iteration at ``step_size`` (see the module); a
         tensor step (a compiled graph's input) gives a tensor :math:`h`."""
-        if isinstance(step_size, torch.Tensor):
-            if self.friction is not None:
-                raise TypeError(f"{type(self).__name__}(friction=...) needs a Python number step_size, got a tensor.")
-            return torch.sqrt(2.0 * step_size / (1.0 + self.momentum)), self.momentum
+        if isinstance(step_size, torch.Tensor):  # inside a graph: computed there, not cached
+            return self._time_step_and_decay(step_size)
         found = self._integrator.get(step_size)
         if found is None:
             if len(self._integrator) >= MAX_CACHED_STEPS:  # a schedule that changes the step at every iteration
@@ -140,9 +138,11 @@ class SGHMC(StochasticGradientKernel):
             found = self._integrator[step_size] = self._time_step_and_decay(step_size)
         return found
 
-    def _time_step_and_decay(self, alpha: float) -> Tuple[float, float]:
+    def _time_step_and_decay(self, alpha: StepSize) -> Tuple[StepSize, float]:
         if self.friction is None:
-            return math.sqrt(2.0 * alpha / (1.0 + self.momentum)), self.momentum
+            return sqrt(2.0 * alpha / (1.0 + self.momentum)), self.momentum
+        if isinstance(alpha, torch.Tensor):  # step_size_input is False with friction: never a graph input
+            raise TypeError(f"{type(self).__name__}(friction=...) needs a Python number step_size, got a tensor.")
         low, high = 0.0, math.sqrt(2.0 * alpha)  # h^2 (1 + e^{-γh}) / 2 = α is increasing in h: bisect
         for _ in range(100):
             h = 0.5 * (low + high)
