@@ -1,10 +1,10 @@
 r"""Deep ensembles (Lakshminarayanan et al. 2017) and sharpness-aware ensembles, vectorized over members.
 
-:func:`fit_ensemble` runs M MAP fits from M initial points drawn by ``init_strategy`` (the prior by
-default) as M chains of :class:`~pyro_flat.SGD` (or, with ``rho``, of
-:class:`~pyro_flat.kernels.SAMSGD`) through :class:`~pyro_flat.MCMC`: one batched network where the
-model broadcasts over a leading chain dimension (as :class:`~pyro_flat.models.BayesianMLP` does),
-each member with its own seed and minibatches. The members are the chains' last iterates, so
+:func:`fit_ensemble` runs M MAP fits from M initial points drawn by ``init_strategy`` (by default the
+model's own initialisation if it has one, as a ``BayesianModule`` does, else the prior) as M chains of
+:class:`~pyro_flat.SGD` (or, with ``rho``, of :class:`~pyro_flat.kernels.SAMSGD`) through
+:class:`~pyro_flat.MCMC`: one batched network where the model broadcasts over a leading chain
+dimension (as :class:`~pyro_flat.models.BayesianMLP` does), each member with its own seed and minibatches. The members are the chains' last iterates, so
 Bayesian model averaging over the ensemble is :func:`~pyro_flat.bma_predict` over ``members``.
 
 .. math:: \theta^{(m)}_{k+1} = \theta^{(m)}_k - \alpha_k \widehat{\nabla U}\big(\theta^{(m)}_k
@@ -32,8 +32,6 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
-
-from pyro.infer.autoguide.initialization import init_to_sample
 
 from .validation import check_positive_int
 
@@ -67,7 +65,7 @@ class Ensemble:
 
 
 def fit_ensemble(model: Callable, *args, size: int, num_steps: int, step_size: float, rho: Optional[float] = None,
-                 schedule=None, init_strategy: Callable = init_to_sample, minibatches: str = "per_chain",
+                 schedule=None, init_strategy: Optional[Callable] = None, minibatches: str = "per_chain",
                  progress: bool = False, **kwargs) -> Ensemble:
     """Train ``size`` MAP members of ``model`` by SGD (``rho=None``) or SAM (``rho > 0``), vectorized.
 
@@ -77,7 +75,9 @@ def fit_ensemble(model: Callable, *args, size: int, num_steps: int, step_size: f
     :param num_steps: iterations per member (SAM's cost 2 gradient evaluations each).
     :param step_size: the SGD step size α (or a ``schedule``).
     :param rho: SAM's radius: a sharpness-aware ensemble.
-    :param init_strategy: where each member starts (a fresh draw per member: the prior by default).
+    :param init_strategy: where each member starts (a fresh draw per member). Default: the model's own
+        start if it has one (a :class:`~pyro_flat.nn.BayesianModule`: PyTorch's initialisation of the
+        network, run again per member), else a prior draw.
     :param minibatches: ``"per_chain"`` (each member its own minibatches) or ``"shared"``.
     """
     from .diagnostics import mcmc_sample_stats

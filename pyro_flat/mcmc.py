@@ -81,7 +81,7 @@ from .sampling_loop import run_chains
 from .distributed.driver import (RankRun, RanksFailed, checked, gather_draws, open_checkpoints,
                                  start_rank_run, with_draws)
 from .kernels.protocol import ChainKernel
-from .mcmc_arguments import check_initial_params, check_kernel
+from .mcmc_arguments import check_initial_params, check_kernel, pyro_driver_starts
 from .targets import check_minibatches
 from .validation import check_chain_memory, check_nonnegative_int, check_positive_int, check_thinning
 
@@ -119,8 +119,11 @@ class MCMC(pyro.infer.MCMC):
         are in the files). Vectorized chains in this process, as ``checkpoint``.
 
     The other arguments are ``pyro.infer.MCMC``'s. ``initial_params`` for ``num_chains > 1`` have
-    a leading chain dimension, as in Pyro. ``run`` may be called again (with other data, say): with
-    the same seed it gives what a new ``MCMC`` object gives.
+    a leading chain dimension, as in Pyro; for one chain a leading dim of 1 is that chain's start
+    (``model.initial_params(num_chains=1)``), and none is accepted too. Without ``initial_params`` chains
+    start where the kernel's ``init_strategy`` says: by default the model's own start if it has one (a
+    ``BayesianModule``: PyTorch's initialisation, per chain), else a prior draw. ``run`` may be called
+    again (with other data, say): with the same seed it gives what a new ``MCMC`` object gives.
     """
 
     def __init__(self, kernel, num_samples: int, warmup_steps: Optional[int] = None,
@@ -223,7 +226,7 @@ class MCMC(pyro.infer.MCMC):
                 warnings.warn(f"{type(self.kernel).__name__}: running {num_chains} chains with Pyro's driver, "
                               f"not vectorized: {hint}.", stacklevel=2)
                 self.chain_method = "sequential"
-                self._init_pyro(num_chains, initial_params)
+                self._init_pyro(num_chains, self._pyro_starts(initial_params, args, kwargs))
                 return self._run_pyro(args, kwargs)
             if method == "vectorized":
                 raise ValueError(
@@ -239,8 +242,19 @@ class MCMC(pyro.infer.MCMC):
                 stacklevel=2,
             )
             self.chain_method = "sequential"
-            self._init_pyro(num_chains, initial_params)
+            self._init_pyro(num_chains, self._pyro_starts(initial_params, args, kwargs))
+        elif initial_params is None and num_chains > 1:  # Pyro's driver from the start
+            starts = self._pyro_starts(None, args, kwargs)  # the model's own, one per chain
+            if starts is not None:
+                self._init_pyro(num_chains, starts)
         return self._run_pyro(args, kwargs)
+
+    def _pyro_starts(self, initial_params, args: tuple, kwargs: dict):
+        """``initial_params``, or when there are none the model's own start for every chain (see
+        :func:`~pyro_flat.mcmc_arguments.pyro_driver_starts`)."""
+        if initial_params is not None or not isinstance(self.kernel, ChainKernel):
+            return initial_params
+        return pyro_driver_starts(self.kernel, self._requested[0], args, kwargs)
 
     def _run_pyro(self, args: tuple, kwargs: dict) -> None:
         if self.checkpoint is not None or self.draws_dir is not None:

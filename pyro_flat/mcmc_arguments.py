@@ -1,5 +1,6 @@
 """The arguments of :class:`pyro_flat.MCMC`, checked before any work: a kernel instance (not a
-sampler's name or class) and ``initial_params`` as floating-point tensors with a chain dimension.
+sampler's name or class) and ``initial_params`` as floating-point tensors with a chain dimension;
+and the chains' starts for Pyro's driver when none is given (:func:`pyro_driver_starts`).
 
 >>> check_initial_params({"x": [[0, 1], [2, 3]]}, num_chains=2)["x"].dtype
 torch.float32
@@ -7,10 +8,11 @@ torch.float32
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 
+from .targets.starts import start_hook
 from .validation import check_real_tensor
 
 
@@ -39,7 +41,8 @@ def check_kernel(kernel) -> None:
 
 def check_initial_params(initial_params, num_chains: int) -> Dict[str, torch.Tensor]:
     """``initial_params`` as a dict of floating-point tensors (integers converted), with a leading
-    chain dim for several chains; else an error naming the value."""
+    chain dim for several chains; else an error naming the value. With one chain a value may have a
+    leading chain dim of 1 or none (the target tells them apart by the site's shape)."""
     if not isinstance(initial_params, dict):
         raise ValueError(f"initial_params must be a dict {{site name: tensor}}, got "
                          f"{type(initial_params).__name__}.")
@@ -60,4 +63,16 @@ def check_initial_params(initial_params, num_chains: int) -> Dict[str, torch.Ten
     return initial_params
 
 
-__all__ = ["check_kernel", "check_initial_params"]
+def pyro_driver_starts(kernel, num_chains: int, args: tuple, kwargs: dict) -> Optional[Dict[str, torch.Tensor]]:
+    """Every chain's start ``{site: (C, ...)}`` (unconstrained) from the model's own ``initial_params``
+    (:mod:`pyro_flat.targets.starts`), for Pyro's driver, which sets up one chain at a time and would
+    otherwise start each from the model's one-chain start; ``None`` for one chain, for a kernel given an
+    ``init_strategy`` and for a model without that method (each chain then draws its own start)."""
+    model = getattr(kernel, "model", None)
+    if num_chains == 1 or model is None or not hasattr(kernel, "build_target") \
+            or start_hook(model, getattr(kernel, "init_strategy", None)) is None:
+        return None
+    return kernel.build_target(args, kwargs, num_chains=num_chains).initial_params()
+
+
+__all__ = ["check_kernel", "check_initial_params", "pyro_driver_starts"]

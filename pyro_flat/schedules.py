@@ -65,14 +65,17 @@ class cyclical_cosine:
     Each cycle starts with large steps (exploration) and ends with small ones (sampling);
     :meth:`is_sampling` is true in the last ``1 - exploration`` fraction of each cycle, where
     cSGMCMC collects samples. Passed as ``schedule=`` to a stochastic-gradient kernel, the
-    exploration iterations inject no noise (optimisation steps; for LocalEntropySGLD, no noise in
-    the outer step) and make no draw: ``MCMC(num_samples=n)`` counts sampling-phase iterations only, so a run makes
+    exploration iterations make no draw and, unless ``exploration_noise=True``, inject no noise
+    (optimisation steps, as cSGMCMC; for LocalEntropySGLD, no noise in the outer step; the
+    official Entropy-MCMC code keeps the noise at every step, ``exploration_noise=True``): ``MCMC(num_samples=n)`` counts sampling-phase iterations only, so a run makes
     about ``warmup + n / (1 - exploration)`` iterations; ``num_steps`` should cover them.
     """
 
     num_steps: int
     num_cycles: int = 4
     exploration: float = 0.5
+    #: whether the exploration iterations keep the kernel's noise (its temperature) or run at temperature 0
+    exploration_noise: bool = False
 
     def __post_init__(self):
         if self.num_steps < 1 or self.num_cycles < 1 or self.num_cycles > self.num_steps:

@@ -58,3 +58,26 @@ def test_exploration_injects_no_noise():
     mean, var = (1 - alpha) * x10, 2 * alpha
     assert abs(float(draw.mean()) - mean) < 4 * math.sqrt(var / chains)
     assert abs(float(draw.var()) / var - 1) < 4 * math.sqrt(2 / chains)
+
+
+def test_exploration_noise_keeps_the_noise_in_the_exploration_phase():
+    """The same run with ``exploration_noise=True`` (the official Entropy-MCMC code's rule): every one of the 11
+    steps before the first draw is noisy, so the draw is N(x_11, v_11) with the exact Gaussian recursion
+    x_{k+1} = (1 - α_k) x_k, v_{k+1} = (1 - α_k)² v_k + 2 α_k. The noise-free variance (one step's) is 4 times
+    smaller than this one: a kernel that ignored the flag fails."""
+    torch.manual_seed(1)
+    schedule = schedules.cyclical_cosine(num_steps=40, num_cycles=2, exploration=0.5, exploration_noise=True)
+    chains = 4000
+    kernel = SGLD(potential_fn=potential, step_size=STEP, schedule=schedule)
+    assert kernel.exploration_noise
+    mcmc = MCMC(kernel, num_samples=1, warmup_steps=10, initial_params={"x": torch.full((chains, 1), 3.0)},
+                num_chains=chains, disable_progbar=True)
+    mcmc.run()
+    draw = mcmc.get_samples()["x"][:, 0].double()
+    mean, var = 3.0, 0.0
+    for k in range(11):
+        alpha = STEP * schedule(k)
+        mean, var = (1 - alpha) * mean, (1 - alpha) ** 2 * var + 2 * alpha
+    assert var > 4 * 2 * STEP * schedule(10)
+    assert abs(float(draw.mean()) - mean) < 4 * math.sqrt(var / chains)
+    assert abs(float(draw.var()) / var - 1) < 4 * math.sqrt(2 / chains)

@@ -13,32 +13,71 @@ from pyro_flat.cifar_files import write_cifar
 from pyro_flat.experiments.cli import main
 from pyro_flat.experiments.images_report import CLAIMS, claims
 
-#: a tiny ResNet on 160 digits, 2 seeds, two methods (the claims compare Entropy-MCMC with SGD)
-SMALL = ["--network", "tiny-resnet", "--epochs", "2", "--cycles", "1", "--seeds", "2", "--train-size", "160",
-         "--test-size", "40", "--flatness-images", "32", "--trace-probes", "2", "--batch-size", "32", "--lr", "0.05",
-         "--inner-steps", "2", "--no-progress", "--threads", "1"]
+#: a tiny ResNet on 160 digits, 2 seeds, 4 epochs in 2 cycles (the convergence rule compares the two cycles'
+#: ends; 10 nats accepts any: these runs test the plumbing, not the training)
+SMALL = ["--network", "tiny-resnet", "--epochs", "4", "--cycles", "2", "--draw-epochs", "1", "--seeds", "2",
+         "--train-size", "160", "--test-size", "40", "--flatness-images", "32", "--trace-probes", "2", "--batch-size",
+         "32", "--lr", "0.05", "--inner-steps", "2", "--converged-within", "10", "--no-progress", "--threads", "1"]
 
 
-def test_a_reduced_run_writes_the_report_tables_claims_and_figures(tmp_path):
+def test_a_reduced_run_writes_the_report_tables_claims_and_figures(tmp_path, capsys):
     out = tmp_path / "images"
-    assert main(["images", *SMALL, "--methods", "sgd", "sgld", "emcmc", "--out", str(out)]) == 0
+    assert main(["images", *SMALL, "--methods", "sgd", "sgd-ensemble", "sgld", "emcmc", "--ensemble-size", "2",
+                 "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    # the paper's per-step coupling: η = lr / (N x 0.025) = 0.05 / (160 x 0.025)
+    assert "per-step coupling lr / (N eta) = 0.05 / (160 x 0.0125) = 0.025" in said
     assert {"corruption.png", "interpolation.png", "report.json", "report.md"} <= {p.name for p in out.iterdir()}
     report = json.loads((out / "report.json").read_text())
-    labels = ["SGD", "SGLD", "Entropy-MCMC (θ)", "Entropy-MCMC (θa)", "Entropy-MCMC (both)"]
+    labels = ["SGD", "SGD ensemble", "SGLD", "Entropy-MCMC (θ)", "Entropy-MCMC (θa)", "Entropy-MCMC (both)"]
     assert list(report["summary"]) == labels and len(report["rows"]) == 2 * len(labels)
     assert report["data"]["n_train"] == 160 and report["data"]["n_test"] == 40
+    assert report["scaled"]["eta"] == pytest.approx(0.05 / (160 * 0.025))
     for row in report["rows"]:
         assert 0 <= row["accuracy"] <= 1 and np.isfinite(row["nll"]) and len(row["corrupted_accuracy"]) == 5
-        assert 0 <= row["ood_auroc"] <= 1 and 0 <= row["ood_aupr"] <= 1
-        assert (row["use"] == "both") == ("top_eigenvalue" not in row)
-        assert row["grad_evals"] == 2 * 5 and row["draws"] == {"sgd": 1, "sgld": 2, "emcmc": 2}[row["method"]] * (
-            2 if row["use"] == "both" else 1)
+        assert 0 <= row["ood_auroc"] <= 1 and 0 <= row["ood_aupr"] <= 1 and row["distance"] > 0
+        assert (row["use"] == "both") == ("top_eigenvalue" not in row) == ("converged" not in row)
+        # the same epochs for every method (4 x 5 iterations), the ensemble's 2 networks sharing them
+        assert row["grad_evals"] == 4 * 5
+        per_network = {"sgd": 1, "sgd-ensemble": 2, "sgld": 4, "emcmc": 4}[row["method"]]
+        assert row["draws"] == per_network * (2 if row["use"] == "both" else 1)
     assert [c["metric"] for c in report["claims"]] == [m for m, _, _ in CLAIMS]
     assert all(c["verdict"] in ("reproduced", "tied", "contradicted") for c in report["claims"])
-    assert {p["other"] for p in report["claims"][0]["pairs"]} == {"SGD", "SGLD"}
+    pairs = report["claims"][0]["pairs"]
+    assert {p["other"]: p["counted"] for p in pairs} == {"SGD": True, "SGD ensemble": False, "SGLD": True}
+    assert all(p["detectable"] > p["declared_at"] > 0 for p in pairs)
     text = (out / "report.md").read_text()
     assert "| Entropy-MCMC (both) |" in text and "t = 12.71 standard errors" in text  # 2 seeds: df 1
+    assert "| **per-step coupling lr / (N η)** | **0.025** |  |" in text  # the paper's: no departure to name
+    assert "| training images N | 160 | 50,000 |" in text and "this run declares an NLL difference beyond" in text
     assert report["protocol"]["lr"] == 0.05 and report["scaled"]["step_size"] == pytest.approx(0.05 / 160)
+
+
+def test_the_convergence_verdict_changes_when_a_fit_is_cut_short():
+    """The same SGD fit of the small ResNet on 160 digits, 40 epochs in 2 cycles against 4: the long one ends its two
+    cycles at the same training NLL (within 0.05 nats; 0.02 measured), the cut one does not (0.54), so its claims
+    would not be tested."""
+    from pyro_flat.experiments import images
+    from pyro_flat.experiments.images_config import ImagesConfig
+
+    verdicts = {}
+    for epochs in (40, 4):
+        config = ImagesConfig.reduced(methods=("sgd",), seeds=1, train_size=160, epochs=epochs, cycles=2, lr=0.5,
+                                      network="small-resnet", converged_within=0.05, device="cpu")
+        data = images.load_image_data(config)
+        fit = images.fit_method("sgd", config, data, seed=0)
+        verdicts[epochs] = images.convergence(fit, "theta", data, data.X_train[:64], config.converged_within)
+    assert verdicts[40]["converged"] and verdicts[40]["train_nll_change"] < 0.05
+    assert not verdicts[4]["converged"] and verdicts[4]["train_nll_change"] > 0.05
+    assert verdicts[4]["train_nll"] > verdicts[40]["train_nll"]
+
+
+def test_a_claim_is_not_tested_where_a_method_did_not_converge():
+    rows = _rows([0.95, 0.96, 0.97], [0.90, 0.91, 0.92])
+    assert claims(rows, [("accuracy", "x", False)])[0]["verdict"] == "reproduced"
+    rows[-1]["converged"] = False  # one SGD fit did not converge
+    claim = claims(rows, [("accuracy", "x", False)])[0]
+    assert claim["verdict"] == "not tested (not converged)" and claim["not_converged"] == ["SGD"]
 
 
 def _rows(ours, theirs, metric="accuracy"):
@@ -97,15 +136,27 @@ def test_cifar10_runs_from_generated_files_of_the_official_layout(tmp_path):
      "fixes --epochs"),
     (["--preset", "emcmc-cifar"], "pass --dataset cifar10 or cifar100"),
     (["--epochs", "5", "--cycles", "2"], "must be a multiple of --cycles"),
-    (["--lr", "5", "--train-size", "100"], "lower --lr or raise --eta"),
+    (["--lr", "5", "--train-size", "100", "--eta", "0.01"], "lower --lr or raise --eta"),
     (["--ood-digits", "12"], "--ood-digits"),
     (["--device", "gpu"], "--device takes auto, cpu, cuda or cuda:N, got 'gpu'"),
     (["--device", "cuda:7"], "--device cuda:7: torch sees"),
+    (["--eta", "-1"], "--eta must be a positive number, got -1.0"),
+    (["--eta", "0.01", "--coupling", "0.05"], "both set η (the coupling is lr / (N η)): give one of them"),
+    (["--coupling", "1.5"], "--coupling 1.5 is the fraction of the gap θ − θa that θa closes per step: it must be below 1"),
+    (["--temperature", "0"], "--temperature must be a positive number, got 0.0 (a temperature T > 0 scales the noise"),
+    (["--temperature", "inf"], "--temperature must be a positive number, got inf"),
+    (["--converged-within", "0"], "--converged-within"),
+    (["--ensemble-size", "0"], "--ensemble-size"),
+    (["images-eta", "--eta-factors", "2", "2"], "--eta-factors 2.0 2.0 is a sweep of one value: give at least two"),
+    (["images-eta", "--eta-factors", "1"], "is a sweep of one value"),
+    (["images-eta", "--eta-factors", "0.02", "1"], "--eta-factors 0.02 makes the per-step coupling 1.25, at or above 1"),
+    (["images-eta", "--eta-factors", "-1", "1"], "--eta-factors takes positive numbers"),
 ])
 def test_bad_options_are_one_line_that_names_them(tmp_path, capsys, args, needle):
     (tmp_path / "EMPTY").mkdir()
     args = [str(tmp_path / "EMPTY") if a == "EMPTY" else a for a in args]
-    assert main(["images", *args, "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    command = ["images"] if args[0] != "images-eta" else []
+    assert main([*command, *args, "--out", str(tmp_path / "o"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "o").exists()
@@ -185,3 +236,16 @@ def test_the_report_says_what_compiled_each_fit():
     assert _compiled_text(rows, "inductor") == ("; --jit inductor: 1 of 3 fits compiled by inductor, 2 of 3 fits run "
                                                  "as traced graphs (fx)")
     assert _compiled_text(rows, "off") == ""
+
+
+def test_the_eta_sweep_writes_its_table_and_figure(tmp_path):
+    """``pyro-flat images-eta``: SGD once and Entropy-MCMC at each multiple of the regime's η, one row per η."""
+    out = tmp_path / "sweep"
+    assert main(["images-eta", *SMALL, "--eta-factors", "0.5", "2", "--out", str(out)]) == 0
+    assert {"eta_sweep.png", "report.json", "report.md"} <= {p.name for p in out.iterdir()}
+    report = json.loads((out / "report.json").read_text())
+    regime = 0.05 / (160 * 0.025)
+    assert [e["eta"] for e in report["sweep"]["emcmc"]] == pytest.approx([0.5 * regime, 2 * regime])
+    assert report["sweep"]["sgd"]["fits"] == 2 and all(e["fits"] == 4 for e in report["sweep"]["emcmc"])
+    text = (out / "report.md").read_text()
+    assert f"| {0.5 * regime:.3g} | 0.05 |" in text and f"| {2 * regime:.3g} | 0.0125 |" in text

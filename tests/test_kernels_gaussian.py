@@ -132,3 +132,21 @@ def test_temperature_tempers_the_whole_joint():
     cov = T * np.block([[eye / lam, eye / lam], [eye / lam, eye / lam + eta * eye]])
     H = torch.tensor(np.block([[(lam + 1 / eta) * eye, -eye / eta], [-eye / eta, eye / eta]]))
     assert_moments(x, np.zeros(4), cov, known_bias=T * discrete_bias(H, step))
+
+
+def test_aux_prior_sd_gives_theta_a_its_own_normal_prior():
+    """``aux_prior_sd=s`` adds ‖θa‖²/(2s²): the joint precision becomes [[A + I/η, -I/η], [-I/η, I/η + I/s²]]
+    and the mean shrinks toward 0 (the official code's weight decay on θa). Without the prior the joint
+    covariance of ``joint_truth`` is off by many Monte-Carlo errors here, so a kernel that ignored it fails."""
+    s_aux = 1.0
+    kernel = EntropySGLD(gaussian_model, eta=ETA, step_size=STEP, aux_prior_sd=s_aux)
+    s = run(kernel)
+    x = torch.cat([s["theta"], s["theta_aux"]], -1).double().numpy()
+    eye = torch.eye(D, dtype=torch.float64)
+    H = joint_hessian() + torch.block_diag(0 * eye, eye / s_aux**2)
+    cov = torch.linalg.inv(H)
+    mean = cov @ torch.cat([A @ MU, torch.zeros(D, dtype=torch.float64)])
+    assert_moments(x, mean.numpy(), cov.numpy(), known_bias=discrete_bias(H))
+    plain_mean, plain_cov = joint_truth()
+    z_mean, z_cov, _ = moment_errors(x, plain_mean, plain_cov)
+    assert max(np.abs(z_mean).max(), np.abs(z_cov).max()) > 2 * 4.5

@@ -147,7 +147,7 @@ def test_a_trained_networks_state_dict_starts_every_chain():
     net = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2))
     model = BayesianModule(net)
     X, y = torch.randn(50, 4), torch.randint(0, 2, (50,))
-    start = model.initial_params(num_chains=3)
+    start = model.initial_params(net.state_dict(), num_chains=3)  # a state dict: shared by every chain
     assert sorted(start) == ["0.bias", "0.weight", "2.bias", "2.weight"]
     mcmc = MCMC(SGLD(model, step_size=1e-12), num_samples=1, warmup_steps=0, num_chains=3,
                 initial_params=start, disable_progbar=True)

@@ -43,6 +43,39 @@ def t_critical(n: Optional[int]) -> float:
     return float(t.ppf(0.975, n - 1))
 
 
+def power(difference: float, sd: float, n: int) -> float:
+    r"""The probability that a paired two-sided t-test at 95 % over ``n`` units declares a true mean difference
+    ``difference`` when the units' differences have standard deviation ``sd``: with
+    :math:`\delta = \text{difference}\,\sqrt n/\text{sd}`, :math:`P(|T| > t_{0.975,\,n-1})` for
+    :math:`T` noncentral t with :math:`n - 1` degrees of freedom and noncentrality :math:`\delta`.
+
+    >>> round(power(0.0, 1.0, 5), 3), round(power(2.0, 1.0, 5), 3)
+    (0.05, 0.909)
+    """
+    from scipy.stats import nct
+
+    if n < 2 or not sd > 0:
+        raise ValueError(f"power needs n >= 2 units and sd > 0, got n={n}, sd={sd}")
+    critical, shift = t_critical(n), abs(difference) * math.sqrt(n) / sd
+    wrong_side = float(nct.cdf(-critical, n - 1, shift))  # scipy's nan far in the tail is 0
+    return float(nct.sf(critical, n - 1, shift)) + (0.0 if math.isnan(wrong_side) else wrong_side)
+
+
+def detectable_difference(se: float, n: int, probability: float = 0.8) -> float:
+    """The smallest true mean difference that a paired t-test over ``n`` units, whose mean difference has
+    standard error ``se``, declares with ``probability`` (:func:`power` solved for the difference).
+
+    >>> round(detectable_difference(1.0, 5), 2)  # in standard errors, against t = 2.78 to be declared at all
+    3.76
+    """
+    from scipy.optimize import brentq
+
+    if not 0.05 < probability < 1:
+        raise ValueError(f"probability must be in (0.05, 1), got {probability}")
+    sd = se * math.sqrt(n)
+    return float(brentq(lambda d: power(d, sd, n) - probability, 0.0, (t_critical(n) + 20) * se))
+
+
 def threshold_text(n: Optional[int], unit: str = "seeds") -> str:
     """How a sentence names its threshold: "2 standard errors", or "t = 4.30 standard errors (the 95 %
     t critical value for 3 seeds)"."""

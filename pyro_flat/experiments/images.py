@@ -2,7 +2,7 @@ r"""The image study behind ``pyro-flat images``: Entropy-MCMC against its baseli
 
 Each method of :data:`~.images_config.IMAGE_METHODS` trains the same network (a
 :class:`~pyro_flat.nn.BayesianModule` of a ResNet with BatchNorm) on the same data, once per seed,
-under the same budget of gradient evaluations, and is scored by its Bayesian model average: test
+for the same epochs, and is scored by its Bayesian model average: test
 accuracy, NLL, ECE and Brier; accuracy on corrupted test sets at five severities
 (:mod:`pyro_flat.corruptions`, or CIFAR-10-C's files); out-of-distribution AUROC and AUPR by
 predictive entropy (held-out digits, or SVHN's test set); the top Hessian eigenvalue and trace of
@@ -15,15 +15,18 @@ the seeds.
 :math:`\lVert\theta-\theta_a\rVert^2/(2\eta)` added to the negative log posterior :math:`U = N f`
 plus the prior, pyro-flat's potential. So with :math:`N` training images: step size
 :math:`\alpha = \ell/N`; a Normal prior of precision :math:`N w` on every weight (sd
-:math:`1/\sqrt{N w}`); :math:`\eta` and the temperature as published (the noise
+:math:`1/\sqrt{N w}`); the temperature as published (the noise
 :math:`\sqrt{2\ell T/N}` is :math:`\sqrt{2\alpha T}`). θa's step toward θ is then
-:math:`\alpha/\eta = \ell/(N\eta)` of the gap, 0.025 on CIFAR-10 (stable below 2). Where pyro-flat differs: its cosine cycles' exploration phase is
-noise-free (the paper injects noise at every step), and θa has no prior of its own (weight decay
-acts on θ only). The optimisers (SGD, SAM, Entropy-SGD) run one cosine cycle and give their last
-iterate; the samplers run ``cycles`` cycles and keep ``draws_per_cycle`` draws from the last
-``draw_epochs`` epochs of each. Every method makes the same number of gradient evaluations:
-Entropy-SGD and Entropy-SGLD make ``inner_steps`` per outer step and SAM two per step, so they make
-that many times fewer steps (the paper gives every method the same epochs instead).
+:math:`\alpha/\eta = \ell/(N\eta)` of the gap: 0.025 on CIFAR-10. The dynamics depend on that fraction, not
+on :math:`\eta` itself, so a run on other data keeps it (``coupling``) and takes :math:`\eta = \ell/(0.025 N)`.
+As the official code, the samplers keep their noise in the cosine cycles' exploration phase
+(``exploration_noise``) and :math:`\theta_a` has the weights' prior too (``aux_prior``: its weight decay); both
+can be turned off. Every method runs the same cosine cycles for the same epochs (``budget="epochs"``, the
+paper's rule; ``"gradients"`` gives every method the same gradient evaluations instead): the optimisers keep
+their last iterate, the samplers ``draws_per_cycle`` draws from the last ``draw_epochs`` epochs of each cycle,
+and the SGD ensemble's networks share one network's steps, two cycles each. A fit has converged when its
+training NLL at the end of its last cycle is within ``converged_within`` of the cycle before's
+(:func:`convergence`); :func:`travelled` measures how far it got from its start.
 """
 
 from __future__ import annotations
@@ -32,9 +35,9 @@ import json
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -53,10 +56,12 @@ from .output import StudyError, hold_signals, seeds_over_ranks, threads_record
 from .resume import checkpoint_folder, study_checkpoints
 
 #: the kernel of each method (names of :data:`pyro_flat.kernels.KERNELS`)
-METHOD_KERNELS = {"sgd": "sgd", "entropy-sgd": "local-entropy-sgd", "sam": "sam-sgd", "sgld": "sgld",
-                  "entropy-sgld": "local-entropy-sgld", "emcmc": "entropy-sgld"}
-METHOD_LABELS = {"sgd": "SGD", "entropy-sgd": "Entropy-SGD", "sam": "SAM", "sgld": "SGLD",
-                 "entropy-sgld": "Entropy-SGLD", "emcmc": "Entropy-MCMC"}
+METHOD_KERNELS = {"sgd": "sgd", "sgd-ensemble": "sgd", "entropy-sgd": "local-entropy-sgd", "sam": "sam-sgd",
+                  "sgld": "sgld", "entropy-sgld": "local-entropy-sgld", "emcmc": "entropy-sgld"}
+METHOD_LABELS = {"sgd": "SGD", "sgd-ensemble": "SGD ensemble", "entropy-sgd": "Entropy-SGD", "sam": "SAM",
+                 "sgld": "SGLD", "entropy-sgld": "Entropy-SGLD", "emcmc": "Entropy-MCMC"}
+#: cosine cycles of each ``sgd-ensemble`` network (two, so that its convergence is checked like every fit's)
+ENSEMBLE_CYCLES = 2
 
 
 def network(name: str, channels: int, classes: int) -> torch.nn.Module:
@@ -70,11 +75,15 @@ def network(name: str, channels: int, classes: int) -> torch.nn.Module:
 
 @dataclass
 class Fit:
-    """One method's run at one seed: its draws ``{site: (draws, ...)}`` and what it cost."""
+    """One method's run at one seed: the draws it keeps ``{site: (draws, ...)}`` (an optimiser: its last iterate;
+    ``sgd-ensemble``: each network's), its state at the end of each cycle ``{site: (networks, cycles, ...)}``, where
+    it started ``{site: (networks, ...)}``, and what it cost."""
 
     method: str
     model: BayesianModule
     samples: Dict[str, torch.Tensor]
+    cycle_ends: Dict[str, torch.Tensor]
+    initial: Dict[str, torch.Tensor]
     iterations: int
     grad_evals: int
     seconds: float
@@ -90,25 +99,57 @@ class Fit:
 
 
 def scaled_protocol(config: ImagesConfig, num_train: int) -> Dict[str, float]:
-    """The protocol in pyro-flat's scale (see the module's text): step size, prior sd, η and iterations."""
+    """The protocol in pyro-flat's scale (see the module's text): step size, prior sd, η (given, or from the
+    per-step coupling), the coupling lr / (N η), and the iterations."""
     p = config.protocol()
     per_epoch = math.ceil(num_train / p["batch_size"])
-    return {"step_size": p["lr"] / num_train, "prior_sd": 1.0 / math.sqrt(num_train * p["weight_decay"]),
-            "eta": p["eta"], "temperature": p["temperature"], "iterations_per_epoch": per_epoch,
+    step = p["lr"] / num_train
+    eta = p["eta"] if p["eta"] is not None else step / p["coupling"]
+    return {"step_size": step, "prior_sd": 1.0 / math.sqrt(num_train * p["weight_decay"]), "eta": eta,
+            "coupling": step / eta, "temperature": p["temperature"], "iterations_per_epoch": per_epoch,
             "iterations": p["epochs"] * per_epoch, "batch_size": p["batch_size"]}
+
+
+def grads_per_step(method: str, config: ImagesConfig) -> int:
+    """Gradient evaluations of one step: ``inner_steps`` for the local-entropy methods, 2 for SAM, else 1."""
+    return config.inner_steps if method in ("entropy-sgd", "entropy-sgld") else 2 if method == "sam" else 1
+
+
+def fit_plan(method: str, config: ImagesConfig, num_train: int) -> Dict[str, int]:
+    """How ``method`` runs: ``networks`` (vectorized chains), ``steps`` per network, ``cycles``, and the draws:
+    ``num_samples`` sampling-phase iterations, every ``thinning``-th kept (the end of each cycle for an optimiser,
+    ``draws_per_cycle`` from the last ``draw_epochs`` epochs of each cycle for a sampler). Every method makes the
+    same number of steps (``budget="epochs"``, the paper's rule) or of gradient evaluations (``"gradients"``);
+    ``sgd-ensemble``'s networks share one network's steps."""
+    p, scaled = config.protocol(), scaled_protocol(config, num_train)
+    inner = grads_per_step(method, config) if p["budget"] == "gradients" else 1
+    networks = config.members if method == "sgd-ensemble" else 1
+    steps = scaled["iterations"] // inner // networks
+    cycles = ENSEMBLE_CYCLES if method == "sgd-ensemble" else p["cycles"]
+    cycle = steps // cycles
+    if cycle < 2:
+        raise StudyError(f"{METHOD_LABELS[method]} would make {steps} steps in {cycles} cycles: raise --epochs")
+    if method in OPTIMISERS:  # the last iterate of each cycle
+        return dict(networks=networks, steps=cycle * cycles, cycles=cycles, sampled=1, num_samples=cycles, thinning=1)
+    sampled = max(config.draws_per_cycle, (p["draw_epochs"] * scaled["iterations_per_epoch"]) // inner)
+    sampled = min(sampled - sampled % config.draws_per_cycle, cycle - cycle % config.draws_per_cycle)
+    return dict(networks=networks, steps=cycle * cycles, cycles=cycles, sampled=sampled,
+                num_samples=sampled * cycles, thinning=sampled // config.draws_per_cycle)
 
 
 def fit_method(method: str, config: ImagesConfig, data: ImageData, seed: int,
                checkpoint: Optional[Path] = None) -> Fit:
-    """Train ``method`` from the network's own initial weights (seeded) on ``data``; ``checkpoint``: the file of
-    the fit's checkpoints (every ``config.checkpoint_every`` seconds), which it continues from when it holds one."""
+    """Train ``method`` from the network's own initial weights (seeded; ``sgd-ensemble``: one network each) on
+    ``data`` as :func:`fit_plan` says; ``checkpoint``: the file of the fit's checkpoints (every
+    ``config.checkpoint_every`` seconds), which it continues from when it holds one."""
     p, scaled = config.protocol(), scaled_protocol(config, len(data.X_train))
-    # gradient evaluations per step: every method makes the same number of them in all
-    inner = config.inner_steps if method in ("entropy-sgd", "entropy-sgld") else 2 if method == "sam" else 1
-    steps = scaled["iterations"] // inner
+    plan, inner = fit_plan(method, config, len(data.X_train)), grads_per_step(method, config)
     torch.manual_seed(seed)
-    net = network(p["network"], data.X_train.shape[1], data.num_classes).to(data.X_train.device)
-    model = BayesianModule(net, prior=scaled["prior_sd"], transform=random_crop_flip if p["augment"] else None)
+    nets = [network(p["network"], data.X_train.shape[1], data.num_classes).to(data.X_train.device)
+            for _ in range(plan["networks"])]
+    model = BayesianModule(nets[0], prior=scaled["prior_sd"], transform=random_crop_flip if p["augment"] else None)
+    starts = [model.initial_params(net.state_dict()) for net in nets]
+    initial = {k: torch.stack([start[k] for start in starts]) for k in starts[0]}
     settings = {"step_size": scaled["step_size"], "jit_compile": False if config.jit == "off" else config.jit}
     if method in ("entropy-sgd", "entropy-sgld", "emcmc"):
         settings["eta"] = scaled["eta"]
@@ -116,31 +157,37 @@ def fit_method(method: str, config: ImagesConfig, data: ImageData, seed: int,
         settings["num_inner_steps"] = inner
     if method in ("sgld", "entropy-sgld", "emcmc"):
         settings["temperature"] = scaled["temperature"]
+    if method == "emcmc" and p["aux_prior"]:  # the paper's weight decay on θa: θ's prior
+        settings["aux_prior_sd"] = scaled["prior_sd"]
     if method == "sam":
         settings["rho"] = config.rho
-    if method in OPTIMISERS:  # one cosine decay, the last iterate kept
-        schedule = schedules.cyclical_cosine(num_steps=steps, num_cycles=1, exploration=1 - 1 / steps)
-        num_samples, thinning = 1, 1
-    else:
-        cycle = steps // p["cycles"]
-        sampled = max(config.draws_per_cycle, (p["draw_epochs"] * scaled["iterations_per_epoch"]) // inner)
-        sampled -= sampled % config.draws_per_cycle
-        schedule = schedules.cyclical_cosine(num_steps=cycle * p["cycles"], num_cycles=p["cycles"],
-                                             exploration=1 - sampled / cycle)
-        num_samples, thinning = sampled * p["cycles"], sampled // config.draws_per_cycle
+    schedule = schedules.cyclical_cosine(num_steps=plan["steps"], num_cycles=plan["cycles"],
+                                         exploration=1 - plan["sampled"] / (plan["steps"] // plan["cycles"]),
+                                         exploration_noise=bool(p["exploration_noise"]) and method not in OPTIMISERS)
     kernel = make_kernel(METHOD_KERNELS[method], model, schedule=schedule, **settings)
     assert kernel.grads_per_iteration == inner, (method, kernel.grads_per_iteration)
     pyro.set_rng_seed(seed)
-    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=0, thinning=thinning,
-                initial_params=model.initial_params(), disable_progbar=not config.progress,  # it counts every
-                checkpoint=checkpoint, checkpoint_every=config.checkpoint_every)  # iteration, exploration too
+    chains = dict(num_chains=plan["networks"], initial_params=initial) if plan["networks"] > 1 else dict(
+        initial_params=starts[0])
+    mcmc = MCMC(kernel, num_samples=plan["num_samples"], warmup_steps=0, thinning=plan["thinning"],
+                disable_progbar=not config.progress,  # it counts every iteration, exploration too
+                checkpoint=checkpoint, checkpoint_every=config.checkpoint_every, **chains)
     start = time.perf_counter()
     try:
         mcmc.run(data.X_train, data.y_train, batch_size=scaled["batch_size"])
     except CheckpointError as err:  # a damaged file or other settings: one line, not a traceback
         raise StudyError(f"--resume: {err}") from None
-    samples = {k: v.detach() for k, v in mcmc.get_samples().items()}
-    return Fit(method, model, samples, steps, steps * inner, time.perf_counter() - start, kernel.compile_seconds,
+    by_chain = {k: v.detach().reshape(plan["networks"], -1, *v.shape[1 + (plan["networks"] > 1):])
+                for k, v in mcmc.get_samples(group_by_chain=plan["networks"] > 1).items()}
+    per_cycle = plan["num_samples"] // plan["thinning"] // plan["cycles"]  # draws kept per cycle
+    cycle_ends = {k: v[:, per_cycle - 1::per_cycle] for k, v in by_chain.items()}
+    if method in OPTIMISERS:  # the network(s) it ends with
+        samples = {k: v[:, -1] for k, v in by_chain.items()}
+    else:
+        samples = {k: v[0] for k, v in by_chain.items()}
+    initial = {**initial, **{k + "_aux": initial[k] for k in initial if k + "_aux" in samples}}
+    return Fit(method, model, samples, cycle_ends, initial, plan["steps"], plan["steps"] * inner * plan["networks"],
+               time.perf_counter() - start, kernel.compile_seconds,
                kernel.jit_backend if kernel.compile_seconds > 0 else None)
 
 
@@ -188,6 +235,7 @@ def evaluate(fit: Fit, config: ImagesConfig, data: ImageData, flat_data, seed: i
         probs["both"] = (probs["theta"] + probs["aux"]) / 2
     rows = {use: _scores(list(p.split(sizes)), data) for use, p in probs.items()}
     for use in rows:
+        rows[use]["distance"] = travelled(fit, use)
         if use == "both":  # the draws of θ and θa: each measured on its own row
             continue
         last = {k: v[-1:] for k, v in _draws(fit, use).items()}
@@ -195,21 +243,58 @@ def evaluate(fit: Fit, config: ImagesConfig, data: ImageData, flat_data, seed: i
                                                 seed=seed, likelihood_only=True)
         rows[use]["top_eigenvalue"] = float(measured["top_eigenvalues"][0, 0]) / len(flat_data[0])
         rows[use]["trace"] = float(measured["trace"][0]) / len(flat_data[0])
-        loss = flatness.FlatLoss.from_model(fit.model, {k: v[0] for k, v in last.items()}, *flat_data,
-                                            likelihood_only=True)
-        with torch.no_grad():  # how far training got: the NLL per image there (ln of the classes at the start)
-            rows[use]["train_nll"] = float(loss(loss.params)) / len(flat_data[0])
+        rows[use].update(convergence(fit, use, data, flat_data[0], config.converged_within))
     return rows
 
 
+def cycle_end_nll(fit: Fit, use: str, data: ImageData, batchnorm_data: torch.Tensor) -> np.ndarray:
+    """The training NLL per image of each network at the end of each of its cycles, ``(networks, cycles)``
+    (each draw with its own BatchNorm statistics, as it predicts)."""
+    twin = "_aux" if use == "aux" else ""
+    ends = {k: fit.cycle_ends[k + twin] for k in fit.model.shapes}
+    networks, cycles = next(iter(ends.values())).shape[:2]
+    out = np.zeros((networks, cycles))
+    with torch.no_grad():
+        for i in range(networks):
+            for c in range(cycles):
+                probs = bma_predict(fit.model, {k: v[i, c][None] for k, v in ends.items()}, data.X_train,
+                                    batchnorm_data=batchnorm_data)
+                out[i, c] = metrics.nll(probs, data.y_train)
+    return out
+
+
+def convergence(fit: Fit, use: str, data: ImageData, batchnorm_data: torch.Tensor, within: float) -> dict:
+    """The convergence rule of the report: ``train_nll`` (the training NLL per image at the end of the last cycle,
+    the mean over an ensemble's networks),
+    ``train_nll_cycles`` (at the end of each cycle) and ``converged``: every network's last two within ``within`` of
+    each other (``train_nll_change``: the largest difference)."""
+    nll = cycle_end_nll(fit, use, data, batchnorm_data)
+    change = float(np.abs(nll[:, -1] - nll[:, -2]).max()) if nll.shape[1] > 1 else float("inf")
+    return {"train_nll": float(nll[:, -1].mean()), "train_nll_cycles": nll.mean(0).tolist(),
+            "train_nll_change": change, "converged": bool(change <= within)}
+
+
+def travelled(fit: Fit, use: str) -> float:
+    """How far the method got from its start: the Euclidean distance over all weights from the initial network
+    to the last draw (θ, θa, or for "both" the centre (θ + θa)/2, which the gradient of θ alone drives, at half
+    SGD's speed once the gap settles), the mean over an ensemble's networks."""
+    twin = "_aux" if use == "aux" else ""
+    if use == "both":
+        end = {k: (fit.samples[k][-1:] + fit.samples[k + "_aux"][-1:]) / 2 for k in fit.model.shapes}
+    else:  # an ensemble's samples are its networks' ends; a single network's last draw is its end
+        end = {k: fit.samples[k + twin] if fit.method == "sgd-ensemble" else fit.samples[k + twin][-1:]
+               for k in fit.model.shapes}
+    squares = sum((end[k] - fit.initial[k]).flatten(1).square().sum(1) for k in fit.model.shapes)
+    return float(squares.sqrt().mean())
+
+
 def interpolation(fit: Fit, config: ImagesConfig, flat_data, points: int = 11) -> Optional[Dict[str, List[float]]]:
-    """The training NLL per image along the straight line from the first cycle's last θ draw to the last
-    cycle's (``None`` for an optimiser, or a sampler of one cycle)."""
-    theta = _draws(fit, "theta")
-    if fit.method in OPTIMISERS or config.protocol()["cycles"] < 2:
+    """The training NLL per image along the straight line from θ at the end of the first cycle to θ at the end of
+    the last (``None`` for an ensemble, or a fit of one cycle)."""
+    if fit.method == "sgd-ensemble" or config.protocol()["cycles"] < 2:
         return None
-    first = {k: v[config.draws_per_cycle - 1] for k, v in theta.items()}
-    last = {k: v[-1] for k, v in theta.items()}
+    first = {k: fit.cycle_ends[k][0, 0] for k in fit.model.shapes}
+    last = {k: fit.cycle_ends[k][0, -1] for k in fit.model.shapes}
     loss = flatness.FlatLoss.from_model(fit.model, first, *flat_data, likelihood_only=True)
     curve = flatness.interpolation_curve(loss, loss.flatten(first), loss.flatten(last), num_points=points)
     return {"t": [float(t) for t in curve.x], "nll": [float(v) / len(flat_data[0]) for v in curve.loss]}
@@ -235,6 +320,27 @@ def run_images_study(config: ImagesConfig, *, log: Callable[[str], None] = print
     return report
 
 
+class Job(NamedTuple):
+    """One fit of a seed: its ``key`` (checkpoint files), ``method``, the ``config`` it runs with, its ``label``."""
+
+    key: str
+    method: str
+    config: ImagesConfig
+    label: str
+
+
+def study_jobs(config: ImagesConfig, num_train: int) -> List[Job]:
+    """The fits of each seed: every method of ``config.methods``; for an η sweep (``config.eta_factors``), SGD
+    and Entropy-MCMC at each multiple of the regime's η."""
+    factors = getattr(config, "eta_factors", None)
+    if not factors:
+        return [Job(m, m, config, METHOD_LABELS[m]) for m in config.methods]
+    eta = scaled_protocol(config, num_train)["eta"]
+    return [Job("sgd", "sgd", config, "SGD")] + [
+        Job(f"emcmc-eta{f:g}", "emcmc", replace(config, eta=eta * f, coupling=None), f"Entropy-MCMC η x {f:g}")
+        for f in factors]
+
+
 def _fit_seeds(config: ImagesConfig, ranks, data: ImageData, log: Callable[[str], None]):
     """Every seed fitted and scored, the seeds split over the ranks (:func:`~.output.seeds_over_ranks`):
     ``(rows, curves)`` on rank 0, the rows in seed order with the first seed's interpolation curves, ``None``
@@ -247,24 +353,25 @@ def _fit_seeds(config: ImagesConfig, ranks, data: ImageData, log: Callable[[str]
 
     def fit_seed(seed: int):
         rows, curves = [], {}
-        for method in config.methods:
-            done = None if folder is None else folder / f"seed{seed}-{method}.json"
+        for job in study_jobs(config, len(data.X_train)):
+            name = job.label
+            done = None if folder is None else folder / f"seed{seed}-{job.key}.json"
             if done is not None and done.exists():  # --resume: this fit finished before the kill
                 kept = json.loads(done.read_text())
                 rows += kept["rows"]
                 curves.update(kept["curves"])
-                log(f"seed {seed} {METHOD_LABELS[method]}: kept from the killed run")
+                log(f"seed {seed} {name}: kept from the killed run")
                 continue
-            checkpoint = None if folder is None else folder / f"seed{seed}-{method}.ckpt"
+            checkpoint = None if folder is None else folder / f"seed{seed}-{job.key}.ckpt"
             if checkpoint is not None and checkpoint.exists():
-                log(f"seed {seed} {METHOD_LABELS[method]}: continuing from its checkpoint")
-            fit = fit_method(method, config, data, seed, checkpoint)
+                log(f"seed {seed} {name}: continuing from its checkpoint")
+            fit = fit_method(job.method, job.config, data, seed, checkpoint)
             first = len(rows)
-            for use, scores in evaluate(fit, config, data, flat_data, seed).items():
-                label = METHOD_LABELS[method] + ("" if use == "theta" and method != "emcmc" else
-                                                 {"theta": " (θ)", "aux": " (θa)", "both": " (both)"}[use])
-                row = {"label": label, "method": method, "use": use, "seed": seed, "seconds": fit.seconds,
-                       "compiled": fit.compiled,
+            for use, scores in evaluate(fit, job.config, data, flat_data, seed).items():
+                label = name + ("" if use == "theta" and job.method != "emcmc" else
+                                {"theta": " (θ)", "aux": " (θa)", "both": " (both)"}[use])
+                row = {"label": label, "method": job.method, "use": use, "seed": seed, "seconds": fit.seconds,
+                       "compiled": fit.compiled, "eta": scaled_protocol(job.config, len(data.X_train))["eta"],
                        "grad_evals": fit.grad_evals, "draws": int(next(iter(_draws(fit, use).values())).shape[0]),
                        **scores}
                 rows.append(row)
@@ -272,14 +379,16 @@ def _fit_seeds(config: ImagesConfig, ranks, data: ImageData, log: Callable[[str]
                     f"accuracy {row['corrupted_accuracy_mean']:.4f}"
                     + (f", OOD AUROC {row['ood_auroc']:.3f}" if "ood_auroc" in row else "")
                     + (f", top eigenvalue {row['top_eigenvalue']:.3g}" if "top_eigenvalue" in row else "")
+                    + (f", training NLL {row['train_nll']:.4f} ({'converged' if row['converged'] else 'not converged'}"
+                       f": {row['train_nll_change']:.2g} from the cycle before)" if "train_nll" in row else "")
                     + f" ({fit.seconds:.0f} s)")
-            curve = interpolation(fit, config, flat_data) if seed == config.seed else None
+            curve = interpolation(fit, job.config, flat_data) if seed == config.seed else None
             if curve is not None:
-                curves[METHOD_LABELS[method]] = curve
+                curves[name] = curve
             if done is not None:  # the fit's results, then its checkpoints are done with
                 done.write_text(json.dumps({"rows": rows[first:], "curves": {} if curve is None else
-                                            {METHOD_LABELS[method]: curve}}, default=float))
-                for path in folder.glob(f"seed{seed}-{method}.*ckpt"):
+                                            {name: curve}}, default=float))
+                for path in folder.glob(f"seed{seed}-{job.key}.*ckpt"):
                     path.unlink()
         log(f"seed {seed} done ({time.perf_counter() - start:.0f} s in all)")
         return rows, curves
@@ -293,21 +402,28 @@ def _device_name(device: torch.device) -> str:
 
 
 def _lead(config: ImagesConfig, out, log: Callable[[str], None], ranks) -> dict:
-    from .images_report import claims, paper_comparison, plot_corruption, plot_interpolation, report_markdown, summarize
+    from .images_report import (claims, nll_power, paper_comparison, plot_corruption, plot_interpolation,
+                                report_markdown, summarize)
     from .plots import save_figures
 
     start = time.perf_counter()
     data, device = load_image_data(config), study_device(config.device)
     protocol, scaled = config.protocol(), scaled_protocol(config, len(data.X_train))
-    if scaled["step_size"] >= scaled["eta"] and any(m in config.methods for m in ("entropy-sgd", "entropy-sgld", "emcmc")):
-        raise StudyError(f"the step size lr / N = {protocol['lr']} / {len(data.X_train)} = {scaled['step_size']:.3g} is not "
-                         f"below eta = {scaled['eta']:.3g}: the coupling's step (θa toward θ) would overshoot; lower --lr "
-                         "or raise --eta")
+    jobs = study_jobs(config, len(data.X_train))
+    for job in jobs:
+        mine = scaled_protocol(job.config, len(data.X_train))
+        if mine["step_size"] >= mine["eta"] and job.method in ("entropy-sgd", "entropy-sgld", "emcmc"):
+            raise StudyError(f"{job.label}: the step size lr / N = {protocol['lr']} / {len(data.X_train)} = "
+                             f"{mine['step_size']:.3g} is not below eta = {mine['eta']:.3g}: the coupling's step (θa toward "
+                             "θ) would overshoot; lower --lr or raise --eta")
     weights = sum(p.numel() for p in network(protocol["network"], data.X_train.shape[1], data.num_classes).parameters())
     log(f"images: {data.source}: {len(data.X_train):,} training and {len(data.X_test):,} test images, "
-        f"{data.num_classes} classes; {protocol['network']} ({weights:,} weights); {len(config.methods)} methods x "
+        f"{data.num_classes} classes; {protocol['network']} ({weights:,} weights); {len(jobs)} fits x "
         f"{config.seeds} seeds, {protocol['epochs']} epochs each ({scaled['iterations']:,} gradient evaluations); "
         f"on {_device_name(device)}" + ("" if config.jit == "off" else f", --jit {config.jit}"))
+    log(f"per-step coupling lr / (N eta) = {protocol['lr']} / ({len(data.X_train):,} x {scaled['eta']:.4g}) = "
+        f"{scaled['coupling']:.4g} (the paper's: 0.025); temperature {scaled['temperature']:g}; every method "
+        + ("the same epochs" if protocol["budget"] == "epochs" else "the same gradient evaluations"))
     if ranks.distributed:
         log(f"{ranks.world_size} ranks (torch.distributed, {ranks.backend}): the seeds split over them; rank 0 writes")
     rows, curves = _fit_seeds(config, ranks, data, log)
@@ -319,12 +435,23 @@ def _lead(config: ImagesConfig, out, log: Callable[[str], None], ranks) -> dict:
               "ranks": {"world_size": ranks.world_size, "backend": ranks.backend if ranks.distributed else None},
               "rows": rows, "summary": summarize(rows), "claims": claims(rows), "interpolation": curves,
               "paper": paper_comparison(config.dataset)}
+    report["config"]["members"] = config.members
+    sweep = bool(getattr(config, "eta_factors", None))
+    report["power"] = None if sweep else nll_power(rows, report["claims"])
     report["seconds"] = time.perf_counter() - start
+    hold_signals()  # the study is done: a Ctrl-C from here waits until the files are written
+    if sweep:
+        from .images_eta import plot_eta_sweep, sweep_markdown, sweep_table
+
+        report["sweep"] = sweep_table(rows)
+        report.pop("claims")
+        save_figures({"eta_sweep.png": plot_eta_sweep(report)}, out)
+        (out / "report.json").write_text(json.dumps(report, indent=2, default=float))
+        (out / "report.md").write_text(sweep_markdown(report))
+        return report
     for claim in report["claims"]:
         log(f"claim: Entropy-MCMC has {claim['claim']}: {claim['verdict']}")
-    hold_signals()  # the study is done: a Ctrl-C from here waits until the files are written
     save_figures({"corruption.png": plot_corruption(report), "interpolation.png": plot_interpolation(report)}, out)
     (out / "report.json").write_text(json.dumps(report, indent=2, default=float))
     (out / "report.md").write_text(report_markdown(report))
     return report
-

@@ -19,28 +19,41 @@ from dataclasses import dataclass
 from typing import ClassVar, Dict, Optional, Tuple
 
 from .output import StudyError
-from .study_config import StudyConfig, option, out_option
+from .study_config import StudyConfig, option, out_option, threads_option
 
-#: the methods of the image study; ``emcmc`` reports θ, θa and both
-IMAGE_METHODS = ("sgd", "entropy-sgd", "sam", "sgld", "entropy-sgld", "emcmc")
+#: the methods of the image study; ``emcmc`` reports θ, θa and both; ``sgd-ensemble``: SGD networks trained at the
+#: compute of one sampler chain (a reviewer's first baseline; not one of the paper's)
+IMAGE_METHODS = ("sgd", "sgd-ensemble", "entropy-sgd", "sam", "sgld", "entropy-sgld", "emcmc")
+#: what the default run compares (the others on request: ``--methods``)
+DEFAULT_METHODS = ("sgd", "sgd-ensemble", "sgld", "emcmc")
 #: the methods that optimise (one network, the last iterate), against those that sample (draws per cycle)
-OPTIMISERS = ("sgd", "entropy-sgd", "sam")
+OPTIMISERS = ("sgd", "sgd-ensemble", "entropy-sgd", "sam")
 DATASETS = ("digits", "cifar10", "cifar100")
 NETWORKS = ("tiny-resnet", "small-resnet", "resnet18")
+#: the paper's per-step coupling lr / (N η) on CIFAR-10: 0.5 / (50,000 x 4e-4)
+PAPER_COUPLING = 0.025
 #: the protocol each preset fixes (the paper's values in its own scale: learning rate on the mean loss,
-#: weight decay, temperature and η as published; the study maps them to pyro-flat's, see images.py)
+#: weight decay, temperature and η as published; the study maps them to pyro-flat's, see images.py). ``eta``
+#: ``None``: η follows from ``coupling``, the fraction lr / (N η) of the gap θ − θa that θa closes per step.
 PRESETS: Dict[str, Dict[str, object]] = {
-    # the paper's protocol on 2 CPU cores: a small ResNet, 12 epochs in 2 cycles, draws from the last epoch of each
-    "digits": dict(network="small-resnet", epochs=12, cycles=2, draw_epochs=1, lr=0.5, weight_decay=5e-4,
-                   temperature=1e-4, eta=4e-4, batch_size=128, augment=False),
+    # the paper's dimensionless regime on 2 CPU cores: its per-step coupling, temperature, noise, θa prior, 4 cycles
+    # with 2 draws from the last 2 epochs of each, every method the same epochs; 1,000 digits (a small-data regime,
+    # where averaging matters) and 80 epochs, enough for every method's last two cycles to end at the same
+    # training NLL (docs/studies/images.md)
+    "digits": dict(network="small-resnet", train_size=1000, image_size=14, epochs=64, cycles=4, draw_epochs=2,
+                   lr=0.5, weight_decay=5e-4, temperature=1e-4, eta=None, coupling=PAPER_COUPLING, batch_size=32,
+                   augment=False, exploration_noise=True, aux_prior=True, budget="epochs"),
     # Entropy-MCMC's CIFAR protocol unchanged (ResNet-18, 200 epochs, 4 cosine cycles, the last 2 epochs of each)
-    "emcmc-cifar": dict(network="resnet18", epochs=200, cycles=4, draw_epochs=2, lr=0.5, weight_decay=5e-4,
-                        temperature=1e-4, eta=4e-4, batch_size=128, augment=True),
+    "emcmc-cifar": dict(network="resnet18", train_size=None, image_size=None, epochs=200, cycles=4, draw_epochs=2, lr=0.5,
+                        weight_decay=5e-4, temperature=1e-4, eta=4e-4, coupling=None, batch_size=128, augment=True,
+                        exploration_noise=True, aux_prior=True, budget="epochs"),
 }
+#: the paper's CIFAR-10 protocol, which the report sets beside each number of the run's that departs from it
+PAPER_PROTOCOL = dict(PRESETS["emcmc-cifar"], train_size=50_000, coupling=PAPER_COUPLING)
 #: what ``--device`` takes
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
-PROTOCOL_OPTIONS = ("network", "epochs", "cycles", "draw_epochs", "lr", "weight_decay", "temperature", "eta",
-                    "batch_size")
+PROTOCOL_OPTIONS = ("network", "train_size", "image_size", "epochs", "cycles", "draw_epochs", "lr", "weight_decay", "temperature",
+                    "eta", "coupling", "batch_size", "exploration_noise", "aux_prior", "budget")
 
 
 @dataclass
@@ -68,26 +81,50 @@ class ImagesConfig(StudyConfig):
                                            type=float, default_text="the preset's")
     temperature: Optional[float] = option(None, "the samplers' temperature", type=float, default_text="the preset's")
     eta: Optional[float] = option(None, "Entropy-MCMC's and the local-entropy methods' η (the coupling "
-                                        "‖θ − θa‖²/(2η) on the log posterior's scale)", type=float,
-                                  default_text="the preset's")
+                                        "‖θ − θa‖²/(2η) on the log posterior's scale); replaces --coupling",
+                                  type=float, default_text="the preset's, or from --coupling")
+    coupling: Optional[float] = option(None, "the per-step coupling lr / (N η), the fraction of the gap θ − θa that "
+                                             "θa closes per step (the paper's: 0.025); sets η for the data's N",
+                                       type=float, default_text="the preset's")
+    exploration_noise: Optional[bool] = option(None, "the samplers' cosine cycles run noise-free in their exploration "
+                                                     "phase (cSGMCMC's rule; the paper keeps the noise at every step)",
+                                               flag="--no-exploration-noise", action="store_const", const=False,
+                                               default_text="")
+    aux_prior: Optional[bool] = option(None, "θa without a prior of its own, the exact joint (the paper's weight "
+                                             "decay acts on θa too)", flag="--no-aux-prior", action="store_const",
+                                       const=False, default_text="")
+    budget: Optional[str] = option(None, "what every method gets the same of: epochs (the paper's rule) or gradient "
+                                         "evaluations (Entropy-SGD and Entropy-SGLD then make a fifth of the steps, SAM "
+                                         "half)", choices=("epochs", "gradients"), default_text="the preset's")
+    ensemble_size: Optional[int] = option(None, "networks of sgd-ensemble, trained together at the compute of one "
+                                                "sampler chain (each for epochs / size, in two cycles)", type=int,
+                                          default_text="half the cycles: each network's cycles as long as every "
+                                                       "other method's")
+    converged_within: float = option(0.01, "a fit has converged when its training NLL per image at the end of its "
+                                           "last cycle is within this of the cycle before's")
     batch_size: Optional[int] = option(None, "minibatch size", type=int, default_text="the preset's")
-    methods: Tuple[str, ...] = option(IMAGE_METHODS, f"methods, any of {', '.join(IMAGE_METHODS)}",
+    methods: Tuple[str, ...] = option(DEFAULT_METHODS, f"methods, any of {', '.join(IMAGE_METHODS)}",
                                       choices=IMAGE_METHODS, metavar="METHOD")
-    seeds: int = option(3, "seeds: every method runs from --seed, --seed + 1, ...; claims are paired t-tests over them")
+    seeds: int = option(6, "seeds: every method runs from --seed, --seed + 1, ...; claims are paired t-tests over them")
     draws_per_cycle: int = option(2, "draws a sampler keeps in each cycle")
-    inner_steps: int = option(5, "Entropy-SGD's and Entropy-SGLD's inner steps (their outer steps are epochs x "
-                                 "iterations / inner steps: the same gradient budget)")
+    inner_steps: int = option(5, "Entropy-SGD's and Entropy-SGLD's inner steps, each a gradient evaluation (one outer "
+                                 "step per minibatch; with --budget gradients, that many times fewer)")
     rho: float = option(0.05, "SAM's radius")
     ood_digits: Tuple[int, ...] = option((8, 9), "digits held out of training as the out-of-distribution set "
                                                  "(--dataset digits)")
     train_size: Optional[int] = option(None, "training images used (the first of each class in turn)", type=int,
-                                       default_text="all")
+                                       default_text="the preset's (digits: 1000; emcmc-cifar: all)")
+    image_size: Optional[int] = option(None, "the images' side after averaging blocks of pixels (the corrupted and "
+                                             "out-of-distribution images too)", type=int,
+                                       default_text="the preset's (digits: 14, from 28; emcmc-cifar: 32, as stored)")
     test_size: Optional[int] = option(800, "test images scored (and out-of-distribution images)")
-    corrupted_size: Optional[int] = option(200, "test images of each corrupted set (5 kinds x 5 severities)")
+    corrupted_size: Optional[int] = option(100, "test images of each corrupted set (5 kinds x 5 severities)")
     flatness_images: int = option(256, "training images of the Hessian's top eigenvalue and trace (and of each "
                                        "draw's BatchNorm statistics)")
     trace_probes: int = option(4, "Hutchinson probes of the Hessian trace")
     out: str = out_option("pyro-flat-out/images")
+    # a digits fit's iteration is many small operations: 13.9 ms on one thread, about twice that on two (2 idle cores)
+    threads: Optional[int] = threads_option(1)
     resume: bool = option(False, "continue the run into --out that was killed: the fits it finished are kept, the "
                                  "one it was in continues from its last checkpoint (beside --out, in "
                                  ".NAME.checkpoints/), with the results of a run never stopped", action="store_true",
@@ -103,13 +140,19 @@ class ImagesConfig(StudyConfig):
     #: a tiny ResNet, a few hundred images, 2 seeds, 2 short epochs (lr 0.05: with N = 320 the step lr / N must stay
     #: below η)
     REDUCED: ClassVar[Dict[str, object]] = dict(
-        network="tiny-resnet", epochs=2, cycles=1, seeds=2, train_size=320, test_size=96, corrupted_size=40, flatness_images=64,
+        network="tiny-resnet", epochs=4, cycles=2, draw_epochs=1, seeds=2, train_size=320, test_size=96, corrupted_size=40, flatness_images=64,
         trace_probes=2, inner_steps=2, batch_size=32, draws_per_cycle=2, lr=0.05)
 
     def protocol(self) -> Dict[str, object]:
         """The preset's settings with this config's own values put in (``None``: the preset's)."""
         chosen = dict(PRESETS[self.preset])
         chosen.update({name: getattr(self, name) for name in PROTOCOL_OPTIONS if getattr(self, name) is not None})
+        if self.dataset != "digits" and self.image_size is None:  # the digits preset's 14 pixels are the digits'
+            chosen["image_size"] = None
+        if self.eta is not None:  # η given: the coupling follows from it (and N)
+            chosen["coupling"] = None
+        elif self.coupling is not None:
+            chosen["eta"] = None
         return chosen
 
     def validate(self) -> None:
@@ -138,10 +181,23 @@ class ImagesConfig(StudyConfig):
         for name in ("epochs", "cycles", "draw_epochs", "batch_size"):
             if not isinstance(protocol[name], int) or isinstance(protocol[name], bool) or protocol[name] < 1:
                 raise StudyError(f"--{name.replace('_', '-')} must be an integer >= 1, got {protocol[name]!r}")
-        for name in ("lr", "weight_decay", "temperature", "eta"):
+        if self.eta is not None and self.coupling is not None:
+            raise StudyError(f"--eta {self.eta:g} and --coupling {self.coupling:g} both set η (the coupling is lr / (N η)): "
+                             "give one of them")
+        for name in ("lr", "weight_decay", "temperature", "eta", "coupling"):
             value = protocol[name]
-            if not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-                raise StudyError(f"--{name.replace('_', '-')} must be a positive number, got {value!r}")
+            if value is None and name in ("eta", "coupling"):
+                continue
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < float("inf"):
+                raise StudyError(f"--{name.replace('_', '-')} must be a positive number, got {value!r}"
+                                 + (" (a temperature T > 0 scales the noise √(2 α T); 1e-4 is the paper's)"
+                                    if name == "temperature" else ""))
+        if protocol["coupling"] is not None and not protocol["coupling"] < 1:
+            raise StudyError(f"--coupling {protocol['coupling']:g} is the fraction of the gap θ − θa that θa closes per "
+                             "step: it must be below 1 (θa would overshoot θ); the paper's is 0.025")
+        if self.ensemble_size is not None:
+            self.require_int(1, "ensemble_size")
+        self.require_positive("converged_within")
         self.require_positive("rho", "checkpoint_every")
         if protocol["epochs"] % protocol["cycles"]:
             raise StudyError(f"--epochs {protocol['epochs']} must be a multiple of --cycles {protocol['cycles']} "
@@ -152,6 +208,44 @@ class ImagesConfig(StudyConfig):
         if self.dataset == "digits" and (not self.ood_digits or any(d not in range(10) for d in self.ood_digits)
                                          or len(set(self.ood_digits)) > 8):
             raise StudyError(f"--ood-digits must be one to eight distinct digits 0-9, got {self.ood_digits}")
+        if self.image_size is not None:
+            self.require_int(4, "image_size")
         for name in ("train_size", "test_size", "corrupted_size"):
             if getattr(self, name) is not None:
                 self.require_int(2, name)
+
+    @property
+    def members(self) -> int:
+        """Networks of ``sgd-ensemble`` (``--ensemble-size``; by default half the cycles, so that each network's two
+        cycles are as long as every other method's)."""
+        return self.ensemble_size or max(1, int(self.protocol()["cycles"]) // 2)
+
+
+@dataclass
+class ImagesEtaConfig(ImagesConfig):
+    """Settings of ``pyro-flat images-eta``: the image study's Entropy-MCMC at several η around the regime's, with
+    SGD as the reference (the paper tunes η on a grid)."""
+
+    eta_factors: Tuple[float, ...] = option((0.25, 0.5, 1.0, 2.0, 4.0), "multiples of the regime's η (the one --eta "
+                                            "or --coupling sets) to fit Entropy-MCMC at: at least two distinct, positive",
+                                            type=float, metavar="FACTOR")
+    seeds: int = option(3, "seeds: every η (and SGD) runs from --seed, --seed + 1, ...")
+    out: str = out_option("pyro-flat-out/images-eta")
+
+    COMMAND: ClassVar[str] = "images-eta"
+    REDUCED: ClassVar[Dict[str, object]] = dict(ImagesConfig.REDUCED, eta_factors=(0.5, 2.0))
+
+    def validate(self) -> None:
+        super().validate()
+        factors = self.eta_factors
+        if not isinstance(factors, tuple) or any(isinstance(f, bool) or not isinstance(f, (int, float))
+                                                 or not 0 < f < float("inf") for f in factors):
+            raise StudyError(f"--eta-factors takes positive numbers (multiples of the regime's η), got {factors!r}")
+        if len(set(factors)) < 2:
+            raise StudyError(f"--eta-factors {' '.join(map(str, factors))} is a sweep of one value: give at least two "
+                             "distinct multiples of η, e.g. 0.25 0.5 1 2 4")
+        coupling = self.protocol()["coupling"]
+        if coupling is not None and coupling / min(factors) >= 1:
+            raise StudyError(f"--eta-factors {min(factors):g} makes the per-step coupling {coupling / min(factors):.3g}, "
+                             "at or above 1 (θa would overshoot θ): keep every factor above "
+                             f"{coupling:.3g}")

@@ -97,7 +97,7 @@ def load_image_data(config: ImagesConfig) -> ImageData:
             X_ood, ood_source = to_float(read_svhn_test(config.data_dir)[0]), "SVHN's test set"
         except ImageFileError as missing:
             X_ood, ood_source = None, f"not measured ({missing})"
-    keep = first_of_each_class(y_train, config.train_size)
+    keep = first_of_each_class(y_train, config.protocol()["train_size"])
     X_train, y_train = X_train[keep], y_train[keep]
     keep = first_of_each_class(y_test, config.test_size)
     X_test, y_test = X_test[keep], y_test[keep]
@@ -117,6 +117,15 @@ def load_image_data(config: ImagesConfig) -> ImageData:
     if corrupted is None:
         corrupted = corrupted_test_sets(X_test[subset], seed=config.seed)
     corruption_source += f", {len(subset):,} test images at each of 5 severities"
+    side = config.protocol()["image_size"]
+    if side is not None and side != X_train.shape[-1]:  # block averages: the corruptions made at full size first
+        if X_train.shape[-1] % side:
+            raise StudyError(f"--image-size {side} does not divide the images' side {X_train.shape[-1]}: pick a divisor")
+        factor = X_train.shape[-1] // side
+        shrink = lambda x: None if x is None else torch.nn.functional.avg_pool2d(x, factor)  # noqa: E731
+        X_train, X_test, X_ood = shrink(X_train), shrink(X_test), shrink(X_ood)
+        corrupted = {key: shrink(x) for key, x in corrupted.items()}
+        source += f", averaged to {side}x{side} pixels"
     return ImageData(X_train, y_train.long(), X_test, y_test.long(), corrupted, y_test[subset].long(), X_ood, classes,
                      source, corruption_source, ood_source)
 

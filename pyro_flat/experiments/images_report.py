@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .compare import mean_and_se, t_critical
+from .compare import detectable_difference, mean_and_se, t_critical
 
 EMCMC = "Entropy-MCMC (both)"
 EMCMC_FLAT = "Entropy-MCMC (θa)"
@@ -37,7 +37,9 @@ CLAIMS: Tuple[Tuple[str, str, bool], ...] = (
     ("top_eigenvalue", "the flattest solutions (lowest top Hessian eigenvalue)", True),
 )
 METRICS = ("accuracy", "nll", "ece", "brier", "corrupted_accuracy_mean", "ood_auroc", "ood_aupr", "top_eigenvalue",
-           "trace", "train_nll")
+           "trace", "train_nll", "train_nll_change", "distance")
+#: methods compared with Entropy-MCMC in the report, but not counted in the paper's claims (not its baselines)
+NOT_THE_PAPERS = ("SGD ensemble",)
 
 
 #: the paper's CIFAR numbers (Li & Zhang 2024, their table of ResNet-18 results), beside a CIFAR run
@@ -66,6 +68,9 @@ def summarize(rows: Sequence[dict]) -> Dict[str, Dict[str, dict]]:
             if values:
                 mean, se = mean_and_se(values)
                 entry[name] = {"mean": mean, "se": se, "n": len(values)}
+        verdicts = [r["converged"] for r in mine if r.get("converged") is not None]
+        if verdicts:
+            entry["converged"] = {"count": sum(verdicts), "n": len(verdicts)}
         severities = [r["corrupted_accuracy"] for r in mine if r.get("corrupted_accuracy")]
         if severities:
             per = np.array(severities, dtype=float)
@@ -82,6 +87,9 @@ def _pair(ours: Dict[int, float], theirs: Dict[int, float], lower: bool) -> dict
     mean, se = mean_and_se(d) if d else (float("nan"), float("nan"))
     n = len(d)
     critical = t_critical(n)
+    # the smallest difference this run declares (t standard errors), and the one it declares 4 times in 5
+    detect = {"declared_at": critical * se if n > 1 else float("inf"),
+              "detectable": detectable_difference(se, n) if n > 1 and se > 0 else float("nan")}
     if n < 2:
         verdict = "one seed"
     elif (se > 0 and mean > critical * se) or (se == 0 and mean > 0):
@@ -90,13 +98,17 @@ def _pair(ours: Dict[int, float], theirs: Dict[int, float], lower: bool) -> dict
         verdict = "against"
     else:
         verdict = "tie"
-    return {"mean": mean, "se": se, "n": n, "t_critical": critical, "verdict": verdict}
+    return {"mean": mean, "se": se, "n": n, "t_critical": critical, "verdict": verdict, **detect}
 
 
 def claims(rows: Sequence[dict], which: Sequence[Tuple[str, str, bool]] = CLAIMS) -> List[dict]:
     """Each claim of ``which`` tested pair by pair (see the module's text): a list of
-    ``{"metric", "claim", "verdict", "pairs": [{"other", "mean", "se", "n", "verdict"}, ...]}``."""
+    ``{"metric", "claim", "verdict", "pairs": [{"other", "mean", "se", "n", "verdict", "declared_at",
+    "detectable", "counted"}, ...]}``. The pairs against :data:`NOT_THE_PAPERS` are listed but not counted;
+    a claim one of whose counted rows has a fit that did not converge (``converged`` False) is "not tested
+    (not converged)"."""
     by_label: Dict[str, Dict[str, Dict[int, float]]] = {}
+    unconverged = {r["label"] for r in rows if r.get("converged") is False}
     for r in rows:
         for name, _, _ in which:
             if r.get(name) is not None:
@@ -109,9 +121,15 @@ def claims(rows: Sequence[dict], which: Sequence[Tuple[str, str, bool]] = CLAIMS
         if not ours or not others:
             out.append({"metric": name, "claim": text, "verdict": "not measured", "pairs": [], "ours": ours_label})
             continue
-        pairs = [{"other": label, **_pair(ours, by_label[label][name], lower)} for label in others]
-        verdicts = {p["verdict"] for p in pairs}
-        if "one seed" in verdicts:
+        pairs = [{"other": label, **_pair(ours, by_label[label][name], lower), "counted": label not in NOT_THE_PAPERS}
+                 for label in others]
+        verdicts = {p["verdict"] for p in pairs if p["counted"]}
+        late = sorted({ours_label, *(p["other"] for p in pairs if p["counted"])} & unconverged)
+        if not verdicts:
+            verdict = "not measured"
+        elif late:
+            verdict = "not tested (not converged)"
+        elif "one seed" in verdicts:
             verdict = "not tested (one seed)"
         elif "against" in verdicts:
             verdict = "contradicted"
@@ -119,7 +137,8 @@ def claims(rows: Sequence[dict], which: Sequence[Tuple[str, str, bool]] = CLAIMS
             verdict = "reproduced"
         else:
             verdict = "tied"
-        out.append({"metric": name, "claim": text, "verdict": verdict, "pairs": pairs, "ours": ours_label})
+        out.append({"metric": name, "claim": text, "verdict": verdict, "pairs": pairs, "ours": ours_label,
+                    "not_converged": late})
     return out
 
 
@@ -141,28 +160,69 @@ def _compiled_text(rows: List[dict], jit: str) -> str:
     return f"; --jit {jit}: {', '.join(parts)}"
 
 
+def protocol_rows(report: dict) -> List[Tuple[str, str, str]]:
+    """``(setting, this run, the paper's CIFAR-10 value)`` for the report's first table; the paper's cell is empty
+    where the run keeps it."""
+    from .images_config import PAPER_PROTOCOL
+
+    p, sc, n = report["protocol"], report["scaled"], report["data"]["n_train"]
+    paper_step = PAPER_PROTOCOL["lr"] / PAPER_PROTOCOL["train_size"]
+    yes = lambda flag: "yes" if flag else "no"  # noqa: E731
+    rows = [("network", p["network"], "resnet18"), ("training images N", f"{n:,}", "50,000"),
+            ("epochs (every method)" if p["budget"] == "epochs" else "epochs (SGD; the same gradient evaluations for "
+             "every method)", str(p["epochs"]), "200"),
+            ("cosine cycles", str(p["cycles"]), "4"), ("epochs sampled at the end of each cycle", str(p["draw_epochs"]), "2"),
+            ("draws kept per cycle (θ and θa each)", str(report["config"]["draws_per_cycle"]), "2"),
+            ("minibatch", str(p["batch_size"]), "128"), ("learning rate lr (mean loss)", f"{p['lr']:g}", "0.5"),
+            ("step size lr / N", f"{sc['step_size']:.3g}", f"{paper_step:.3g}"),
+            ("weight decay (prior sd 1/√(N wd))", f"{p['weight_decay']:g} (sd {sc['prior_sd']:.3g})", "5e-4 (sd 0.2)"),
+            ("temperature", f"{sc['temperature']:g}", "1e-4"), ("η", f"{sc['eta']:.3g}", "4e-4"),
+            ("**per-step coupling lr / (N η)**", f"**{sc['coupling']:.3g}**", "0.025"),
+            ("noise in the exploration phase", yes(p["exploration_noise"]), "yes"),
+            ("prior on θa (the weight decay on θa)", yes(p["aux_prior"]), "yes"),
+            ("augmentation (crop and flip)", yes(p["augment"]), "yes")]
+    return [(name, mine, "" if mine.strip("*") == paper.strip("*") else paper) for name, mine, paper in rows]
+
+
+def _converged_text(entry: dict) -> str:
+    c = entry.get("converged")
+    return "—" if not c else f"{c['count']} of {c['n']}"
+
+
 def report_markdown(report: dict) -> str:
-    """``report.md``: the setting, the table per method, corruption by severity, OOD, flatness, the claims."""
+    """``report.md``: the protocol beside the paper's, the table per method with its convergence, corruption by
+    severity, the claims with the smallest differences the run detects."""
     s, p, jit = report["summary"], report["protocol"], report["config"]["jit"]
+    within = report["config"]["converged_within"]
     lines = [f"# pyro-flat images: {report['data']['source']}", "",
              f"{report['data']['n_train']:,} training and {report['data']['n_test']:,} test images; "
-             f"{p['network']} ({report['weights']:,} weights); {report['seeds']} seeds; {p['epochs']} epochs in "
-             f"{p['cycles']} cycle(s) for the samplers (draws from the last {p['draw_epochs']} epoch(s) of each), one "
-             f"cosine decay for the optimisers; minibatch {p['batch_size']}. Protocol `{report['preset']}` in "
-             f"pyro-flat's scale: step size {report['scaled']['step_size']:.3g} (lr {p['lr']} / N), prior sd "
-             f"{report['scaled']['prior_sd']:.3g} (weight decay {p['weight_decay']}), temperature "
-             f"{report['scaled']['temperature']:g}, eta {report['scaled']['eta']:.3g}. Ran on {report['device']}"
-             + _compiled_text(report["rows"], jit) + ".", "",
-             f"Corrupted test sets: {report['data']['corruptions']}. Out-of-distribution: {report['data']['ood']}.", "",
-             "Mean ± standard error over the seeds. NLL, ECE and Brier of the Bayesian model average of each "
-             "method's draws (the optimisers: their one network); the Hessian measures are of the training NLL per "
-             f"image on {report['flatness_images']} training images, at the last draw, where the training NLL per image "
-             "says how far training got (a method far above the others has not converged at this budget).", "",
-             "| method | accuracy | NLL | ECE | Brier | corrupted accuracy | OOD AUROC | OOD AUPR | top eigenvalue | trace "
-             "| training NLL |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"{p['network']} ({report['weights']:,} weights); {report['seeds']} seeds; protocol `{report['preset']}`. "
+             f"Ran on {report['device']}" + _compiled_text(report["rows"], jit) + ".", "",
+             "The protocol beside the paper's (Entropy-MCMC on CIFAR-10): the run keeps what the dynamics depend on "
+             "(the per-step coupling, the temperature, the noise, θa's prior, the cycles and the draws per cycle); "
+             "the paper's value is given where the run departs from it.", "",
+             "| setting | this run | the paper, where it differs |", "|---|---|---|"]
+    lines += [f"| {name} | {mine} | {paper} |" for name, mine, paper in protocol_rows(report)]
+    lines += ["", "Every method runs the same cosine cycles (the optimisers keep their last iterate, the samplers their "
+                  "draws from the end of each cycle); the SGD ensemble's "
+                  f"{report['config'].get('members', '')} networks share one network's steps, two cycles each. "
+                  f"Corrupted test sets: {report['data']['corruptions']}. Out-of-distribution: {report['data']['ood']}.",
+              "", f"**Convergence.** A fit has converged when its training NLL per image (all {report['data']['n_train']:,} "
+                  f"training images) at the end of its last cycle is within {within:g} of that at the end of the cycle "
+                  "before; the column *converged* counts the seeds where it did, *change* is the largest such "
+                  "difference. A claim that involves a method with a fit that did not converge is not tested.", "",
+              "Mean ± standard error over the seeds. NLL, ECE and Brier of the Bayesian model average of each "
+              "method's draws (the optimisers: their last network; the ensemble: its networks); the Hessian measures "
+              f"are of the training NLL per image on {report['flatness_images']} training images at the last draw; "
+              "*distance* is how far the weights travelled from the start (Entropy-MCMC (both): the centre "
+              "(θ + θa)/2, which moves at half SGD's speed once the gap settles): a slow method is short of the "
+              "others, a worse one is not.", "",
+              "| method | accuracy | NLL | ECE | Brier | corrupted accuracy | OOD AUROC | OOD AUPR | top eigenvalue | trace "
+              "| training NLL | change | distance | converged |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for label, entry in s.items():
-        lines.append(f"| {label} | " + " | ".join(_cell(entry.get(m), 2 if m in ("top_eigenvalue", "trace") else 4)
-                                                  for m in METRICS) + " |")
+        lines.append(f"| {label} | " + " | ".join(_cell(entry.get(m), 2 if m in ("top_eigenvalue", "trace", "distance")
+                                                        else 4) for m in METRICS)
+                     + f" | {_converged_text(entry)} |")
     lines += ["", "## Accuracy under corruption, by severity", "",
               "| method | " + " | ".join(f"severity {i}" for i in range(1, 6)) + " |", "|---|" + "---|" * 5]
     for label, entry in s.items():
@@ -172,20 +232,53 @@ def report_markdown(report: dict) -> str:
     lines += ["", "## The paper's claims, counted", "",
               f"Each pair: Entropy-MCMC against one method, the paired difference over {report['seeds']} seeds against "
               f"t = {t_critical(report['seeds']):.2f} standard errors (two-sided 95 %). A claim is reproduced when "
-              "Entropy-MCMC wins every pair, contradicted when it loses one, tied otherwise. Entropy-MCMC is its "
-              "\"both\" row (θ's and θa's draws averaged, as the paper predicts), and θa for flatness.", ""]
+              "Entropy-MCMC wins every pair against the paper's baselines, contradicted when it loses one, tied "
+              "otherwise; the SGD ensemble is not one of the paper's baselines: its pair is shown, not counted. "
+              "Entropy-MCMC is its \"both\" row (θ's and θa's draws averaged, as the paper predicts), and θa for "
+              "flatness. *declared beyond* is the smallest difference this run calls (t standard errors of the "
+              "paired difference); *detected 4 times in 5* the true difference it would call with 80 % power.", ""]
     for claim in report["claims"]:
-        lines.append(f"- **{claim['claim']}**: {claim['verdict']}.")
+        lines.append(f"- **{claim['claim']}**: {claim['verdict']}"
+                     + (f" ({', '.join(claim['not_converged'])} not converged)" if claim.get("not_converged") else "")
+                     + ".")
         for pair in claim["pairs"]:
-            lines.append(f"  - against {pair['other']}: difference {pair['mean']:+.4g} ± {pair['se']:.2g} "
-                         f"(positive favours Entropy-MCMC): {pair['verdict']}")
+            lines.append(f"  - against {pair['other']}{'' if pair.get('counted', True) else ' (not counted)'}: "
+                         f"difference {pair['mean']:+.4g} ± {pair['se']:.2g} (positive favours Entropy-MCMC): "
+                         f"{pair['verdict']}; declared beyond {pair['declared_at']:.2g}, detected 4 times in 5 at "
+                         f"{pair['detectable']:.2g}")
     counts = {v: sum(c["verdict"] == v for c in report["claims"]) for v in ("reproduced", "tied", "contradicted")}
-    lines += ["", f"Reproduced {counts['reproduced']}, tied {counts['tied']}, contradicted {counts['contradicted']} "
-                  f"of {len(report['claims'])} claims."]
+    untested = sum(c["verdict"].startswith("not") for c in report["claims"])
+    lines += ["", f"Reproduced {counts['reproduced']}, tied {counts['tied']}, contradicted {counts['contradicted']}"
+                  + (f", not tested {untested}" if untested else "") + f" of {len(report['claims'])} claims."]
+    power = report.get("power")
+    if power:
+        lines += ["", "## Power", "", power_text(power)]
     if report.get("paper"):
         lines += ["", "## The paper's numbers beside these", "", report["paper"]]
     lines += ["", f"Wall time {report['seconds']:.0f} s."]
     return "\n".join(lines) + "\n"
+
+
+def nll_power(report_rows: Sequence[dict], claims_list: Sequence[dict]) -> Optional[dict]:
+    """The NLL claim's power against SGD: the smallest difference this run detects 4 times in 5, and as a fraction
+    of SGD's NLL (the paper's gain over SGD on CIFAR-10 is 21 %; the study aims to see 10 %)."""
+    claim = next((c for c in claims_list if c["metric"] == "nll"), None)
+    pair = None if claim is None else next((p for p in claim["pairs"] if p["other"] == "SGD"), None)
+    sgd = [r["nll"] for r in report_rows if r["label"] == "SGD"]
+    if pair is None or not sgd or pair["n"] < 2:
+        return None
+    base = float(np.mean(sgd))
+    return {"detectable": pair["detectable"], "declared_at": pair["declared_at"], "sgd_nll": base,
+            "fraction": pair["detectable"] / base, "declared_fraction": pair["declared_at"] / base, "n": pair["n"]}
+
+
+def power_text(power: dict) -> str:
+    """One paragraph on what the run could see in the NLL against SGD."""
+    return (f"Against SGD (NLL {power['sgd_nll']:.4f}), this run declares an NLL difference beyond "
+            f"{power['declared_at']:.4f} ({100 * power['declared_fraction']:.1f} % of SGD's NLL) and detects a true one "
+            f"of {power['detectable']:.4f} ({100 * power['fraction']:.1f} %) 4 times in 5, from the spread of the "
+            f"paired differences over {power['n']} seeds; the paper's gain on CIFAR-10 was 21 %, the study aims to "
+            "see 10 %: " + ("it can." if power["fraction"] <= 0.10 else "it cannot at this number of seeds."))
 
 
 def plot_corruption(report: dict):
@@ -224,5 +317,6 @@ def plot_interpolation(report: dict):
     return fig
 
 
-__all__ = ["CLAIMS", "METRICS", "PAPER_TABLE", "PAPER_NOTE", "paper_comparison",
+__all__ = ["CLAIMS", "METRICS", "NOT_THE_PAPERS", "PAPER_TABLE", "PAPER_NOTE", "paper_comparison", "protocol_rows",
+           "nll_power", "power_text",
            "summarize", "claims", "report_markdown", "plot_corruption", "plot_interpolation"]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Type
 
 from .configs import BNNConfig, MNIST79Config, PathConfig, Synthetic2DConfig
-from .images_config import ImagesConfig
+from .images_config import ImagesConfig, ImagesEtaConfig
 from .study_config import StudyConfig
 
 
@@ -100,4 +100,9 @@ STUDIES: Dict[str, Study] = {study.name: study for study in (
           "Train a residual network with BatchNorm with each method of the Entropy-MCMC paper at several seeds; score "
           "the model averages on clean, corrupted and out-of-distribution images and their flatness; count the "
           "paper's claims by paired t-tests; write report.md, report.json, corruption.png and interpolation.png."),
+    Study(ImagesEtaConfig, "pyro_flat.experiments.images.run_images_study",
+          "the image study's Entropy-MCMC against η, around the paper's per-step coupling, with SGD beside it",
+          "Fit Entropy-MCMC at several multiples of the regime's η (and SGD once) at several seeds, with the image "
+          "study's protocol; write report.md, report.json and eta_sweep.png (accuracy, NLL and θa's top Hessian "
+          "eigenvalue against η)."),
 )}

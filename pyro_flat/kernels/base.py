@@ -21,7 +21,6 @@ import warnings
 from typing import Callable, ContextManager, Dict, Optional, Tuple, Union
 
 import torch
-from pyro.infer.autoguide.initialization import init_to_sample
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from ..chain_streams import ChainStreams, check_random_streams, drawing_from
@@ -60,7 +59,10 @@ class TargetKernel(DrawRecording, MCMCKernel):
     :param potential_fn: ``params -> scalar`` over real tensors; the initial point then comes from
         ``MCMC(..., initial_params=...)``. For vectorized chains it maps ``(C, ...)`` tensors to
         ``(C,)`` energies.
-    :param init_strategy: Pyro init strategy for models (default: a draw from the prior).
+    :param init_strategy: Pyro init strategy for models. Default ``None``: the model's own start when it
+        has one (an ``initial_params(num_chains=...)`` method, :mod:`~pyro_flat.targets.starts`: a
+        :class:`~pyro_flat.nn.BayesianModule` starts each chain from PyTorch's initialisation of the
+        network), else a draw from the prior (``init_to_sample``).
     :param record_draws: keep each chain's draws so that an error or a Ctrl-C can hand them back
         (costs one more reference per draw; set ``False`` for very large models).
     :param jit_compile: Pyro's option name. After setup, trace what each iteration computes into
@@ -78,7 +80,7 @@ class TargetKernel(DrawRecording, MCMCKernel):
         model: Optional[Callable] = None,
         *,
         potential_fn: Optional[Callable[[Params], torch.Tensor]] = None,
-        init_strategy: Callable = init_to_sample,
+        init_strategy: Optional[Callable] = None,
         record_draws: bool = True,
         jit_compile: Union[bool, str] = False,
     ):
@@ -379,4 +381,4 @@ def coupled_target(kernel: TargetKernel, args: tuple, kwargs: dict, *, num_chain
         base = kernel.across_ranks(lambda shards: CallablePotential(kernel.potential_fn, theta, num_chains))
     else:
         base = TargetKernel.build_target(kernel, args, kwargs, num_chains=num_chains, initial_params=initial_params)
-    return CoupledPotential(base, kernel.eta, kernel.sites, kernel.suffix)
+    return CoupledPotential(base, kernel.eta, kernel.sites, kernel.suffix, getattr(kernel, "aux_prior_sd", None))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable, Dict, Iterable, Optional, Union
 
 from ..targets import CoupledPotential, Params
-from ..validation import check_eta
+from ..validation import check_eta, check_positive
 from .base import coupled_target
 from .preconditioning import check_coupling_metric
 
@@ -26,17 +26,22 @@ class EntropyCoupling:
     :param suffix: name suffix of the auxiliary sites.
     :param coupling_metric: with a ``preconditioner``, the joint's metric: ``"pulled"`` (default), a pull
         strength in [0, 1], ``"joint"`` or ``"block"`` (see :mod:`~pyro_flat.kernels.preconditioning`).
+    :param aux_prior_sd: a Normal prior of this sd on :math:`\theta_a` too (``None``, the default: none, the
+        exact joint). The official Entropy-MCMC code's weight decay acts on :math:`\theta_a` as well, which is
+        this prior at the weights' own prior sd; it moves the :math:`\theta`-marginal off the posterior.
     """
 
     def __init__(self, model: Optional[Callable] = None, *, eta: Optional[float] = None,
                  sites: Optional[Iterable[str]] = None, suffix: str = "_aux", coupling_metric: Union[str, float] = "pulled",
-                 **kwargs):
+                 aux_prior_sd: Optional[float] = None, **kwargs):
         if eta is None:
             raise TypeError(f"{type(self).__name__} needs eta=, the coupling variance η > 0 of θ and its guiding twin θa "
                             "(e.g. 1e-2: small η keeps θa close to θ).")
         self.eta = check_eta(eta)
         self.sites = None if sites is None else tuple(sites)
         self.suffix = suffix
+        self.aux_prior_sd = None if aux_prior_sd is None else check_positive(
+            "aux_prior_sd", aux_prior_sd, hint="It is the sd of a Normal prior on θa; leave it None for the exact joint.")
         super().__init__(model, **kwargs)
         self.coupling_metric = check_coupling_metric(coupling_metric)
         if self.preconditioner is not None:

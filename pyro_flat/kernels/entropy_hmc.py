@@ -6,7 +6,6 @@ import math
 from typing import Callable, Dict, Iterable, NamedTuple, Optional, Union
 
 import torch
-from pyro.infer.autoguide.initialization import init_to_sample
 
 from ..chains import chain_rand_like, chain_randn_like, chains_all, chains_min
 from ..targets import ChainLayout, CoupledPotential, Params, check_minibatches, coupling
@@ -128,7 +127,7 @@ class EntropyHMC(TargetKernel):
         max_tree_depth: int = 10,
         sites: Optional[Iterable[str]] = None,
         suffix: str = "_aux",
-        init_strategy: Callable = init_to_sample,
+        init_strategy: Optional[Callable] = None,
         record_draws: bool = True,
         jit_compile: Union[bool, str] = False,
     ):

@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from typing import Callable, Dict, Iterator, Optional, Union
 
 import torch
-from pyro.infer.autoguide.initialization import init_to_sample
 
 from ..schedules import Schedule, as_schedule
 from ..targets import Params
@@ -41,7 +40,8 @@ class StochasticGradientKernel(TargetKernel):
     (what is sampled).
 
     :param step_size: base step :math:`\\alpha > 0`.
-    :param temperature: :math:`T > 0`; the target is :math:`\\propto \\exp(-U/T)`.
+    :param temperature: :math:`T > 0`; the target is :math:`\\propto \\exp(-U/T)`. A network wants ``1e-4``
+        and ``step_size = lr / N``: at 1 its BMA is underconfident (:mod:`pyro_flat.nn.module`).
     :param schedule: ``None``, a positive float or a callable ``k -> factor`` (see
         :mod:`pyro_flat.schedules`); the step at iteration ``k`` is ``step_size * schedule(k)``.
     :param preconditioner: ``None``, ``"diagonal"``, ``"dense"`` or a fixed tensor: the metric
@@ -78,7 +78,7 @@ class StochasticGradientKernel(TargetKernel):
         temperature: float = 1.0,
         schedule: Union[None, float, Schedule] = None,
         preconditioner: Union[None, str, torch.Tensor] = None,
-        init_strategy: Callable = init_to_sample,
+        init_strategy: Optional[Callable] = None,
         record_draws: bool = True,
         jit_compile: Union[bool, str] = False,
     ):
@@ -191,7 +191,8 @@ class StochasticGradientKernel(TargetKernel):
 
         With a cyclical schedule (one with ``is_sampling(k)``, e.g.
         :class:`~pyro_flat.schedules.cyclical_cosine`) the iterations of each cycle's exploration
-        phase are optimisation steps (no injected noise) and make no draw: after warm-up one call
+        phase make no draw and are optimisation steps (no injected noise; the schedule's
+        ``exploration_noise=True`` keeps it): after warm-up one call
         runs through them to the next sampling-phase iterations (cSGMCMC, Zhang et al. 2020).
 
         Compiled (``jit_compile``), a draw's iterations in one sampling phase run as fused graphs of
@@ -263,7 +264,7 @@ class StochasticGradientKernel(TargetKernel):
             if self.preconditioner is not None and not sampling:
                 self.num_grad_evals += 2 * self.preconditioner.adapt(k, params)
             explore = not self.in_sampling_phase(k)
-            temperature = 0.0 if explore else self.temperature  # exploration: optimisation steps
+            temperature = 0.0 if explore and not self.exploration_noise else self.temperature
             step_size = self.step_size * self._schedule_factor(k)
             if eager:
                 new_params, energy, grads, target_stats = self.transition(params, step_size, temperature)
@@ -333,9 +334,15 @@ class StochasticGradientKernel(TargetKernel):
             k += 1
         return k if not needed else warmup_steps + num_draws * self.steps_per_draw
 
+    @property
+    def exploration_noise(self) -> bool:
+        """Whether a cyclical schedule's exploration iterations keep the noise (the schedule's
+        ``exploration_noise``; by default they are optimisation steps at temperature 0)."""
+        return bool(getattr(self.schedule, "exploration_noise", False))
+
     def in_sampling_phase(self, iteration: int) -> bool:
-        """Whether ``iteration`` injects noise and may make a draw: always, unless the schedule
-        has an ``is_sampling`` (a cyclical schedule's exploration phase says no)."""
+        """Whether ``iteration`` may make a draw (and, unless :attr:`exploration_noise`, injects noise):
+        always, unless the schedule has an ``is_sampling`` (a cyclical schedule's exploration phase says no)."""
         is_sampling = getattr(self.schedule, "is_sampling", None)
         return True if is_sampling is None else bool(is_sampling(iteration))
 

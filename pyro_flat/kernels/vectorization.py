@@ -54,7 +54,8 @@ def probe_chains(kernel, num_chains: int, args: tuple, kwargs: dict, initial_par
         # chain 0's point for every chain (the probe moves each chain its own way), the user's values
         # put in: the batched target need not draw an initial point per chain
         start = merge_overrides({k: v.expand(num_chains, *v.shape).clone() for k, v in one.items()},
-                                {k: v for k, v in (initial_params or {}).items() if k in batched.sites})
+                                {k: v for k, v in (initial_params or {}).items() if k in batched.sites},
+                                one_chain=num_chains == 1)
         return vectorization_error(single, batched, start)
     except ChangedSitesError:  # the model's own error, whether or not chains are batched
         raise

@@ -11,6 +11,8 @@ subsampled plates and the support transforms. What a kernel may ask of one is wr
   (:mod:`~pyro_flat.targets.log_joint`);
 - :class:`CoupledPotential`, :class:`Coupling` and :func:`coupling`: the Entropy-MCMC joint and its
   coupling term, written once (:mod:`~pyro_flat.targets.coupling`);
+- :func:`merge_overrides`, :func:`model_start`: where chains start, the user's values or the model's own
+  ``initial_params`` (:mod:`~pyro_flat.targets.starts`);
 - :class:`EpochBatcher`, :class:`Minibatches`: minibatch indices (:mod:`~pyro_flat.targets.batching`);
 - :class:`SiteInfo`, :func:`support_transform`, :func:`is_subsample_site`: sites
   (:mod:`~pyro_flat.targets.sites`); :class:`SiteLayout`: sites <-> one flat vector
@@ -26,16 +28,15 @@ from .layout import ChainLayout, Params, SiteLayout
 from .log_joint import ChangedSitesError, NotBroadcasting
 from .potential import (
     CallablePotential,
-    InitialShapeError,
     MINIBATCH_SCHEMES,
     ModelPotential,
     check_finite_inputs,
     check_minibatches,
-    merge_overrides,
     potential_and_grad,
 )
 from .protocol import CoupledTarget, Evaluation, FullDataTarget, Target
 from .sites import SiteInfo, is_subsample_site, support_transform
+from .starts import InitialShapeError, merge_overrides, model_start
 
 __all__ = [
     "Target",
@@ -65,5 +66,6 @@ __all__ = [
     "check_minibatches",
     "MINIBATCH_SCHEMES",
     "merge_overrides",
+    "model_start",
     "potential_and_grad",
 ]

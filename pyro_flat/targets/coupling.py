@@ -78,10 +78,16 @@ class CoupledPotential(TargetBase):
     the potential of :func:`~pyro_flat.flat_posterior` up to the Gaussian normalising constant
     (the tests check it), for a ``potential_fn`` it is :func:`~pyro_flat.flat_potential`.
     Twins start at their site (:math:`z_a = z`) unless ``initial_params`` names them.
+
+    ``aux_prior_sd`` :math:`s` adds :math:`\lVert z_a\rVert^2/(2s^2)` (a Normal prior on the twins, the weight
+    decay that the official Entropy-MCMC code applies to :math:`\theta_a` as well): the joint is then no
+    longer exact, its :math:`z`-marginal is the posterior times the smoothed prior factor.
     """
 
-    def __init__(self, base, eta: float, sites: Optional[Iterable[str]] = None, suffix: str = "_aux"):
+    def __init__(self, base, eta: float, sites: Optional[Iterable[str]] = None, suffix: str = "_aux",
+                 aux_prior_sd: Optional[float] = None):
         self.base, self.suffix = base, suffix
+        self.aux_precision = None if aux_prior_sd is None else 1.0 / float(aux_prior_sd) ** 2
         names = tuple(base.sites) if sites is None else tuple(sites)
         missing = [n for n in names if n not in base.sites]
         if missing:
@@ -137,7 +143,15 @@ class CoupledPotential(TargetBase):
         base_params = {k: v for k, v in params.items() if k not in self.pairs}
         diffs = [params[n] - params[a] for n, a in zip(self._names, self._auxes)]
         terms = coupling(diffs, self.eta, batch_dims=0 if self.num_chains is None else 1)
-        return self.base(base_params, indices) + terms.energy
+        return self.base(base_params, indices) + terms.energy + self._aux_prior_energy(params)
+
+    def _aux_prior_energy(self, params: Params) -> torch.Tensor:
+        r""":math:`\lVert z_a\rVert^2/(2s^2)` per chain (0 without ``aux_prior_sd``)."""
+        if self.aux_precision is None:
+            return torch.zeros(())
+        batch = 0 if self.num_chains is None else 1
+        squares = [params[a].reshape(params[a].shape[:batch] + (-1,)).square().sum(-1) for a in self._auxes]
+        return torch.stack(squares).sum(0) * (0.5 * self.aux_precision)
 
     def evaluate(self, params: Params, indices: Optional[Dict[str, torch.Tensor]] = None) -> Evaluation:
         """The base's energy and gradient on the minibatch ``indices`` (a fresh one when ``None``),
@@ -148,7 +162,11 @@ class CoupledPotential(TargetBase):
         diffs = torch._foreach_sub([params[n] for n in names], [params[a] for a in auxes])
         terms = coupling(diffs, self.eta, batch_dims=0 if self.num_chains is None else 1)
         grads.update(zip(names, torch._foreach_add([grads[n] for n in names], terms.grad_theta)))
-        grads.update(zip(auxes, torch._foreach_neg(terms.grad_theta)))
+        aux_grads = torch._foreach_neg(terms.grad_theta)
+        if self.aux_precision is not None:  # the twins' own prior
+            torch._foreach_add_(aux_grads, [params[a] for a in auxes], alpha=self.aux_precision)
+            energy = energy + self._aux_prior_energy(params)
+        grads.update(zip(auxes, aux_grads))
         return Evaluation(energy + terms.energy, grads, {**stats, "coupling_distance": terms.distance})
 
 

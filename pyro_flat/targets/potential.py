@@ -17,7 +17,7 @@ from typing import Callable, Dict, Optional, Tuple
 import pyro
 import torch
 from pyro import poutine
-from pyro.infer.autoguide.initialization import InitMessenger, init_to_sample
+from pyro.infer.autoguide.initialization import InitMessenger
 
 from ..chains import chain_indices, owns, shard_of
 from .batching import EpochBatcher, Minibatches
@@ -25,6 +25,7 @@ from .layout import Params
 from .log_joint import ChangedSitesError, LogJoint
 from .protocol import Evaluation, TargetBase
 from .sites import SiteInfo, is_subsample_site, support_transform
+from .starts import merge_overrides, model_start, setup_strategy, start_hook
 
 
 #: Up to this many vectorized chains, each chain's initial point comes from a trace of the model of
@@ -83,31 +84,6 @@ def check_minibatches(minibatches: str) -> str:
     return minibatches
 
 
-class InitialShapeError(ValueError):
-    """An ``initial_params`` value of the wrong shape (``given`` against ``expected``, one chain's)."""
-
-    def __init__(self, name: str, given: tuple, expected: tuple):
-        super().__init__(
-            f"initial_params[{name!r}] has shape {given}, but the site's unconstrained value has shape "
-            f"{expected} (a leading chain dimension included when chains are vectorized); pass a tensor "
-            "of that shape.")
-        self.name, self.given, self.expected = name, given, expected
-
-
-def merge_overrides(params: Params, overrides: Optional[Params]) -> Params:
-    """``params`` with the user's values put in, cast to each site's dtype and device."""
-    unknown = set(overrides or {}) - set(params)
-    if unknown:
-        raise ValueError(f"initial_params names {sorted(unknown)}, which are not latent sites of the "
-                         f"target; its sites are {sorted(params)}.")
-    for name, value in (overrides or {}).items():
-        value = torch.as_tensor(value)
-        if value.shape != params[name].shape:
-            raise InitialShapeError(name, tuple(value.shape), tuple(params[name].shape))
-        params[name] = value.to(params[name]).clone()
-    return params
-
-
 class AutogradTarget(TargetBase):
     """Targets whose gradient comes from one reverse pass through ``__call__(params, indices)``."""
 
@@ -127,7 +103,9 @@ class ModelPotential(AutogradTarget):
 
     :param model: a Pyro model; plates with ``subsample_size`` make :meth:`__call__` stochastic.
     :param model_args, model_kwargs: the data, as passed to ``mcmc.run``.
-    :param init_strategy: a Pyro init strategy (``pyro.infer.autoguide.initialization``).
+    :param init_strategy: a Pyro init strategy (``pyro.infer.autoguide.initialization``), or ``None``
+        (default): the model's own start if it has one (an ``initial_params(num_chains=...)`` method, see
+        :mod:`~pyro_flat.targets.starts`; a :class:`~pyro_flat.nn.BayesianModule`'s), else a prior draw.
     :param num_chains: ``C`` vectorized chains: every parameter gets a leading ``(C,)`` dim and
         :meth:`__call__` returns ``(C,)`` energies. The chain dimension sits left of the model's
         own plates, each site's value padded with a singleton for every plate it is not in
@@ -148,7 +126,7 @@ class ModelPotential(AutogradTarget):
         model: Callable,
         model_args: tuple = (),
         model_kwargs: Optional[dict] = None,
-        init_strategy: Callable = init_to_sample,
+        init_strategy: Optional[Callable] = None,
         num_chains: Optional[int] = None,
         minibatches: str = "per_chain",
         latent_weight: float = 1.0,
@@ -161,6 +139,7 @@ class ModelPotential(AutogradTarget):
         self.model_args = tuple(model_args)
         self.model_kwargs = dict(model_kwargs or {})
         self.init_strategy = init_strategy
+        self._start_hook = start_hook(model, init_strategy)  # the model's own start (no init_strategy given)
         check_finite_inputs(self.model_args, self.model_kwargs)
         trace = self._init_trace()
         self.sites: Dict[str, SiteInfo] = {}
@@ -225,7 +204,8 @@ class ModelPotential(AutogradTarget):
     def _init_trace(self) -> poutine.Trace:
         try:
             with torch.no_grad():
-                return poutine.trace(InitMessenger(self.init_strategy)(self.model)).get_trace(
+                strategy = setup_strategy(self._start_hook, self.init_strategy)
+                return poutine.trace(InitMessenger(strategy)(self.model)).get_trace(
                     *self.model_args, **self.model_kwargs
                 )
         except ZeroDivisionError as err:  # pyro.plate(size=0)
@@ -246,15 +226,20 @@ class ModelPotential(AutogradTarget):
         return {name: site.transform.inv for name, site in self.sites.items()}
 
     def initial_params(self, overrides: Optional[Params] = None) -> Params:
-        """Unconstrained values drawn by the init strategy (the setup trace, then fresh ones),
-        with the user's ``overrides`` put in. Up to :data:`TRACED_CHAINS_MAX` vectorized chains each
-        chain's values come from a trace of its own; beyond, from one trace of all the chains
-        (:meth:`_chain_plate_draws`), so that set-up does not grow with the number of chains."""
-        count = self.num_chains or 1
+        """Unconstrained values drawn by the init strategy (the setup trace, then fresh ones), or the
+        model's own start (:func:`~pyro_flat.targets.starts.model_start`), with the user's ``overrides`` put
+        in. Up to :data:`TRACED_CHAINS_MAX` vectorized chains each chain's values come from a trace of its
+        own; beyond, from one trace of all the chains (:meth:`_chain_plate_draws`), so that set-up does not
+        grow with the number of chains."""
+        count, one_chain = self.num_chains or 1, self.num_chains in (None, 1)
+        if self._start_hook is not None:
+            self._initial_trace = None
+            start = model_start(self._start_hook, self.sites, self.num_chains, self.device)
+            return merge_overrides(start, overrides, one_chain=one_chain)
         if self.num_chains is not None and len(chain_indices(count)) > TRACED_CHAINS_MAX:
             params = self._chain_plate_draws(count)
             if params is not None:
-                return merge_overrides(params, overrides)
+                return merge_overrides(params, overrides, one_chain=one_chain)
         draws = []
         for chain in chain_indices(count):  # vectorized chains: one init-strategy draw each (all of a shard's)
             trace, self._initial_trace = self._initial_trace, None
@@ -276,7 +261,7 @@ class ModelPotential(AutogradTarget):
             params = draws[0]
         else:
             params = {name: torch.stack([d[name] for d in draws]) for name in self.sites}
-        return merge_overrides(params, overrides)
+        return merge_overrides(params, overrides, one_chain=one_chain)
 
     def _chain_plate_draws(self, count: int) -> Optional[Params]:
         """Every chain's initial values from one trace of the model inside a plate of chains, left of
@@ -294,7 +279,7 @@ class ModelPotential(AutogradTarget):
 
         try:
             with torch.no_grad():
-                trace = poutine.trace(InitMessenger(self.init_strategy)(chains)).get_trace(
+                trace = poutine.trace(InitMessenger(setup_strategy(None, self.init_strategy))(chains)).get_trace(
                     *self.model_args, **self.model_kwargs)
             params = {}
             for name, site in self.sites.items():
