@@ -15,7 +15,7 @@ of θa's top Hessian eigenvalue and trace, and how many of its fits converged; :
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import Dict, Sequence
 
 from .compare import mean_and_se, t_critical
 
