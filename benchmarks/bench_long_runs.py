@@ -57,9 +57,9 @@ def main():
 
     original = checkpoint_module.write_checkpoint
 
-    def counted(target, payload):  # time every write of the run
+    def counted(target, payload, *args, **kwargs):  # time every write of the run
         start = time.perf_counter()
-        original(target, payload)
+        original(target, payload, *args, **kwargs)
         writes.append(time.perf_counter() - start)
 
     checkpoint_module.write_checkpoint = counted

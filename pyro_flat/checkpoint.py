@@ -36,6 +36,7 @@ from typing import Dict, List, Optional, Tuple, Union
 import numpy as np
 import torch
 
+from .locks import exclusive_lock
 from .targets import Params
 
 #: the first bytes of a pyro-flat checkpoint, then the format version
@@ -267,9 +268,9 @@ class Checkpointer:
         self.found = {}  # the others are not needed: let them go
 
     def close(self) -> None:
-        """Let another run use the file."""
+        """Let another run use the file; the lock's file goes with the lock (a refused run's too)."""
         if self._lock is not None:
-            self._lock.close()
+            self._lock.close(remove=True)
             self._lock = None
 
     def restore(self, kernel) -> Tuple[Params, int]:
@@ -305,19 +306,10 @@ def rank_checkpoint_paths(path: Path, rank: int) -> Tuple[Path, Path]:
 
 
 def _lock(path: Path):
-    """An exclusive lock on ``path + ".lock"`` for this process's run (``None`` where ``fcntl`` is missing)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not on Linux or macOS
-        return None
-    handle = open(path.with_name(path.name + ".lock"), "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.close()
-        raise CheckpointError(f"checkpoint {str(path)!r} is in use by another running process; two runs on one file "
-                              "would overwrite each other's state. Give each run its own checkpoint= path.") from None
-    return handle
+    """An exclusive lock on ``path + ".lock"`` for this process's run (:func:`pyro_flat.locks.exclusive_lock`)."""
+    busy = (f"checkpoint {str(path)!r} is in use by another running process; two runs on one file would overwrite "
+            "each other's state. Give each run its own checkpoint= path.")
+    return exclusive_lock(path.with_name(path.name + ".lock"), busy, CheckpointError)
 
 
 def refuse_loaders(args: tuple, kwargs: dict) -> None:

@@ -57,9 +57,7 @@ Example::
 from __future__ import annotations
 
 import logging
-import os
 import warnings
-from pathlib import Path
 from typing import Dict, Optional, Sequence
 
 import torch
@@ -76,6 +74,7 @@ from .chains import sharded
 from .diagnostics import per_chain_diagnostics, require_draws, select_draws
 from .checkpoint import check_checkpoint_arguments, refuse_loaders, run_fingerprint
 from .draws import DrawBuffers, DrawFiles
+from .draws_folder import DrawsFolder, check_draws_dir
 from .progress import ProgressHook
 from .sampling_loop import run_chains
 from .distributed.driver import (RankRun, RanksFailed, checked, gather_draws, open_checkpoints,
@@ -113,10 +112,12 @@ class MCMC(pyro.infer.MCMC):
         first, up to 4,096 while they are fast),
         and a resumed run continues every rank from the latest iteration all the ranks' files hold.
     :param checkpoint_every: seconds between checkpoints (default 60).
-    :param draws_dir: a folder: the kept draws go to ``DIR/SITE.npy`` as they are made, a block at a time,
-        instead of memory (:mod:`pyro_flat.draws`); ``get_samples()`` then gives memory-mapped tensors of
-        those files, and the kernel keeps no copy of its own (the draws made before an error or a Ctrl-C
-        are in the files). Vectorized chains in this process, as ``checkpoint``.
+    :param draws_dir: a folder: the kept draws go to a ``.npy`` file per site there as they are made, not to
+        memory, counted by a manifest (the format: :mod:`pyro_flat.draws`); ``get_samples()`` gives memory-mapped
+        tensors of them, and the draws made before an error or a Ctrl-C are in the files. One run at a time per
+        folder, never replacing a file it did not write (:mod:`pyro_flat.draws_folder`). As ``checkpoint``,
+        vectorized chains in this process.
+    :param overwrite_draws: let the run replace an earlier run's draws in ``draws_dir`` (default: refused).
 
     The other arguments are ``pyro.infer.MCMC``'s. ``initial_params`` for ``num_chains > 1`` have
     a leading chain dimension, as in Pyro; for one chain a leading dim of 1 is that chain's start
@@ -130,13 +131,12 @@ class MCMC(pyro.infer.MCMC):
                  initial_params: Optional[Dict[str, torch.Tensor]] = None, num_chains: int = 1,
                  chain_method: str = "auto", thinning: int = 1, minibatches: str = "per_chain",
                  checkpoint: Optional[str] = None, checkpoint_every: float = 60.0, draws_dir: Optional[str] = None,
-                 random_streams: str = "shared", **kwargs):
+                 random_streams: str = "shared", overwrite_draws: bool = False, **kwargs):
         check_kernel(kernel)
         self.checkpoint = check_checkpoint_arguments(checkpoint, checkpoint_every)
         self.checkpoint_every = float(checkpoint_every)
-        if draws_dir is not None and not isinstance(draws_dir, (str, os.PathLike)):
-            raise ValueError(f"draws_dir must be a folder path (str or pathlib.Path), got {type(draws_dir).__name__}.")
-        self.draws_dir = None if draws_dir is None else Path(draws_dir).expanduser()
+        self.draws_dir, self.overwrite_draws = check_draws_dir(draws_dir, overwrite_draws), overwrite_draws
+        self._runs = set()  # the runs whose draws_dir files this object wrote: its next run may replace them
         own_loop = self.checkpoint is not None or self.draws_dir is not None
         num_samples = check_positive_int("num_samples", num_samples,
                                          hint="It is the number of draws kept per chain.")
@@ -329,10 +329,14 @@ class MCMC(pyro.infer.MCMC):
         recording = getattr(kernel, "record_draws", None)
         if self.draws_dir is not None and recording:  # the files hold the draws: no second copy in memory
             kernel.record_draws = False
+        resumed = saver is not None and saver.saved is not None
         steps = run_chains(kernel, warmup, num_samples, args, kwargs,
-                           resume=None if saver is None or saver.saved is None else lambda: saver.restore(kernel))
-        store = None
+                           resume=(lambda: saver.restore(kernel)) if resumed else None)
+        store = folder = None
         try:
+            if self.draws_dir is not None:  # locked for this run, and checked: before any draw
+                folder = DrawsFolder(self.draws_dir, resume=saver.saved["draws"] if resumed else None,
+                                     checkpoint=self.checkpoint, overwrite=self.overwrite_draws, own_runs=self._runs)
             with sharded(None if run is None else run.shard), poutine.block(), \
                     optional(pyro.validation_enabled(not self.disable_validation), self.disable_validation is not None):
                 for phase, i, params in checked(steps, run, self.thinning, clock):
@@ -342,9 +346,7 @@ class MCMC(pyro.infer.MCMC):
                         # leave a GPU as they are made
                         transforms = kernel.transforms
                         shapes = {n: (tuple(params[n].shape), params[n].dtype) for n in names}
-                        resumed = saver is not None and saver.saved is not None
-                        store = DrawBuffers(shapes, num_samples) if self.draws_dir is None else DrawFiles(
-                            self.draws_dir, shapes, num_samples, fresh=not resumed)
+                        store = DrawFiles(folder, shapes, num_samples) if folder else DrawBuffers(shapes, num_samples)
                         if resumed:  # the draws made before the stop, handed to the user's hook as when made
                             store.restore(saver.saved["draws"])
                             hook.resumed(kernel.iteration)
@@ -379,8 +381,8 @@ class MCMC(pyro.infer.MCMC):
                 saver.close()
             if self.draws_dir is not None:
                 kernel.record_draws = recording
-                if store is not None:  # an error or a Ctrl-C: the draws made so far are in the files
-                    store.flush()
+                if folder is not None:  # an error or a Ctrl-C too: the draws made so far go to the files
+                    folder.close(store)
         if run is None:
             self.chain_method = "vectorized"
         self.num_chains = num_chains if run is None else run.total_chains

@@ -1,17 +1,26 @@
 """Draws streamed to disk (``MCMC(draws_dir=...)``): the same draws as in memory, in .npy files numpy reads
-alone, and resident memory that does not grow with the draws."""
+alone, and resident memory that does not grow with the draws; and (issue 61) a folder as safe as a
+checkpoint: names that stay inside it, no file replaced that the run did not write, one run at a time, a
+checkpoint that continues only its own files, and a manifest that counts the complete rows."""
 
+import json
 import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 import pyro
-from pyro_flat import MCMC, SGHMC
+from pyro_flat import MCMC, SGHMC, SGLD
+from pyro_flat.draws_folder import DrawsDirError
 
 from checkpoint_worker import data, model
 
@@ -96,3 +105,238 @@ def test_arviz_and_summary_read_a_subset_of_streamed_draws(tmp_path, monkeypatch
     with pytest.raises(ValueError, match=r"var_names / coordinates.*coordinates=\{site: indices\}"):
         to_arviz(mcmc)
     assert to_arviz(mcmc, var_names=["w"], coordinates={"w": [0]}).posterior["w"].shape == (3, 100, 1)
+
+
+# ------------------------------------------------------------------ issue 61: draws_dir as safe as checkpoint=
+WORKER = str(Path(__file__).with_name("draws_dir_worker.py"))
+
+
+def _manifest(folder) -> dict:
+    return json.loads((Path(folder) / "draws.json").read_text())
+
+
+def _stamp(path) -> tuple:
+    """A file's bytes and modification time: what a user's file must keep."""
+    return Path(path).read_bytes(), os.stat(path).st_mtime_ns
+
+
+def _points(sites, **kwargs):
+    """A run on a standard normal whose sites have the given names (potential_fn: any name is a site)."""
+    pyro.set_rng_seed(3)
+    mcmc = MCMC(SGLD(potential_fn=lambda p: sum(0.5 * (v ** 2).sum(-1) for v in p.values()), step_size=0.1),
+                num_samples=8, warmup_steps=2, num_chains=2, initial_params={s: torch.zeros(2, 3) for s in sites},
+                disable_progbar=True, **kwargs)
+    mcmc.run()
+    return mcmc
+
+
+def test_a_site_name_escapes_draws_dir(tmp_path):
+    """Sites "../outside" and "layer/w": files inside the folder, named by the manifest; the user's outside.npy
+    beside the folder is untouched, and each site's draws are its own."""
+    users = tmp_path / "outside.npy"
+    np.save(users, np.arange(5.0))
+    before = _stamp(users)
+    sites = ["../outside", "layer/w", "%2F", ".hidden", "fc.weight"]
+    folder = tmp_path / "draws"
+    draws = _points(sites, draws_dir=folder).get_samples(group_by_chain=True)
+    assert _stamp(users) == before
+    manifest = _manifest(folder)
+    files = {s: manifest["sites"][s]["file"] for s in sites}
+    assert files == {"../outside": "%2E.%2Foutside.npy", "layer/w": "layer%2Fw.npy", "%2F": "%252F.npy",
+                     ".hidden": "%2Ehidden.npy", "fc.weight": "fc.weight.npy"}
+    assert sorted(p.name for p in folder.iterdir()) == sorted([*files.values(), "draws.json"])  # no lock left
+    reference = _points(sites).get_samples(group_by_chain=True)
+    for site in sites:
+        assert manifest["sites"][site]["shape"] == [8, 2, 3] and manifest["sites"][site]["dtype"] == "float32"
+        on_disk = np.load(folder / files[site])  # (draw, chain, 3), without pyro-flat
+        np.testing.assert_array_equal(np.swapaxes(on_disk, 0, 1), reference[site].numpy())
+        assert torch.equal(draws[site], reference[site])
+    assert len({d.sum().item() for d in draws.values()}) == len(sites)  # not one file written five times
+    assert (manifest["rows"], manifest["num_samples"], manifest["complete"]) == (8, 8, True)
+
+
+def test_the_users_own_file_is_never_replaced(tmp_path):
+    """A user's mu.npy in draws_dir: refused by name before any draw, overwrite_draws=True too; the file is as it
+    was. Another run's draws: refused unless overwrite_draws=True (then replaced) or the same MCMC runs again."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    np.save(folder / "mu.npy", np.arange(5.0))
+    before = _stamp(folder / "mu.npy")
+    calls = []
+    for overwrite in (False, True):
+        with pytest.raises(DrawsDirError, match=r"already holds '.*mu\.npy', which no pyro-flat run wrote.*site "
+                                                r"'mu'.*another draws_dir="):
+            _points(["mu"], draws_dir=folder, overwrite_draws=overwrite, hook_fn=lambda *a: calls.append(a))
+    assert calls == []  # refused before the first draw
+    assert _stamp(folder / "mu.npy") == before
+    assert sorted(p.name for p in folder.iterdir()) == ["mu.npy"]  # no manifest, no lock left behind
+    _points(["nu"], draws_dir=folder)  # other sites: the user's file stays beside them
+    assert _stamp(folder / "mu.npy") == before and "nu" in _manifest(folder)["sites"]
+
+    earlier = tmp_path / "earlier"
+    first = _points(["mu"], draws_dir=earlier)
+    kept = _stamp(earlier / "mu.npy")
+    with pytest.raises(DrawsDirError, match=r"holds the draws of another pyro-flat run \(8 of 8 rows, finished, "
+                                            r"written by a run without a checkpoint.*overwrite_draws=True"):
+        _points(["mu", "nu"], draws_dir=earlier)
+    assert _stamp(earlier / "mu.npy") == kept
+    first.run()  # the same MCMC object again: its own earlier run's files
+    replaced = _points(["nu"], draws_dir=earlier, overwrite_draws=True)  # the earlier run's mu.npy goes with it
+    assert sorted(p.name for p in earlier.iterdir()) == ["draws.json", "nu.npy"]
+    assert list(_manifest(earlier)["sites"]) == ["nu"] and replaced.get_samples()["nu"].shape == (16, 3)
+
+
+def _worker(folder, checkpoint, go, out, overwrite=False, seed=1):
+    return [sys.executable, WORKER, str(folder), str(checkpoint or "none"), str(go), str(out), str(int(overwrite)),
+            str(seed)]
+
+
+def _wait_for(condition, process, seconds=120):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert process.poll() is None, "the first run ended before the second started"
+        assert time.monotonic() < deadline, "the first run did not start"
+        time.sleep(0.02)
+
+
+def test_two_runs_sharing_one_draws_dir(tmp_path):
+    """Two processes on one folder: the second is refused while the first runs (overwrite_draws=True or not),
+    allowed after it ends; the first run's draws are its own, and this process reads them mid-run with numpy and
+    json. A SIGKILLed run's lock blocks no one."""
+    import draws_dir_worker
+
+    folder, go = tmp_path / "draws", tmp_path / "go"
+    first = subprocess.Popen(_worker(folder, tmp_path / "first.ckpt", go, tmp_path / "first.pt"),
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: (folder / "draws.json").exists(), first)
+        second = subprocess.run(_worker(folder, None, go, tmp_path / "second.pt", overwrite=True, seed=2),
+                                capture_output=True, text=True, timeout=120)
+        assert second.returncode != 0 and "is in use by another running process" in second.stderr, second.stderr[-2000:]
+        assert first.poll() is None, "the first run ended before the second was refused"
+        mid_run = _manifest(folder)  # waiting at draw 40: its checkpoints flushed the rows before
+        rows = np.array(np.load(folder / mid_run["sites"]["x"]["file"], mmap_mode="r")[: mid_run["rows"]])
+        go.touch()
+        assert first.wait(timeout=120) == 0, first.stderr.read()[-2000:]
+    finally:
+        first.kill()
+        first.wait(timeout=30)
+    own = draws_dir_worker.run(None)  # the same run in memory
+    assert torch.equal(torch.load(tmp_path / "first.pt")["x"], own["x"])
+    assert 0 < len(rows) <= 41 and not mid_run["complete"]
+    np.testing.assert_array_equal(rows, own["x"].transpose(0, 1)[: len(rows)].numpy())
+    np.testing.assert_array_equal(np.swapaxes(np.load(folder / "x.npy"), 0, 1), own["x"].numpy())
+    subprocess.run(_worker(folder, None, go, tmp_path / "second.pt", overwrite=True, seed=2), check=True, timeout=120)
+    assert torch.equal(torch.load(tmp_path / "second.pt")["x"], draws_dir_worker.run(None, seed=2)["x"])
+
+    go.unlink()  # a run killed while it holds the folder: its lock dies with it
+    earlier = _manifest(folder)["run"]
+    killed = subprocess.Popen(_worker(folder, tmp_path / "run.ckpt", go, tmp_path / "killed.pt", overwrite=True))
+    try:
+        _wait_for(lambda: _manifest(folder)["run"] != earlier and _manifest(folder)["rows"] >= 30, killed)
+    finally:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(timeout=30)
+    assert (folder / ".draws.lock").exists()  # left by the killed process, no longer locked
+    go.touch()
+    subprocess.run(_worker(folder, tmp_path / "run.ckpt", go, tmp_path / "killed.pt"), check=True, timeout=120)
+    assert torch.equal(torch.load(tmp_path / "killed.pt")["x"], own["x"])  # continued to the same draws
+    assert not (folder / ".draws.lock").exists()
+
+
+def test_a_checkpoint_returns_another_runs_draws_or_zeros(tmp_path):
+    """Run 1 (c1, d), run 2 (c2, d, another seed), run 1 again: run 1's own draws or a refusal, never run 2's;
+    after `rm -r d` a finished checkpoint is refused, naming the missing files, never zeros."""
+    from draws_dir_worker import run
+
+    folder, c1, c2 = tmp_path / "d", tmp_path / "c1.ckpt", tmp_path / "c2.ckpt"
+    first = run(folder, c1, seed=1)
+    with pytest.raises(DrawsDirError, match="holds the draws of another pyro-flat run .*checkpoint='.*c1.ckpt'"):
+        run(folder, c2, seed=2)
+    assert torch.equal(run(folder, c1, seed=1)["x"], first["x"])  # its own draws back, without sampling
+    second = run(folder, c2, seed=2, overwrite=True)  # asked for: run 1's draws are replaced
+    assert not torch.equal(second["x"], first["x"])
+    with pytest.raises(DrawsDirError, match="holds another run's draws .*c2.ckpt.*not those of the run the "
+                                            "checkpoint '.*c1.ckpt' continues"):
+        run(folder, c1, seed=1)
+    np.testing.assert_array_equal(np.swapaxes(np.load(folder / "x.npy"), 0, 1), second["x"].numpy())  # untouched
+
+    shutil.rmtree(folder)
+    missing = re.escape(f"{folder / 'draws.json'}, {folder / 'x.npy'} are missing")
+    with pytest.raises(DrawsDirError, match=missing + ".*Put them back") as refused:
+        run(folder, c2, seed=2)
+    assert f"the checkpoint {str(c2.resolve())!r} continues" in str(refused.value)
+    assert not folder.exists()  # refused without making anything
+
+
+def test_a_reader_during_a_run_sees_only_complete_rows_and_knows_how_many(tmp_path, monkeypatch):
+    """With numpy and json alone, mid-run: the manifest's rows are complete draws (flushed every FLUSH_SECONDS,
+    though the block holds all 60); after a Ctrl-C the manifest says which rows are draws."""
+    from pyro_flat import draws
+    from draws_dir_worker import run
+
+    monkeypatch.setattr(draws, "FLUSH_SECONDS", 0.02)
+    folder, seen = tmp_path / "d", []
+
+    def reader(kernel, params, phase, i):
+        time.sleep(0.005)
+        if phase == "Sample":
+            manifest = _manifest(folder)
+            x = np.load(folder / manifest["sites"]["x"]["file"], mmap_mode="r")
+            seen.append((i, manifest["rows"], np.array(x[: manifest["rows"]])))
+
+    whole = run(folder, hook_fn=reader)["x"].transpose(0, 1).numpy()
+    assert all(rows <= i + 1 for i, rows, _ in seen) and 0 < seen[30][1] < 60
+    for _, rows, x in seen:
+        np.testing.assert_array_equal(x, whole[:rows])
+
+    def interrupt(kernel, params, phase, i):
+        if phase == "Sample" and i == 37:
+            raise KeyboardInterrupt
+    monkeypatch.setattr(draws, "FLUSH_SECONDS", 3600.0)  # nothing written before the interruption
+    stopped = tmp_path / "stopped"
+    with pytest.raises(KeyboardInterrupt):
+        run(stopped, hook_fn=interrupt)
+    manifest = _manifest(stopped)
+    assert (manifest["rows"], manifest["complete"]) == (38, False)  # draws 0-37 (the hook runs after a draw's put)
+    np.testing.assert_array_equal(np.load(stopped / "x.npy")[:38], whole[:38])
+    assert not (stopped / ".draws.lock").exists()
+
+
+def test_an_empty_a_file_or_a_read_only_draws_dir_is_refused_up_front(tmp_path, monkeypatch):
+    kernel = SGHMC(model, step_size=1e-4)
+    with pytest.raises(ValueError, match="draws_dir='' names no folder .*working folder"):
+        MCMC(kernel, num_samples=10, draws_dir="")
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="draws_dir='.*notes.txt' is a file, not a folder"):
+        MCMC(kernel, num_samples=10, draws_dir=tmp_path / "notes.txt")
+    with pytest.raises(ValueError, match="cannot be made: '.*notes.txt' is a file"):
+        MCMC(kernel, num_samples=10, draws_dir=tmp_path / "notes.txt" / "draws")
+    with pytest.raises(ValueError, match="overwrite_draws must be True or False"):
+        MCMC(kernel, num_samples=10, draws_dir=tmp_path / "d", overwrite_draws="yes")
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    if os.access(locked, os.W_OK):  # root ignores permissions: take the mode bits as they are
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode: real(p, mode) and not (
+            mode & os.W_OK and not os.stat(p).st_mode & 0o200))
+    try:
+        for path in (locked, locked / "new" / "draws"):
+            with pytest.raises(ValueError, match="cannot be written \\('.*locked' is read-only\\)"):
+                MCMC(kernel, num_samples=10, draws_dir=path)
+        from draws_dir_worker import run  # a read-only file of an unfinished run that a checkpoint continues
+
+        def interrupt(kernel, params, phase, i):
+            time.sleep(0.005)  # checkpoints every 20 ms: some before the interruption
+            if phase == "Sample" and i == 20:
+                raise KeyboardInterrupt
+        with pytest.raises(KeyboardInterrupt):
+            run(tmp_path / "d", tmp_path / "run.ckpt", hook_fn=interrupt)
+        (tmp_path / "d" / "x.npy").chmod(0o400)
+        with pytest.raises(DrawsDirError, match="'.*x.npy' cannot be written \\(read-only\\)"):
+            run(tmp_path / "d", tmp_path / "run.ckpt")
+    finally:
+        locked.chmod(0o700)

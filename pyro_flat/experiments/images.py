@@ -35,9 +35,9 @@ import json
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional
 
 import torch
 
@@ -51,7 +51,7 @@ from ..nn import BayesianModule, ResNet, random_crop_flip, resnet18
 from .images_config import OPTIMISERS, ImagesConfig
 from .images_data import ImageData, first_of_each_class, load_image_data, study_device
 # the scores of a fit (convergence: a re-export, for the tests)
-from .images_scores import _draws, convergence, evaluate, interpolation  # noqa: F401
+from .images_scores import Fit, _draws, convergence, evaluate, interpolation  # noqa: F401
 from .output import StudyError, hold_signals, seeds_over_ranks, threads_record
 from .resume import checkpoint_folder, study_checkpoints
 
@@ -71,31 +71,6 @@ def network(name: str, channels: int, classes: int) -> torch.nn.Module:
         return resnet18(num_classes=classes, in_channels=channels)
     blocks, width = ((1,), 4) if name == "tiny-resnet" else ((1, 1, 1), 8)
     return ResNet(blocks=blocks, width=width, in_channels=channels, num_classes=classes)
-
-
-@dataclass
-class Fit:
-    """One method's run at one seed: the draws it keeps ``{site: (draws, ...)}`` (an optimiser: its last iterate;
-    ``sgd-ensemble``: each network's), its state at the end of each cycle ``{site: (networks, cycles, ...)}``, where
-    it started ``{site: (networks, ...)}``, and what it cost."""
-
-    method: str
-    model: BayesianModule
-    samples: Dict[str, torch.Tensor]
-    cycle_ends: Dict[str, torch.Tensor]
-    initial: Dict[str, torch.Tensor]
-    iterations: int
-    grad_evals: int
-    seconds: float
-    #: of ``seconds``, the time spent tracing and compiling the iteration (``--jit``)
-    compile_seconds: float = 0.0
-    #: what compiled its iterations: ``"inductor"``, ``"fx"`` (the traced graph, also where inductor failed its
-    #: check), or ``None``
-    compiled: Optional[str] = None
-
-    @property
-    def uses(self) -> Tuple[str, ...]:
-        return ("theta", "aux", "both") if self.method == "emcmc" else ("theta",)
 
 
 def scaled_protocol(config: ImagesConfig, num_train: int) -> Dict[str, float]:
@@ -302,6 +277,7 @@ def _lead(config: ImagesConfig, out, log: Callable[[str], None], ranks) -> dict:
     protocol, scaled = config.protocol(), scaled_protocol(config, len(data.X_train))
     jobs = study_jobs(config, len(data.X_train))
     for job in jobs:
+        fit_plan(job.method, job.config, len(data.X_train))  # a schedule too short for its cycles: refused now
         mine = scaled_protocol(job.config, len(data.X_train))
         if mine["step_size"] >= mine["eta"] and job.method in ("entropy-sgd", "entropy-sgld", "emcmc"):
             raise StudyError(f"{job.label}: the step size lr / N = {protocol['lr']} / {len(data.X_train)} = "

@@ -6,8 +6,8 @@ augmentation) come from the preset; an option given on the command line replaces
 except under ``--preset emcmc-cifar``, which is the published protocol unchanged and refuses them.
 
 >>> config = ImagesConfig()
->>> config.protocol()["network"], config.protocol()["epochs"]
-('small-resnet', 12)
+>>> config.protocol()["network"], config.protocol()["epochs"], config.protocol()["coupling"]
+('small-resnet', 64, 0.025)
 >>> ImagesConfig(preset="emcmc-cifar", dataset="cifar10").protocol()["epochs"]
 200
 """

@@ -1,24 +1,48 @@
-r"""The image study's scores of one fit (``pyro-flat images``): its Bayesian model average on the clean, corrupted
-and out-of-distribution images (:func:`evaluate`), the Hessian's top eigenvalue and trace at its last draw, whether
+r"""One fit of the image study (``pyro-flat images``), :class:`Fit`, and its scores: its Bayesian model average
+on the clean, corrupted and out-of-distribution images (:func:`evaluate`), the Hessian's top eigenvalue and trace at its last draw, whether
 it converged (:func:`convergence`: the training NLL at the end of its last cycle against the cycle before's), how
 far it travelled from its start (:func:`travelled`), and the loss between its first and last cycles' ends
-(:func:`interpolation`). The fits themselves are :mod:`.images`'s.
+(:func:`interpolation`). :mod:`.images` makes the fits.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Optional
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from .. import flatness, metrics
+from ..nn import BayesianModule
 from ..predictive import bma_predict
 from .images_config import ImagesConfig
 from .images_data import ImageData
 
-if TYPE_CHECKING:  # the fits are images.py's, which imports this module
-    from .images import Fit
+
+@dataclass
+class Fit:
+    """One method's run at one seed: the draws it keeps ``{site: (draws, ...)}`` (an optimiser: its last iterate;
+    ``sgd-ensemble``: each network's), its state at the end of each cycle ``{site: (networks, cycles, ...)}``, where
+    it started ``{site: (networks, ...)}``, and what it cost."""
+
+    method: str
+    model: BayesianModule
+    samples: Dict[str, torch.Tensor]
+    cycle_ends: Dict[str, torch.Tensor]
+    initial: Dict[str, torch.Tensor]
+    iterations: int
+    grad_evals: int
+    seconds: float
+    #: of ``seconds``, the time spent tracing and compiling the iteration (``--jit``)
+    compile_seconds: float = 0.0
+    #: what compiled its iterations: ``"inductor"``, ``"fx"`` (the traced graph, also where inductor failed its
+    #: check), or ``None``
+    compiled: Optional[str] = None
+
+    @property
+    def uses(self) -> Tuple[str, ...]:
+        return ("theta", "aux", "both") if self.method == "emcmc" else ("theta",)
 
 
 def _draws(fit: Fit, use: str) -> Dict[str, torch.Tensor]:
@@ -130,4 +154,4 @@ def interpolation(fit: Fit, config: ImagesConfig, flat_data, points: int = 11) -
     return {"t": [float(t) for t in curve.x], "nll": [float(v) / len(flat_data[0]) for v in curve.loss]}
 
 
-__all__ = ["evaluate", "convergence", "cycle_end_nll", "travelled", "interpolation"]
+__all__ = ["Fit", "evaluate", "convergence", "cycle_end_nll", "travelled", "interpolation"]

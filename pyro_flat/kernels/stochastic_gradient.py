@@ -189,11 +189,9 @@ class StochasticGradientKernel(TargetKernel):
         """One warm-up iteration, or after warm-up :attr:`steps_per_draw` sampling-phase iterations
         of which the last is the draw (thinning inside the kernel: the others are never stored).
 
-        With a cyclical schedule (one with ``is_sampling(k)``, e.g.
-        :class:`~pyro_flat.schedules.cyclical_cosine`) the iterations of each cycle's exploration
-        phase make no draw and are optimisation steps (no injected noise; the schedule's
-        ``exploration_noise=True`` keeps it): after warm-up one call
-        runs through them to the next sampling-phase iterations (cSGMCMC, Zhang et al. 2020).
+        With a cyclical schedule (one with ``is_sampling(k)``, e.g. :class:`~pyro_flat.schedules.cyclical_cosine`)
+        each cycle's exploration iterations make no draw and inject no noise (unless its ``exploration_noise``):
+        after warm-up one call runs through them to the next sampling-phase iterations (cSGMCMC, Zhang et al. 2020).
 
         Compiled (``jit_compile``), a draw's iterations in one sampling phase run as fused graphs of
         :attr:`fused_steps` iterations each, each iteration at its own step
@@ -336,8 +334,7 @@ class StochasticGradientKernel(TargetKernel):
 
     @property
     def exploration_noise(self) -> bool:
-        """Whether a cyclical schedule's exploration iterations keep the noise (the schedule's
-        ``exploration_noise``; by default they are optimisation steps at temperature 0)."""
+        """The schedule's ``exploration_noise``: exploration iterations keep the noise (else temperature 0)."""
         return bool(getattr(self.schedule, "exploration_noise", False))
 
     def in_sampling_phase(self, iteration: int) -> bool:
