@@ -95,9 +95,10 @@ STUDIES: Dict[str, Study] = {study.name: study for study in (
           "(paths.png), where each sampler's draws sit (draws.png) and SGD started on the path (dynamics.png), "
           "with report.md and report.json."),
     Study(ImagesConfig, "pyro_flat.experiments.images.run_images_study",
-          "Entropy-MCMC against SGD, Entropy-SGD, SAM, SGLD and Entropy-SGLD on a ResNet: digits here, CIFAR "
-          "from --data-dir",
-          "Train a residual network with BatchNorm with each method of the Entropy-MCMC paper at several seeds; score "
+          "Entropy-MCMC against SGD, an SGD ensemble and SGLD (Entropy-SGD, SAM, Entropy-SGLD on request) on a "
+          "ResNet, in the paper's per-step coupling: digits here, CIFAR from --data-dir",
+          "Train a residual network with BatchNorm with each method of the Entropy-MCMC paper (and an SGD ensemble) "
+          "for the same epochs at several seeds, checking that each fit converged; score "
           "the model averages on clean, corrupted and out-of-distribution images and their flatness; count the "
           "paper's claims by paired t-tests; write report.md, report.json, corruption.png and interpolation.png."),
     Study(ImagesEtaConfig, "pyro_flat.experiments.images.run_images_study",
