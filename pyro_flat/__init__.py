@@ -25,7 +25,7 @@ The package is built in layers; a module imports only from its own layer and tho
 (``tests/test_layers.py`` reads every import, those inside functions too, and fails on one that
 points up or closes a cycle). From the ground up (:data:`LAYERS`):
 
-1. foundations: the errors that cross layers, argument checks, file locks, tracing helpers, random numbers that do
+1. foundations: the errors that cross layers, argument checks, tracing helpers, random numbers that do
    not depend on the split of the chains over ranks (:mod:`pyro_flat.chains`, :mod:`pyro_flat.chain_streams`),
    step-size schedules;
 2. targets: a model or potential as the energy a kernel samples (:mod:`pyro_flat.targets`);
@@ -33,7 +33,8 @@ points up or closes a cycle). From the ground up (:data:`LAYERS`):
    predictions and their metrics, the exact mixtures;
 4. kernels (:mod:`pyro_flat.kernels`), whose contract with the driver is
    :mod:`pyro_flat.kernels.protocol`;
-5. checkpoints (:mod:`pyro_flat.checkpoint`) and ranks: :mod:`pyro_flat.distributed` (process groups,
+5. what a run keeps on disk: its lock and streamed-draws folder (:mod:`pyro_flat.storage`), checkpoints
+   (:mod:`pyro_flat.checkpoint`); and ranks: :mod:`pyro_flat.distributed` (process groups,
    data-parallel targets, the across-ranks driver);
 6. the driver: :class:`MCMC`, its draws in memory or in a folder, and ArviZ diagnostics;
 7. built on the driver: flatness measures, theory and convergence checks, ensembles, variational inference;
@@ -46,13 +47,13 @@ from typing import TYPE_CHECKING, Any, List
 #: The layers of the package, from the ground up (see the module docstring): each module or subpackage
 #: imports only from its own layer and those below.
 LAYERS = (
-    ("errors", "validation", "locks", "tracing", "chain_streams", "chains", "schedules"),
+    ("errors", "validation", "tracing", "chain_streams", "chains", "schedules"),
     ("targets",),
     ("flat", "sam", "models", "nn", "mnist_files", "cifar_files", "datasets", "predictive", "metrics", "online_bma",
      "corruptions", "shift", "mixture_basins", "mixtures"),
     ("kernels",),
-    ("checkpoint", "distributed"),
-    ("mcmc_arguments", "draws_folder", "draws", "progress", "sampling_loop", "diagnostics", "mcmc"),
+    ("storage", "checkpoint", "distributed"),
+    ("mcmc_arguments", "draws", "progress", "sampling_loop", "diagnostics", "mcmc"),
     ("flatness", "theory", "references", "ensemble_runner", "convergence_result", "convergence", "ensembles",
      "variational"),
     ("experiments",),

@@ -36,7 +36,7 @@ from typing import Dict, List, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from .locks import exclusive_lock
+from .storage.locks import exclusive_lock
 from .targets import Params
 
 #: the first bytes of a pyro-flat checkpoint, then the format version
@@ -306,7 +306,7 @@ def rank_checkpoint_paths(path: Path, rank: int) -> Tuple[Path, Path]:
 
 
 def _lock(path: Path):
-    """An exclusive lock on ``path + ".lock"`` for this process's run (:func:`pyro_flat.locks.exclusive_lock`)."""
+    """An exclusive lock on ``path + ".lock"`` for this process's run (:func:`pyro_flat.storage.locks.exclusive_lock`)."""
     busy = (f"checkpoint {str(path)!r} is in use by another running process; two runs on one file would overwrite "
             "each other's state. Give each run its own checkpoint= path.")
     return exclusive_lock(path.with_name(path.name + ".lock"), busy, CheckpointError)

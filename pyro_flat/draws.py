@@ -5,7 +5,7 @@ leave a GPU as they are made). :class:`DrawFiles` (``MCMC(..., draws_dir=DIR)``)
 ``.npy`` file per site in ``DIR``, holding at most one block of draws in memory (about :data:`BLOCK_BYTES`);
 at the end ``get_samples()`` gives memory-mapped tensors of those files. A checkpoint of a streamed run
 records how many draws the files hold (and which run wrote them), not the draws. The folder's checks, lock
-and ownership rules are :mod:`pyro_flat.draws_folder`'s.
+and ownership rules are :mod:`pyro_flat.storage.draws_folder`'s.
 
 **The format**, readable with numpy and json alone, during a run too:
 
@@ -14,7 +14,7 @@ and ownership rules are :mod:`pyro_flat.draws_folder`'s.
   NAME, "shape": [N, chains, ...], "dtype": "float32"}}}``.
 - ``DIR/NAME``: site ``SITE``'s draws in numpy's format, ``(draw, chain, ...)``, the whole ``N`` rows from
   the start. Its first ``R`` rows are draws; the rest are not (zeros, or rows being written).
-  ``NAME`` is the site's name made a safe file name (:func:`~pyro_flat.draws_folder.site_file`:
+  ``NAME`` is the site's name made a safe file name (:func:`~pyro_flat.storage.draws_folder.site_file`:
   ``"fc.weight"`` gives ``fc.weight.npy``, ``"layer/w"`` gives ``layer%2Fw.npy``).
 - The rows are written in blocks: when a block fills, at least every :data:`FLUSH_SECONDS` seconds,
   at each checkpoint and when the run ends or stops (an error, a Ctrl-C); each time they reach the disk
@@ -42,7 +42,7 @@ from typing import Dict, Tuple
 import numpy as np
 import torch
 
-from .draws_folder import DrawsDirError, DrawsFolder, site_file
+from .storage.draws_folder import DrawsDirError, DrawsFolder, site_file
 
 #: draws a :class:`DrawFiles` gathers in memory before it writes them (per all sites together)
 BLOCK_BYTES = 64 * 2**20
@@ -81,7 +81,7 @@ class DrawBuffers:
 
 
 class DrawFiles:
-    """The draws streamed to the files of ``folder`` (a :class:`~pyro_flat.draws_folder.DrawsFolder`; see the
+    """The draws streamed to the files of ``folder`` (a :class:`~pyro_flat.storage.draws_folder.DrawsFolder`; see the
     module): a row per draw, written a block at a time. New files for a new run; for a run that continues a
     checkpoint (``folder.resume``), the run's own files, checked."""
 

@@ -74,7 +74,7 @@ from .chains import sharded
 from .diagnostics import per_chain_diagnostics, require_draws, select_draws
 from .checkpoint import check_checkpoint_arguments, refuse_loaders, run_fingerprint
 from .draws import DrawBuffers, DrawFiles
-from .draws_folder import DrawsFolder, check_draws_dir
+from .storage.draws_folder import DrawsFolder, check_draws_dir
 from .progress import ProgressHook
 from .sampling_loop import run_chains
 from .distributed.driver import (RankRun, RanksFailed, checked, gather_draws, open_checkpoints,
@@ -115,7 +115,7 @@ class MCMC(pyro.infer.MCMC):
     :param draws_dir: a folder: the kept draws go to a ``.npy`` file per site there as they are made, not to
         memory, counted by a manifest (the format: :mod:`pyro_flat.draws`); ``get_samples()`` gives memory-mapped
         tensors of them, and the draws made before an error or a Ctrl-C are in the files. One run at a time per
-        folder, never replacing a file it did not write (:mod:`pyro_flat.draws_folder`). As ``checkpoint``,
+        folder, never replacing a file it did not write (:mod:`pyro_flat.storage.draws_folder`). As ``checkpoint``,
         vectorized chains in this process.
     :param overwrite_draws: let the run replace an earlier run's draws in ``draws_dir`` (default: refused).
 

@@ -20,7 +20,7 @@ import torch
 
 import pyro
 from pyro_flat import MCMC, SGHMC, SGLD
-from pyro_flat.draws_folder import DrawsDirError
+from pyro_flat.storage.draws_folder import DrawsDirError
 
 from checkpoint_worker import data, model
 

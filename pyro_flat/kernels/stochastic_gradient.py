@@ -193,10 +193,9 @@ class StochasticGradientKernel(TargetKernel):
         each cycle's exploration iterations make no draw and inject no noise (unless its ``exploration_noise``):
         after warm-up one call runs through them to the next sampling-phase iterations (cSGMCMC, Zhang et al. 2020).
 
-        Compiled (``jit_compile``), a draw's iterations in one sampling phase run as fused graphs of
-        :attr:`fused_steps` iterations each, each iteration at its own step
-        (:meth:`~pyro_flat.kernels.compiled_step.CompiledSteps.fused`): one call and one host sync per graph
-        instead of per iteration, the same draws up to round-off.
+        Compiled (``jit_compile``), a draw's iterations in one sampling phase run as fused graphs of :attr:`fused_steps`
+        iterations, each at its own step (:meth:`~pyro_flat.kernels.compiled_step.CompiledSteps.fused`): one call
+        and one host sync per graph instead of per iteration, the same draws up to round-off.
         """
         sampling = self._iteration >= self._warmup_steps
         if sampling and self._steps is not None:
@@ -256,13 +255,13 @@ class StochasticGradientKernel(TargetKernel):
     def _iterate(self, params: Params, sampling: bool, *, steps: Optional[int] = None, record: bool = True,
                  eager: bool = False) -> Params:
         """The iterations of :meth:`sample` one at a time (``steps`` of them, default a draw's)."""
-        needed, j = (steps or self.steps_per_draw) if sampling else 1, 0
+        needed, j, noisy_exploration = (steps or self.steps_per_draw) if sampling else 1, 0, self.exploration_noise
         while needed:
             k = self._iteration
             if self.preconditioner is not None and not sampling:
                 self.num_grad_evals += 2 * self.preconditioner.adapt(k, params)
             explore = not self.in_sampling_phase(k)
-            temperature = 0.0 if explore and not self.exploration_noise else self.temperature
+            temperature = 0.0 if explore and not noisy_exploration else self.temperature
             step_size = self.step_size * self._schedule_factor(k)
             if eager:
                 new_params, energy, grads, target_stats = self.transition(params, step_size, temperature)
@@ -338,8 +337,7 @@ class StochasticGradientKernel(TargetKernel):
         return bool(getattr(self.schedule, "exploration_noise", False))
 
     def in_sampling_phase(self, iteration: int) -> bool:
-        """Whether ``iteration`` may make a draw (and, unless :attr:`exploration_noise`, injects noise):
-        always, unless the schedule has an ``is_sampling`` (a cyclical schedule's exploration phase says no)."""
+        """Whether ``iteration`` may make a draw: always, unless the schedule's ``is_sampling`` says no."""
         is_sampling = getattr(self.schedule, "is_sampling", None)
         return True if is_sampling is None else bool(is_sampling(iteration))
 

@@ -143,12 +143,11 @@ class CoupledPotential(TargetBase):
         base_params = {k: v for k, v in params.items() if k not in self.pairs}
         diffs = [params[n] - params[a] for n, a in zip(self._names, self._auxes)]
         terms = coupling(diffs, self.eta, batch_dims=0 if self.num_chains is None else 1)
-        return self.base(base_params, indices) + terms.energy + self._aux_prior_energy(params)
+        energy = self.base(base_params, indices) + terms.energy
+        return energy if self.aux_precision is None else energy + self._aux_prior_energy(params)
 
     def _aux_prior_energy(self, params: Params) -> torch.Tensor:
-        r""":math:`\lVert z_a\rVert^2/(2s^2)` per chain (0 without ``aux_prior_sd``)."""
-        if self.aux_precision is None:
-            return torch.zeros(())
+        r""":math:`\lVert z_a\rVert^2/(2s^2)` per chain (``aux_prior_sd`` given)."""
         batch = 0 if self.num_chains is None else 1
         squares = [params[a].reshape(params[a].shape[:batch] + (-1,)).square().sum(-1) for a in self._auxes]
         return torch.stack(squares).sum(0) * (0.5 * self.aux_precision)

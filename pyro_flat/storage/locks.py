@@ -11,7 +11,7 @@ at the path (a run that locked a file removed under it tries again), so two runs
 >>> exclusive_lock(path, "in use by another run")
 Traceback (most recent call last):
 ...
-pyro_flat.locks.LockBusy: in use by another run
+pyro_flat.storage.locks.LockBusy: in use by another run
 >>> lock.close(remove=True); os.path.exists(path)
 False
 """

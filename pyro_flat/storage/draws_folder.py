@@ -8,7 +8,7 @@ and whose files it holds. The files' format is :mod:`pyro_flat.draws`'s.
   outside; a name over 200 characters encoded keeps 150 and a hash (``~`` then 16 hex digits).
 - **Checks up front** (:func:`check_draws_dir`, when ``MCMC`` is made): a folder path, not ``""`` (the
   working folder), not an existing file, and writable (or makeable).
-- **One run at a time.** A run holds ``DIR/.draws.lock`` (:func:`pyro_flat.locks.exclusive_lock`, as a
+- **One run at a time.** A run holds ``DIR/.draws.lock`` (:func:`pyro_flat.storage.locks.exclusive_lock`, as a
   checkpoint does) from its start to its end: another run on ``DIR`` is refused meanwhile; the lock dies
   with its process (a SIGKILL too) and its file goes when the run ends.
 - **Nothing that is not the run's own is replaced.** A file at a site's path that no pyro-flat run wrote
