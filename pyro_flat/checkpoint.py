@@ -4,8 +4,10 @@ back to continue a run exactly where it stopped.
 A checkpoint holds everything the next iteration depends on: the chains' parameters, the kernel's
 :meth:`~pyro_flat.kernels.base.TargetKernel.state_dict` (iteration, adapted step sizes and metric,
 SGHMC's momenta, the minibatch streams, the per-draw records), every random generator's state, the
-draws kept so far, and a fingerprint of the run's configuration (kernel and settings, chains and
-lengths, the data's shapes and a hash of their bytes). So a run killed at any moment and started
+draws kept so far, the place of data that come from a loader (:class:`~pyro_flat.nn.Batches`), and a
+fingerprint of the run's configuration (kernel and settings, chains and lengths, the data's shapes and a
+hash of their bytes, the model's code and the module-level numbers, strings and tensors it reads; not
+what it reads through other objects, such as a file or a config object). So a run killed at any moment and started
 again with the same ``checkpoint=`` gives the draws of the run that was never stopped, bit for bit
 on the same machine.
 
@@ -168,6 +170,8 @@ def _describe_object(value, depth: int) -> object:
     function and arguments, modules by their weights, other objects by their attributes (a few levels down)."""
     if depth > 3:
         return type(value).__qualname__
+    if callable(getattr(value, "fingerprint", None)) and not isinstance(value, type):  # data from a loader
+        return describe(value.fingerprint())
     spec = getattr(value, "spec", None)  # a Preconditioner: what it was asked to be
     if spec is not None and not callable(spec):
         return describe(spec)
@@ -181,13 +185,25 @@ def _describe_object(value, depth: int) -> object:
         body = hashlib.sha256(code.co_code + repr(code.co_consts).encode()).hexdigest()[:16]
         cells = [_describe_cell(c, depth) for c in (value.__closure__ or ())]
         return {"function": value.__name__, "code": body, "defaults": describe(value.__defaults__),
-                "keyword defaults": describe(value.__kwdefaults__), "captured": cells}
+                "keyword defaults": describe(value.__kwdefaults__), "captured": cells,
+                "globals": _describe_globals(code, getattr(value, "__globals__", {}))}
     if isinstance(value, torch.nn.Module):
         return {"module": repr(value), "weights": describe(dict(value.state_dict())),
                 "attributes": _describe_attributes(value, depth)}
     if hasattr(value, "__dict__"):
         return {"object": type(value).__qualname__, "attributes": _describe_attributes(value, depth)}
     return type(value).__qualname__
+
+
+def _describe_globals(code, names: dict) -> dict:
+    """The module-level numbers, strings and tensors a function's code (and the code nested in it) reads."""
+    read, stack = set(), [code]
+    while stack:
+        c = stack.pop()
+        read.update(c.co_names)
+        stack.extend(k for k in c.co_consts if hasattr(k, "co_names"))
+    return {n: describe(names[n]) for n in sorted(read) if n in names
+            and (isinstance(names[n], (bool, int, float, str)) or torch.is_tensor(names[n]))}
 
 
 def _describe_cell(cell, depth: int) -> object:
@@ -233,8 +249,9 @@ class Checkpointer:
     read back (``found``, by iterations done): a run across ranks continues from the latest checkpoint
     that every rank holds (:meth:`continue_from`), even when a kill stopped one rank's write halfway."""
 
-    def __init__(self, path, every: float, fingerprint: dict, previous: Optional[Path] = None):
+    def __init__(self, path, every: float, fingerprint: dict, previous: Optional[Path] = None, data: list = ()):
         self.path, self.every, self.fingerprint, self.previous = path, every, fingerprint, previous
+        self.data = list(data)  # arguments whose position is part of the state (resumable_data)
         self._lock = _lock(path)  # one run per checkpoint file: another would overwrite this one's state
         try:
             for stale in path.parent.glob(f".{path.name}.*.tmp"):  # a write killed halfway (the lock is ours)
@@ -277,6 +294,8 @@ class Checkpointer:
         """After the kernel's set-up: its state, the random streams and the parameters of the checkpoint."""
         saved = self.saved
         kernel.load_state_dict(saved["kernel"])
+        for value, state in zip(self.data, saved.get("data", ())):
+            value.load_state_dict(state)
         set_random_state(saved["random"])
         return saved["params"], saved["done"]
 
@@ -290,7 +309,8 @@ class Checkpointer:
         try:
             write_checkpoint(self.path, {
                 "fingerprint": self.fingerprint, "done": done, "params": params, "kernel": kernel.state_dict(),
-                "random": random_state(), "draws": draws.for_checkpoint(max(kept, 0))}, previous=self.previous)
+                "random": random_state(), "data": [value.state_dict() for value in self.data],
+                "draws": draws.for_checkpoint(max(kept, 0))}, previous=self.previous)
         except OSError as err:  # a full disk must not end the run: its draws are in memory (or draws_dir)
             warnings.warn(f"checkpoint {str(self.path)!r} could not be written ({err}); the run goes on and the "
                           "previous checkpoint stands.", RuntimeWarning, stacklevel=3)
@@ -312,14 +332,15 @@ def _lock(path: Path):
     return exclusive_lock(path.with_name(path.name + ".lock"), busy, CheckpointError)
 
 
-def refuse_loaders(args: tuple, kwargs: dict) -> None:
-    """A ``ValueError`` if the data come from a DataLoader (:class:`~pyro_flat.nn.Batches`): its position and
-    shuffling are the loader's own, which no checkpoint can restore."""
-    for value in (*args, *kwargs.values()):
-        if type(value).__name__ == "Batches":
-            raise ValueError("checkpoint= cannot continue a run whose data come from a DataLoader (Batches): its "
-                             "position and shuffling are the loader's own. Pass the data as tensors (the kernel then "
-                             "draws the minibatches, and a checkpoint holds their stream).")
+def resumable_data(args: tuple, kwargs: dict) -> list:
+    """The data arguments whose position is part of a run's state (a :class:`~pyro_flat.nn.Batches`: any
+    object with ``state_dict`` and ``load_state_dict`` that is not a module), each asked for its state once
+    now, so that one that cannot be restored (a one-shot iterator) is refused before the run."""
+    found = [v for v in (*args, *kwargs.values()) if not isinstance(v, torch.nn.Module) and not torch.is_tensor(v)
+             and callable(getattr(v, "state_dict", None)) and callable(getattr(v, "load_state_dict", None))]
+    for value in found:
+        value.state_dict()
+    return found
 
 
 def run_fingerprint(kernel, *, num_chains: int, num_samples: int, warmup_steps: int, thinning: int, minibatches: str,
@@ -328,7 +349,6 @@ def run_fingerprint(kernel, *, num_chains: int, num_samples: int, warmup_steps: 
     lengths, the data (shapes and hashes of their bytes) and the initial point."""
     from .kernels.base import constructor_signature
 
-    refuse_loaders(args, kwargs)
     model = kernel.model if getattr(kernel, "model", None) is not None else getattr(kernel, "potential_fn", None)
     left_out = {"model", "potential_fn", "record_draws"}  # the initial point is checked itself
     settings = {f"{type(kernel).__name__}.{name}": describe(getattr(kernel, name, None))
@@ -341,6 +361,6 @@ def run_fingerprint(kernel, *, num_chains: int, num_samples: int, warmup_steps: 
             "random start": describe(torch.get_rng_state())}
 
 
-__all__ = ["Checkpointer", "run_fingerprint", "rank_checkpoint_paths", "CheckpointError", "check_checkpoint_arguments",
+__all__ = ["Checkpointer", "run_fingerprint", "resumable_data", "rank_checkpoint_paths", "CheckpointError", "check_checkpoint_arguments",
            "write_checkpoint", "read_checkpoint", "random_state", "set_random_state", "describe", "differences",
            "FORMAT_VERSION"]

@@ -31,6 +31,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import reprlib
 from pathlib import Path
 from typing import Dict, Tuple, Union
 
@@ -100,11 +101,21 @@ def _read_batch(path: Path, label_key: bytes, dataset: str) -> Tuple[np.ndarray,
         raise ImageFileError(f"{path}: a CIFAR batch holds b'data' and {label_key!r}, this one {keys}; is it the "
                              f"python version of {dataset}?")
     data = np.asarray(batch[b"data"])
-    labels = np.asarray(batch[label_key], dtype=np.int64)
+    labels = _labels(path, batch[label_key], label_key, dataset)
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * SIDE * SIDE or len(labels) != len(data):
         raise ImageFileError(f"{path}: b'data' must be (N, 3072) bytes with one label each, got {data.dtype} "
                              f"{data.shape} and {len(labels)} labels.")
     return data.reshape(-1, 3, SIDE, SIDE), labels
+
+
+def _labels(path: Path, raw, label_key: bytes, dataset: str) -> np.ndarray:
+    """``raw`` as ``int64`` labels, or an :class:`ImageFileError` naming the file unless it is a list of integers."""
+    labels = np.asarray(raw) if isinstance(raw, (list, tuple, np.ndarray)) else None
+    if labels is None or labels.ndim != 1 or (labels.size and labels.dtype.kind not in "iu"):
+        raise ImageFileError(f"{path}: {label_key!r} must be a list of integer class labels, one per image, got "
+                             f"{type(raw).__name__} {reprlib.repr(raw)}; is it the python version of {dataset}? "
+                             f"Unpack {_source(dataset)} again.")
+    return labels.astype(np.int64)
 
 
 def read_cifar(root: PathLike, dataset: str = "cifar10", split: str = "train") -> Tuple[np.ndarray, np.ndarray]:

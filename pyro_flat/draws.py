@@ -117,6 +117,13 @@ class DrawFiles:
                     f"draws_dir={str(folder.path)!r} already holds {str(path)!r}, which no pyro-flat run wrote there "
                     f"(it is not in {str(folder.manifest_path)!r}): this run's site {name!r} would replace it. Pass "
                     "another draws_dir= (a new or empty folder); pyro-flat never replaces files it did not write.")
+        locked = [str(p) for p in sorted(listed) if os.path.lexists(p) and not os.access(p, os.W_OK)]
+        if locked:
+            raise DrawsDirError(f"draws_dir={str(folder.path)!r}: this run would replace the earlier run's draws, but "
+                                f"{', '.join(locked)} {'is' if len(locked) == 1 else 'are'} read-only (kept on purpose?). "
+                                f"Make {'it' if len(locked) == 1 else 'them'} writable (chmod u+w) to replace "
+                                f"{'it' if len(locked) == 1 else 'them'}, or pass another draws_dir= (a new or "
+                                "empty folder).")
         for path in listed:  # the earlier run's files (its manifest lists them): this run replaces that run
             if os.path.lexists(path):
                 path.unlink()

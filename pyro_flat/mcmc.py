@@ -72,7 +72,7 @@ from pyro.util import optional
 from .chain_streams import check_random_streams
 from .chains import sharded
 from .diagnostics import per_chain_diagnostics, require_draws, select_draws
-from .checkpoint import check_checkpoint_arguments, refuse_loaders, run_fingerprint
+from .checkpoint import check_checkpoint_arguments, resumable_data, run_fingerprint
 from .draws import DrawBuffers, DrawFiles
 from .storage.draws_folder import DrawsFolder, check_draws_dir
 from .progress import ProgressHook
@@ -205,8 +205,8 @@ class MCMC(pyro.infer.MCMC):
 
     def run(self, *args, **kwargs) -> None:
         num_chains, method, initial_params, *_ = self._requested
-        if self.checkpoint is not None:
-            refuse_loaders(args, kwargs)
+        if self.checkpoint is not None:  # a loader that cannot be restored is refused before the run
+            resumable_data(args, kwargs)
         if method in RANK_METHODS:
             return self._run_across_ranks(num_chains, initial_params, args, kwargs)
         if self._try_vectorized:  # vectorization requested: can it be done with these data?
@@ -325,7 +325,7 @@ class MCMC(pyro.infer.MCMC):
                                args=args, kwargs=kwargs),
              "random_streams": self.random_streams,
              "draws_dir": None if self.draws_dir is None else str(self.draws_dir)},
-            run)
+            run, resumable_data(args, kwargs))
         recording = getattr(kernel, "record_draws", None)
         if self.draws_dir is not None and recording:  # the files hold the draws: no second copy in memory
             kernel.record_draws = False

@@ -18,6 +18,7 @@ minibatches (``batch_size=None``: full batch, as Pyro's NUTS and HMC need).
 from __future__ import annotations
 
 import math
+import weakref
 from contextlib import contextmanager
 from typing import Dict, Iterator, Optional, Sequence
 
@@ -29,6 +30,7 @@ import pyro.distributions as dist
 from pyro.nn import PyroModule, PyroSample
 
 from .targets import EpochBatcher
+from .validation import check_positive
 
 
 def logistic_regression(X: torch.Tensor, y: Optional[torch.Tensor] = None, *,
@@ -43,7 +45,9 @@ def logistic_regression(X: torch.Tensor, y: Optional[torch.Tensor] = None, *,
     if not X.is_floating_point():
         raise TypeError(f"logistic_regression: X must be a floating-point tensor, got dtype {X.dtype}; convert it "
                         "and choose its scale, e.g. X.float() / 255 for 0..255 pixels.")
-    if y is not None and y.dtype != X.dtype:
+    if not torch.is_tensor(prior_scale):
+        check_positive("prior_scale", prior_scale, hint="It is the prior sd of w and b, e.g. prior_scale=1.0.")
+    if y is not None:
         y = _bernoulli_labels(y, X.dtype)
     zero = X.new_zeros(())
     with pyro.plate("features", X.shape[1]):
@@ -69,15 +73,19 @@ def logistic_regression(X: torch.Tensor, y: Optional[torch.Tensor] = None, *,
         pyro.sample("y", dist.Bernoulli(logits=logits), obs=y)
 
 
+#: the last labels found to be 0 and 1 (checked once per tensor, not at every evaluation)
+_LABELS = [lambda: None]
+
+
 def _bernoulli_labels(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Integer or bool 0/1 labels as ``dtype`` (a Bernoulli observation is a float); other floats
-    as they are; a ``ValueError`` for integers other than 0 and 1."""
-    if y.is_floating_point():
-        return y
-    if not bool(((y == 0) | (y == 1)).all()):
-        raise ValueError(f"logistic_regression: y must hold the labels 0 and 1 (Bernoulli), got the values "
-                         f"{y.unique()[:10].tolist()}; map the classes to 0 and 1, e.g. y = (labels == 9).")
-    return y.to(dtype)
+    """0/1 labels (integer, bool or float) as ``dtype`` (a Bernoulli observation is a float); a
+    ``ValueError`` naming ``y`` for other values (0.5 is no Bernoulli label)."""
+    if _LABELS[0]() is not y:
+        if not bool(((y == 0) | (y == 1)).all()):
+            raise ValueError(f"logistic_regression: y must hold the labels 0 and 1 (Bernoulli), got the values "
+                             f"{y.unique()[:10].tolist()}; map the classes to 0 and 1, e.g. y = (labels == 9).")
+        _LABELS[0] = weakref.ref(y)
+    return y if y.is_floating_point() else y.to(dtype)
 
 
 def take_rows(data: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -123,6 +131,8 @@ class LogisticRegressionPotential:
     def __init__(self, X: torch.Tensor, y: torch.Tensor, prior_precision, batch_size: Optional[int] = None):
         self.X, self.signs = X, 2 * y.to(X.dtype) - 1
         self.precision = torch.as_tensor(prior_precision, dtype=X.dtype, device=X.device).expand(X.shape[1])
+        if not bool((torch.isfinite(self.precision) & (self.precision >= 0)).all()):
+            raise ValueError(f"prior_precision must be finite and >= 0 (1 / prior_scale**2), got {prior_precision!r}.")
         self.batch_size = None if batch_size is None or batch_size >= X.shape[0] else int(batch_size)
         self._batches: Optional[EpochBatcher] = None
 
@@ -162,6 +172,7 @@ class BayesianClassifier(PyroModule):
 
     def _gaussian_priors(self, prior_scale: float) -> None:
         """Every layer's weight and bias become ``Normal(0, prior_scale)`` sample sites."""
+        check_positive("prior_scale", prior_scale, hint="It is the prior sd of every weight, e.g. prior_scale=0.1.")
         for layer in self.layers:
             # the prior's scale is a buffer, so that ``net.to("cuda")`` or ``net.double()`` moves the prior too
             layer.register_buffer("prior_scale", torch.tensor(float(prior_scale)))

@@ -10,6 +10,7 @@ sampling phase's. It is :func:`pyro_flat.metrics.running_bma` for a run whose dr
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -18,6 +19,7 @@ import torch
 from . import metrics
 from .chains import chains_average
 from .predictive import bma_predict
+from .targets import check_finite_inputs
 
 USES = ("theta", "aux", "both")
 
@@ -69,6 +71,7 @@ class OnlineBMA:
             raise TypeError(f"OnlineBMA: model must be the Pyro model sampled, got {type(model).__name__}.")
         if not torch.is_tensor(y):
             raise ValueError(f"OnlineBMA: y must be a tensor of held-out labels, got {type(y).__name__}.")
+        check_finite_inputs(args, kwargs, before="predicting", who="OnlineBMA: ")
         if isinstance(uses, str):
             uses = (uses,)
         if uses is not None:
@@ -99,6 +102,9 @@ class OnlineBMA:
 
     def update(self, draws: Dict[str, torch.Tensor]) -> None:
         """Add one draw, ``{site: (chains, ...)}`` in the constrained space (θ sites and their twins)."""
+        if not isinstance(draws, Mapping) or not draws:
+            raise ValueError(f"OnlineBMA.update: draws must be one draw {{site: (chains, ...) tensor}} of the model's "
+                             f"sites (θ and their twins), as MCMC's hook_fn hands it; got {draws!r:.80}.")
         if self.uses is None:
             twins = any(name + self.suffix in draws for name in draws)
             self.uses = USES if twins else ("theta",)

@@ -18,7 +18,7 @@ from pyro import poutine
 from pyro.poutine.messenger import Messenger
 
 from .nn.batches import Batches
-from .targets import is_subsample_site, support_transform
+from .targets import check_finite_inputs, is_subsample_site, support_transform
 from .validation import check_tensor
 
 _USES = ("both", "theta", "aux")
@@ -142,6 +142,7 @@ def bma_predict(
     if any(isinstance(a, Batches) for a in (*args, *kwargs.values())):
         raise ValueError("bma_predict predicts every row of its inputs in order: pass them as a tensor, not "
                          "Batches(loader) (a loader's batches come in its own order). Pass the data as tensors.")
+    check_finite_inputs(args, kwargs, before="predicting", who="bma_predict: ")
     if batchnorm_data is not None:
         if not hasattr(model, "batchnorm_data"):
             raise TypeError(f"batchnorm_data is for a pyro_flat.nn.BayesianModule with BatchNorm layers; "
@@ -273,6 +274,11 @@ def _check_draws(samples, latents, suffix, tr) -> None:
         if draws.dim() != len(shape) + 1 or tuple(draws.shape[1:]) != shape:
             raise ValueError(f"bma_predict: samples[{n!r}] has shape {tuple(draws.shape)}, but the model's site "
                              f"{n!r} has shape {shape}; samples must be (num_draws, *site shape).")
+        twin, unconstrained = samples.get(n + suffix), support_transform(n, tr.nodes[n]["fn"].support).inverse_shape
+        if twin is not None and (twin.dim() != draws.dim() or twin.shape[1:] != unconstrained(draws.shape)[1:]):
+            raise ValueError(f"bma_predict: samples[{n + suffix!r}] has shape {tuple(twin.shape)}, but samples[{n!r}] "
+                             f"{tuple(draws.shape)}: the twin holds θa draws of site {n!r}, each of its shape. Pass "
+                             "the samples of one run (mcmc.get_samples()) unchanged.")
         for key in (n, n + suffix):
             if key in samples and samples[key].shape[:1] == (0,):
                 raise ValueError(f"bma_predict: samples hold no draws (samples[{key!r}] has shape "

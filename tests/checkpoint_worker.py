@@ -12,9 +12,11 @@ import sys
 import time
 
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 import pyro
 from pyro_flat import MCMC, SGLD, EntropyHMC, EntropySGHMC, EntropySGLD, schedules, to_arviz
+from pyro_flat.nn import BayesianModule, Batches
 
 from linear_regression import data, model  # N = 400, D = 3
 
@@ -37,19 +39,32 @@ CASES = {
     "EntropySGHMC, jit fx, thinning 4 (fused), per-chain streams": lambda: (
         EntropySGHMC(model, eta=0.1, momentum=0.7, step_size=1e-4, jit_compile="fx"), 200, 6000, 4, 20),
     "SGLD, short, per-chain streams": lambda: (SGLD(model, step_size=1e-4), 100, 3000, 1, 20),
+    # a network whose data come from a shuffling DataLoader (torch's global stream): the checkpoint holds its place
+    "SGLD, network fed by a DataLoader": lambda: (SGLD(BayesianModule(torch.nn.Linear(3, 2)), step_size=1e-4),
+                                                  300, 3000, 1, 20),
 }
 
 
+def loader_data(batch_size: int) -> Batches:
+    """``data()`` as two classes, from a shuffling ``DataLoader``."""
+    X, y = data()
+    dataset = TensorDataset(X.float(), (y > 0).long())
+    return Batches(DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True))
+
+
 def run(case: str, checkpoint, every: float = 0.02, draws_dir=None):
+    pyro.set_rng_seed(11)  # first: a network's own weights (chain 0's start) come from torch's stream
     kernel, warmup, samples, thinning, batch_size = CASES[case]()
-    pyro.set_rng_seed(11)
     ranks = {} if "RANK" not in os.environ else {
         "chain_method": "distributed", "hook_fn": lambda *_: time.sleep(1e-3)}
     streams = "per_chain" if case.endswith("per-chain streams") else "shared"
     mcmc = MCMC(kernel, num_samples=samples, warmup_steps=warmup, num_chains=3, thinning=thinning,
                 disable_progbar=True, checkpoint=checkpoint, checkpoint_every=every, draws_dir=draws_dir,
                 random_streams=streams, **ranks)
-    mcmc.run(*data(), batch_size=batch_size)
+    if case.endswith("fed by a DataLoader"):
+        mcmc.run(loader_data(batch_size))
+    else:
+        mcmc.run(*data(), batch_size=batch_size)
     if mcmc.rank != 0:
         return None
     stats = to_arviz(mcmc).sample_stats

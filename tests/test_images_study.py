@@ -141,8 +141,9 @@ def test_cifar10_runs_from_generated_files_of_the_official_layout(tmp_path):
     (["--device", "gpu"], "--device takes auto, cpu, cuda or cuda:N, got 'gpu'"),
     (["--device", "cuda:7"], "--device cuda:7: torch sees"),
     (["--eta", "-1"], "--eta must be a positive number, got -1.0"),
-    (["--epochs", "4", "--cycles", "4", "--draw-epochs", "1", "--batch-size", "100000"],
+    (["--epochs", "4", "--cycles", "4", "--draw-epochs", "1", "--batch-size", "1000"],  # the whole set: 1 step an epoch
      "SGD would make 4 steps in 4 cycles: raise --epochs"),
+    (["--batch-size", "100000"], "--batch-size 100000 exceeds the training set size, 1,000 images"),
     (["--eta", "0.01", "--coupling", "0.05"], "both set η (the coupling is lr / (N η)): give one of them"),
     (["--coupling", "1.5"], "--coupling 1.5 is the fraction of the gap θ − θa that θa closes per step: it must be below 1"),
     (["--temperature", "0"], "--temperature must be a positive number, got 0.0 (a temperature T > 0 scales the noise"),

@@ -18,6 +18,7 @@ goes, and bring the draws to rank 0.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,18 +168,44 @@ def checked(steps: Iterator[Tuple[str, int, Params]], run: Optional[RankRun],
         yield item
 
 
-def open_checkpoints(path: Path, every: float, fingerprint: dict,
-                     run: Optional[RankRun]) -> Tuple[Checkpointer, Optional[CheckpointClock]]:
+def open_checkpoints(path: Path, every: float, fingerprint: dict, run: Optional[RankRun],
+                     data: list = ()) -> Tuple[Checkpointer, Optional[CheckpointClock]]:
     """A run's :class:`~pyro_flat.checkpoint.Checkpointer` at ``path``, and across ranks each rank's own file
     (:func:`~pyro_flat.checkpoint.rank_checkpoint_paths`, which keeps the previous one), agreed on by every
-    rank (:func:`agree_on_checkpoints`), with the :class:`CheckpointClock` that times the writes."""
+    rank (:func:`agree_on_checkpoints`), with the :class:`CheckpointClock` that times the writes. ``data``:
+    the arguments whose position the checkpoints hold (:func:`~pyro_flat.checkpoint.resumable_data`)."""
     if run is None or not run.ranks.distributed:
-        return Checkpointer(path, every, fingerprint), None
+        refuse_other_world_sizes(path, 1)
+        return Checkpointer(path, every, fingerprint, data=data), None
     ranks = run.ranks
     fingerprint = {**fingerprint, "rank": ranks.rank, "world_size": ranks.world_size}
     mine, previous = rank_checkpoint_paths(path, ranks.rank)
-    saver = agree_on_checkpoints(ranks, lambda: Checkpointer(mine, every, fingerprint, previous))
+
+    def open_mine() -> Checkpointer:
+        refuse_other_world_sizes(path, ranks.world_size)
+        return Checkpointer(mine, every, fingerprint, previous, data)
+
+    saver = agree_on_checkpoints(ranks, open_mine)
     return saver, CheckpointClock(ranks, every)
+
+
+def refuse_other_world_sizes(path: Path, world_size: int) -> None:
+    """A :class:`~pyro_flat.checkpoint.CheckpointError` if ``path`` holds the checkpoints of a run on another
+    number of processes: a run of one process (``run.ckpt`` itself) or ranks this run does not have
+    (``run.rank{r}.ckpt`` with ``r >= world_size``), which it would otherwise not see and start over."""
+    pattern = re.compile(re.escape(path.stem) + r"\.rank(\d+)" + re.escape(path.suffix))
+    ranks = sorted(int(m.group(1)) for m in map(pattern.fullmatch, (p.name for p in path.parent.iterdir())) if m)
+    if world_size == 1 and ranks:
+        raise CheckpointError(f"checkpoint {str(path)!r} was written by a run across {max(ranks) + 1} ranks (files "
+                              f"{path.stem}.rank*{path.suffix}): continue it with torchrun --nproc_per_node "
+                              f"{max(ranks) + 1}, or delete those files to start a new run of one process.")
+    if world_size > 1 and path.exists():
+        raise CheckpointError(f"checkpoint {str(path)!r} was written by a run of one process: continue it without "
+                              f"torchrun, or delete it to start a new run across {world_size} ranks.")
+    if ranks and max(ranks) >= world_size:
+        raise CheckpointError(f"checkpoint {str(path)!r} was written by a run across {max(ranks) + 1} ranks, and this "
+                              f"run has {world_size}: continue it with torchrun --nproc_per_node {max(ranks) + 1}, or "
+                              "delete its files to start a new run.")
 
 
 def agree_on_checkpoints(ranks: Ranks, open_checkpoint: Callable[[], Checkpointer]) -> Checkpointer:

@@ -53,7 +53,7 @@ from .images_data import ImageData, first_of_each_class, load_image_data, study_
 # the scores of a fit (convergence: a re-export, for the tests)
 from .images_scores import Fit, _draws, convergence, evaluate, interpolation  # noqa: F401
 from .output import StudyError, hold_signals, seeds_over_ranks, threads_record
-from .resume import checkpoint_folder, study_checkpoints
+from .resume import checkpoint_folder, checkpoint_study_error, study_checkpoints, study_lock
 
 #: the kernel of each method (names of :data:`pyro_flat.kernels.KERNELS`)
 METHOD_KERNELS = {"sgd": "sgd", "sgd-ensemble": "sgd", "entropy-sgd": "local-entropy-sgd", "sam": "sam-sgd",
@@ -151,7 +151,7 @@ def fit_method(method: str, config: ImagesConfig, data: ImageData, seed: int,
     try:
         mcmc.run(data.X_train, data.y_train, batch_size=scaled["batch_size"])
     except CheckpointError as err:  # a damaged file or other settings: one line, not a traceback
-        raise StudyError(f"--resume: {err}") from None
+        raise checkpoint_study_error(config, err) from None
     by_chain = {k: v.detach().reshape(plan["networks"], -1, *v.shape[1 + (plan["networks"] > 1):])
                 for k, v in mcmc.get_samples(group_by_chain=plan["networks"] > 1).items()}
     per_cycle = plan["num_samples"] // plan["thinning"] // plan["cycles"]  # draws kept per cycle
@@ -173,17 +173,18 @@ def run_images_study(config: ImagesConfig, *, log: Callable[[str], None] = print
     from .output import across_ranks
 
     config.validate()
-    try:
-        report = across_ranks(config, lambda config, staging, ranks: _lead(config, staging, log, ranks),
-                              lambda config, ranks: _fit_seeds(config, ranks, load_image_data(config), lambda text: None),
-                              log)
-    except KeyboardInterrupt:
-        if any(checkpoint_folder(config.out).glob("seed*")):
-            log(f"checkpoints kept in {checkpoint_folder(config.out)}: the same command with --resume continues the run")
-        raise
-    if "rank" not in report:  # the run is complete (rank 0, or one process): its checkpoints are done with
-        shutil.rmtree(checkpoint_folder(config.out), ignore_errors=True)
-    return report
+    with study_lock(config):  # no other run into config.out touches its checkpoints until this one is done
+        try:
+            report = across_ranks(config, lambda config, staging, ranks: _lead(config, staging, log, ranks),
+                                  lambda config, ranks: _fit_seeds(config, ranks, load_image_data(config), lambda text: None),
+                                  log)
+        except KeyboardInterrupt:
+            if any(checkpoint_folder(config.out).glob("seed*")):
+                log(f"checkpoints kept in {checkpoint_folder(config.out)}: the same command with --resume continues the run")
+            raise
+        if "rank" not in report:  # the run is complete (rank 0, or one process): its checkpoints are done with
+            shutil.rmtree(checkpoint_folder(config.out), ignore_errors=True)
+        return report
 
 
 class Job(NamedTuple):

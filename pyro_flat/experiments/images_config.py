@@ -50,6 +50,8 @@ PRESETS: Dict[str, Dict[str, object]] = {
 }
 #: the paper's CIFAR-10 protocol, which the report sets beside each number of the run's that departs from it
 PAPER_PROTOCOL = dict(PRESETS["emcmc-cifar"], train_size=50_000, coupling=PAPER_COUPLING)
+#: float32's smallest normal and largest values (torch.finfo; torch is not imported here)
+FLOAT32_TINY, FLOAT32_MAX = 1.1754943508222875e-38, 3.4028234663852886e38
 #: what ``--device`` takes
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 PROTOCOL_OPTIONS = ("network", "train_size", "image_size", "epochs", "cycles", "draw_epochs", "lr", "weight_decay", "temperature",
@@ -192,6 +194,9 @@ class ImagesConfig(StudyConfig):
                 raise StudyError(f"--{name.replace('_', '-')} must be a positive number, got {value!r}"
                                  + (" (a temperature T > 0 scales the noise √(2 α T); 1e-4 is the paper's)"
                                     if name == "temperature" else ""))
+        self._check_scale(protocol)
+        if protocol["train_size"] is not None:
+            self.check_batch_size(protocol["train_size"])
         if protocol["coupling"] is not None and not protocol["coupling"] < 1:
             raise StudyError(f"--coupling {protocol['coupling']:g} is the fraction of the gap θ − θa that θa closes per "
                              "step: it must be below 1 (θa would overshoot θ); the paper's is 0.025")
@@ -213,6 +218,29 @@ class ImagesConfig(StudyConfig):
         for name in ("train_size", "test_size", "corrupted_size"):
             if getattr(self, name) is not None:
                 self.require_int(2, name)
+
+    def check_batch_size(self, num_train: int) -> None:
+        """A :class:`StudyError` when the batch size exceeds the ``num_train`` training images."""
+        batch, preset = self.protocol()["batch_size"], PRESETS[self.preset]["batch_size"]
+        if batch > num_train:
+            raise StudyError(f"--batch-size {batch} exceeds the training set size, {num_train:,} images: pass --batch-size "
+                             f"{num_train:,} or less (or a larger --train-size; the preset's batch size is {preset})")
+
+    def _check_scale(self, protocol: Dict[str, object]) -> None:
+        """A :class:`StudyError` naming the option whose value takes the sampler's step size, noise, prior precision
+        or η out of float32's range, where the networks train (a traceback otherwise, at the first step)."""
+        n = protocol["train_size"] or 50_000  # CIFAR's training set: every image
+        step = protocol["lr"] / n
+        eta = protocol["eta"] if protocol["eta"] is not None else step / protocol["coupling"]
+        scaled = {"lr": ("the step size lr / N", step), "temperature": ("the noise variance 2 (lr / N) T",
+                                                                        2 * step * protocol["temperature"]),
+                  "weight_decay": ("the prior precision N x weight decay", n * protocol["weight_decay"]),
+                  "eta" if protocol["eta"] is not None else "coupling": ("η", eta)}
+        for name, (what, value) in scaled.items():
+            if not FLOAT32_TINY <= value <= FLOAT32_MAX:
+                raise StudyError(f"--{name.replace('_', '-')} {protocol[name]:g} makes {what} {value:.3g} (N = {n:,}), "
+                                 f"outside float32's range ({FLOAT32_TINY:.3g} to {FLOAT32_MAX:.3g}), in which the "
+                                 f"networks train: pass a value near the paper's ({PAPER_PROTOCOL[name]:g})")
 
     @property
     def members(self) -> int:

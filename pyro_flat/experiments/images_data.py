@@ -99,6 +99,7 @@ def load_image_data(config: ImagesConfig) -> ImageData:
             X_ood, ood_source = None, f"not measured ({missing})"
     keep = first_of_each_class(y_train, config.protocol()["train_size"])
     X_train, y_train = X_train[keep], y_train[keep]
+    config.check_batch_size(len(X_train))  # the images there are: fewer than --train-size where the files hold fewer
     keep = first_of_each_class(y_test, config.test_size)
     X_test, y_test = X_test[keep], y_test[keep]
     if X_ood is not None and config.test_size is not None and len(X_ood) > config.test_size:

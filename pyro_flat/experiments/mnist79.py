@@ -40,7 +40,7 @@ from .configs import MNIST79Config
 from .mnist79_report import (ECE_BINS, RELIABILITY_BINS, chains_text, metric_text, metrics_text, reference_worth, report_markdown,
                              schedule_text)
 from .output import StudyError, Terminated, across_ranks, hold_signals, threads_record
-from .resume import checkpoint_folder, study_checkpoints
+from .resume import checkpoint_folder, checkpoint_study_error, study_checkpoints, study_lock
 
 #: The pixel shown in the trace and rank plots: the image's centre.
 CENTRE_PIXEL = pixel_index(14, 14)
@@ -122,7 +122,7 @@ def run_sampler(name: str, config: MNIST79Config, X: torch.Tensor, y: torch.Tens
     try:
         mcmc.run(X, y, batch_size=batch_size, prior_scale=config.prior_scale)
     except CheckpointError as err:  # --resume with other settings, or a damaged file: one line, not a traceback
-        raise StudyError(f"--resume: {err}") from None
+        raise checkpoint_study_error(config, err) from None
     except KeyboardInterrupt as stop:
         if distributed:  # the other ranks' draws are out of reach: the output folder stays as it was
             raise
@@ -227,19 +227,20 @@ def run_mnist79(config: MNIST79Config, *, log: Callable[[str], None] = print) ->
     config.validate()
     if config.resume and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # before the ranks start work
         raise StudyError("--resume continues a run of one process; runs across torchrun's ranks write no checkpoints yet")
-    try:
-        report = across_ranks(config, lambda config, staging, ranks: _run_mnist79(config, staging, log, ranks),
-                              _follow, log)
-    except _NothingDrawn as stop:
-        log(f"interrupted ({stop.report['interrupted_by']}) before the first draw: "
-            f"{Path(config.out).expanduser()} left as it was")
-        return stop.report
-    folder = checkpoint_folder(config.out)
-    if report.get("interrupted"):
-        log(f"checkpoints kept in {folder}: the same command with --resume continues the run")
-    elif "rank" not in report:  # the run is complete (rank 0, or one process): its checkpoints are done with
-        shutil.rmtree(folder, ignore_errors=True)
-    return report
+    with study_lock(config):  # no other run into config.out touches its checkpoints until this one is done
+        try:
+            report = across_ranks(config, lambda config, staging, ranks: _run_mnist79(config, staging, log, ranks),
+                                  _follow, log)
+        except _NothingDrawn as stop:
+            log(f"interrupted ({stop.report['interrupted_by']}) before the first draw: "
+                f"{Path(config.out).expanduser()} left as it was")
+            return stop.report
+        folder = checkpoint_folder(config.out)
+        if report.get("interrupted"):
+            log(f"checkpoints kept in {folder}: the same command with --resume continues the run")
+        elif "rank" not in report:  # the run is complete (rank 0, or one process): its checkpoints are done with
+            shutil.rmtree(folder, ignore_errors=True)
+        return report
 
 
 def _follow(config: MNIST79Config, ranks: Ranks) -> None:

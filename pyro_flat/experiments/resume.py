@@ -3,21 +3,33 @@
 Each sampler of a study writes its checkpoints (:mod:`pyro_flat.checkpoint`) into ``.NAME.checkpoints/``
 beside ``--out``, with the study's options in ``options.json``; ``--resume`` continues a killed run from
 them and refuses other options; a run without it starts them afresh.
+
+One run at a time: a study runs inside :func:`study_lock`, which holds ``.NAME.checkpoints.lock`` beside
+``--out`` (:func:`pyro_flat.storage.locks.exclusive_lock`) from before it touches the checkpoints until it
+has removed them at the end, so a second run into the same ``--out`` (with ``--resume`` or without) is
+refused and removes nothing while the first one runs. The operating system drops the lock when its process
+ends, however it ends (a SIGKILL too): a killed run never blocks the ``--resume`` that continues it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional, Set
 
-from .output import StudyError
+from ..storage.locks import exclusive_lock
+from .output import StudyError, check_output_dir
 
 
 #: options that do not change a study's results: --resume may change them
 RUN_ONLY_OPTIONS = ("resume", "progress", "threads", "out", "overwrite", "checkpoint_every")
+
+#: the lock files :func:`study_lock` holds in this process (:func:`study_checkpoints` runs only under one)
+_HELD: Set[Path] = set()
 
 
 def checkpoint_folder(out: str) -> Path:
@@ -27,15 +39,61 @@ def checkpoint_folder(out: str) -> Path:
     return out.parent / f".{out.name}.checkpoints"
 
 
+def study_lock_file(out: str) -> Path:
+    """The file :func:`study_lock` locks: ``.NAME.checkpoints.lock`` beside ``--out``, outside the checkpoint
+    folder, which a run removes while it holds the lock."""
+    folder = checkpoint_folder(out)
+    return (folder.parent / f"{folder.name}.lock").absolute()
+
+
+def _other_rank() -> bool:
+    """A rank other than 0 of a run under ``torchrun``: rank 0 holds the lock for the whole run."""
+    from ..distributed.group import launched_by_torchrun
+
+    return launched_by_torchrun() and int(os.environ["RANK"]) != 0
+
+
+@contextlib.contextmanager
+def study_lock(config) -> Iterator[None]:
+    """Hold ``config.out``'s checkpoints for this run, from before :func:`study_checkpoints` until the run has
+    removed them (or kept them for ``--resume``): a ``StudyError`` naming ``--out``, and nothing removed, when
+    another run holds them. Released however the block ends (an error, Ctrl-C); a killed run's lock dies with it.
+    ``--out`` is checked first (:func:`~.output.check_output_dir`), so an unusable one is said as before."""
+    if _other_rank():
+        yield
+        return
+    check_output_dir(config.out, config.COMMAND, config.overwrite)
+    path = study_lock_file(config.out)
+    busy = (f"--out {config.out} is in use by another run (its checkpoints in {checkpoint_folder(config.out)} are "
+            "left as they are): wait until it ends, or pass another --out")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = exclusive_lock(path, busy, StudyError)
+    except OSError as err:
+        raise StudyError(f"--out {config.out}: cannot create {path.name} beside it ({err.strerror or err}); "
+                         "pass an --out you can write") from err
+    _HELD.add(path)
+    try:
+        yield
+    finally:
+        _HELD.discard(path)
+        if lock is not None:
+            lock.close(remove=True)
+
+
 def study_checkpoints(config, distributed: bool, log: Callable[[str], None] = print) -> Optional[Path]:
     """The folder for this run's checkpoints (``None`` across ranks): with ``--resume`` the killed run's, kept;
-    otherwise emptied, so that an old run's checkpoints never continue into a new one."""
+    otherwise emptied, so that an old run's checkpoints never continue into a new one. Runs inside
+    :func:`study_lock` (``with study_lock(config):``), so that it never touches a running run's checkpoints."""
     folder = checkpoint_folder(config.out)
     if distributed:
         if config.resume:
             raise StudyError("--resume continues a run of one process; runs across torchrun's ranks write no "
                              "checkpoints yet")
         return None
+    if study_lock_file(config.out) not in _HELD:
+        raise RuntimeError("study_checkpoints(config) runs inside `with study_lock(config):`, which keeps other "
+                           "runs away from the checkpoints")
     # as JSON has them (a tuple of --methods reads back as a list)
     options = json.loads(json.dumps({k: v for k, v in asdict(config).items() if k not in RUN_ONLY_OPTIONS}, default=str))
     record = folder / "options.json"
@@ -52,11 +110,20 @@ def study_checkpoints(config, distributed: bool, log: Callable[[str], None] = pr
             f"--resume: no checkpoints in {folder} (the last run completed, or stopped before its first checkpoint): "
             "starting from the beginning")
     elif folder.exists():
-        log(f"removed the checkpoints of an earlier, unfinished run in {folder} (--resume continues such a run)")
+        if any(p.name != record.name for p in folder.iterdir()):  # options.json alone: nothing to continue
+            log(f"starting a new run: removed the checkpoints an earlier, unfinished run left in {folder} "
+                "(the same command with --resume would have continued it)")
         shutil.rmtree(folder)
     folder.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps(options, default=str))
     return folder
 
 
-__all__ = ["checkpoint_folder", "study_checkpoints", "RUN_ONLY_OPTIONS"]
+def checkpoint_study_error(config, err: Exception) -> StudyError:
+    """A checkpoint's error (:class:`~pyro_flat.checkpoint.CheckpointError`) as one line: it names ``--resume``
+    only when the run was given it."""
+    return StudyError(f"--resume: {err}" if config.resume else str(err))
+
+
+__all__ = ["checkpoint_folder", "study_checkpoints", "study_lock", "study_lock_file", "checkpoint_study_error",
+           "RUN_ONLY_OPTIONS"]

@@ -87,6 +87,52 @@ class BatchedNetwork:
         return f"{entered[-1]} ({type(self.module.get_submodule(entered[-1])).__name__})"
 
 
+def probe_inputs(module: torch.nn.Module, name: str, x: torch.Tensor, lead: int = 1) -> None:
+    """Run ``module`` (a copy, its own weights) on the first two rows of ``x`` (``lead`` leading dims before a
+    row). If it fails where its first layer cannot take the rows (their shape, or a dtype that is no float), a
+    ``ValueError`` naming ``name`` says what that layer takes; any other error is the module's own, raised as it
+    is. A ``TypeError`` if it returns no tensor. No gradient, no sample site, the random stream kept."""
+    import pyro
+
+    rows = x.reshape(-1, *x.shape[lead:])[:2]
+    if not len(rows):
+        return
+    try:
+        devices = [x.device] if x.device.type == "cuda" else []
+        with torch.no_grad(), pyro.poutine.block(), torch.random.fork_rng(devices=devices):
+            out = module(rows)
+    except (RuntimeError, ValueError, TypeError, IndexError) as err:
+        why = _input_fault(module, name, rows)
+        if why is None or isinstance(err, torch.OutOfMemoryError):
+            raise
+        raise ValueError(f"{name} has rows of shape {tuple(rows.shape[1:])} ({x.dtype}), which the module "
+                         f"{type(module).__name__} cannot take ({type(err).__name__}: {str(err).splitlines()[0]}). "
+                         f"{why}") from err
+    if not torch.is_tensor(out):
+        raise TypeError(f"the module's forward returned a {type(out).__name__}, not a tensor: BayesianModule needs one "
+                        "tensor of logits (the likelihood's input). Wrap the module so that its forward returns it, "
+                        "e.g. a torch.nn.Module whose forward is `return net(x)[0]`.")
+
+
+def _input_fault(module: torch.nn.Module, name: str, rows: torch.Tensor) -> Optional[str]:
+    """What is wrong with ``rows`` for the first layer with weights (a linear layer or a convolution): their
+    dtype (integers where it takes floats) or their shape; ``None`` where that layer would take them."""
+    n, m = next(((n, m) for n, m in module.named_modules() if not list(m.children())
+                 and list(m.parameters(recurse=False))), (None, None))
+    if isinstance(m, torch.nn.Linear):
+        takes, fits = (m.in_features,), rows.shape[-1] == m.in_features
+    elif isinstance(m, torch.nn.modules.conv._ConvNd):
+        takes = (m.in_channels, *("D", "H", "W")[3 - len(m.kernel_size):])
+        fits = rows.dim() == len(takes) + 1 and rows.shape[1] == m.in_channels
+    else:
+        return None
+    if not rows.is_floating_point():
+        return f"{name} is {rows.dtype}: convert it, {name}.float() (pixels of 0..255: {name}.float() / 255)."
+    shape = ", ".join(map(str, takes))
+    return None if fits else (f"Its first layer {n!r} ({type(m).__name__}) takes rows of shape ({shape}"
+                              f"{',' * (len(takes) == 1)}): pass {name} of shape (N, {shape}).")
+
+
 def split_batch_dims(value: torch.Tensor, shape: Sequence[int], name: str) -> Tuple[int, ...]:
     """The leading dims of a sampled weight ``value`` beyond its parameter's ``shape``, less the data
     plate's slot when it is there: ``(C,)`` for ``(C, 1, *shape)`` (Pyro's ``vectorize_particles``
@@ -99,4 +145,4 @@ def split_batch_dims(value: torch.Tensor, shape: Sequence[int], name: str) -> Tu
     return lead[:-1] if lead and lead[-1] == 1 else lead
 
 
-__all__ = ["BatchedNetwork", "split_batch_dims"]
+__all__ = ["BatchedNetwork", "probe_inputs", "split_batch_dims"]

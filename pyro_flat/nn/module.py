@@ -37,6 +37,7 @@ Chains start from PyTorch's initialisation of the network (:meth:`BayesianModule
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Mapping
 from contextlib import contextmanager
@@ -49,11 +50,11 @@ import pyro.distributions as dist
 from pyro.nn import PyroModule
 
 from ..models import take_rows
-from ..validation import check_positive_int
+from ..validation import check_memory, check_positive_int
 from .batches import Batches, RowMemo
-from .batchnorm import STATISTICS_BATCH, BatchNormStatistics, batchnorm_layers
-from .functional import BatchedNetwork, split_batch_dims
-from .prior import IsotropicNormal
+from .batchnorm import STATISTICS_BATCH, BatchNormStatistics, batchnorm_layers, check_batch_rows, check_batchnorm_inputs
+from .functional import BatchedNetwork, probe_inputs, split_batch_dims
+from .prior import site_prior
 
 Prior = Union[float, Callable[[str, torch.Tensor], dist.Distribution]]
 Likelihood = Union[str, Callable[[torch.Tensor], dist.Distribution]]
@@ -74,7 +75,8 @@ class BayesianModule(PyroModule):
     :param likelihood: ``"categorical"`` (the output are class logits), ``"bernoulli"`` (one logit), or
         a callable mapping the output to the distribution of ``y`` (batch shape ending in the data).
     :param transform: a per-minibatch transform of the inputs while sampling (data augmentation, e.g.
-        :func:`~pyro_flat.nn.transforms.random_crop_flip`), run on the inputs' device, each image its own.
+        :func:`~pyro_flat.nn.transforms.random_crop_flip`), run on the inputs' device, each image its own; it keeps
+        their shape, and its output must be finite (both checked).
         It applies to minibatches (``batch_size`` or :class:`~pyro_flat.nn.Batches`), not to full-data
         passes or predictions, and is drawn once per minibatch: evaluated twice, a minibatch gets the same
         augmented images (SAM's two gradients, the check that chains batch).
@@ -118,7 +120,7 @@ class BayesianModule(PyroModule):
         self.shapes = {n: tuple(p.shape) for n, p in named if p.requires_grad}
         self.fixed = {n: p.detach() for n, p in named if not p.requires_grad}
         self.device, self.dtype = named[0][1].device, named[0][1].dtype
-        self.priors = {n: _prior(prior, n, p) for n, p in named if p.requires_grad}
+        self.priors = {n: site_prior(prior, n, p) for n, p in named if p.requires_grad}
         if not (callable(likelihood) or likelihood in LIKELIHOODS):
             raise ValueError(f"likelihood must be one of {LIKELIHOODS} or a callable output -> distribution of y, "
                              f"got {likelihood!r}.")
@@ -130,6 +132,7 @@ class BayesianModule(PyroModule):
             raise ValueError(f"networks must be 'auto', 'vmap' or 'loop', got {networks!r}.")
         self.networks = ("vmap" if self.device.type == "cuda" else "loop") if networks == "auto" else networks
         self.batchnorm_layers = batchnorm_layers(module)
+        self._all_batchnorms = batchnorm_layers(module, every=True)  # those that normalise a minibatch by its own
         # plain objects, not submodules: the copies run at the weights they are given
         object.__setattr__(self, "_sampling", BatchedNetwork(module, batchnorm="batch", networks=self.networks))
         object.__setattr__(self, "_predicting", BatchedNetwork(module, batchnorm="running", networks=self.networks)
@@ -137,7 +140,7 @@ class BayesianModule(PyroModule):
         object.__setattr__(self, "_statistics", BatchNormStatistics(module) if self.batchnorm_layers else None)
         object.__setattr__(self, "_module", module)  # for its state_dict
         self._batchnorm_inputs: Optional[torch.Tensor] = None
-        self._checked_labels = None
+        self._checked_labels, self._probed, self._transform_checked = None, set(), False
         self._augmented = RowMemo()  # each minibatch row's augmentation, drawn once
 
     # ----------------------------------------------------------------- the model
@@ -153,6 +156,9 @@ class BayesianModule(PyroModule):
             raise ValueError(f"batch_size must be a positive integer (rows per minibatch, at most the {x.shape[0]} "
                              f"rows of x), got {batch_size!r}.")
         subsample = None if batch_size is None or batch_size >= x.shape[0] else int(batch_size)
+        if y is not None or self._predicting is None:  # minibatch statistics
+            check_batch_rows(subsample or x.shape[0], self._all_batchnorms,
+                             f"batch_size={batch_size}" if subsample else f"x of shape {tuple(x.shape)}")
         full_y = y
         with pyro.plate("data", x.shape[0], subsample_size=subsample, device=x.device) as idx:
             per_network = subsample is not None and idx.dim() > 1  # (C, B) indices: each chain its own rows
@@ -169,9 +175,10 @@ class BayesianModule(PyroModule):
                              "model(Batches(loader)) without y and batch_size.")
         weights = {n: pyro.sample(n, p) for n, p in self.priors.items()}
         batch = _common_batch_dims(weights, self.shapes)
+        check_batch_rows(data.batch_size, self._all_batchnorms, f"the loader's batch_size={data.batch_size}")
         with pyro.plate("data", data.num_data, subsample_size=data.batch_size, device=self.device) as idx:
             x, y = data.take(idx)
-            self._check_inputs(x, y)
+            self._check_inputs(x, y, idx.dim())
             out = self.output(weights, self._augment(x, idx), batch, idx.dim() > 1)
             return self._observe(out, y, y)
 
@@ -181,8 +188,23 @@ class BayesianModule(PyroModule):
         if self.transform is None:
             return x
         rows = x.reshape(-1, *x.shape[idx.dim() - 1:])  # (rows, B, ...)
-        out = self._augmented.rows(idx, lambda r: self.transform(rows[r]))
+        out = self._augmented.rows(idx, lambda r: self._transformed(rows[r]))
         return torch.stack(out).reshape(x.shape)
+
+    def _transformed(self, rows: torch.Tensor) -> torch.Tensor:
+        """``transform(rows)``, checked: a tensor of the same shape, finite."""
+        out = self.transform(rows)
+        if not torch.is_tensor(out) or out.shape != rows.shape:
+            raise ValueError(f"transform must return a tensor of its input's shape, here {tuple(rows.shape)}, got "
+                             f"{tuple(out.shape) if torch.is_tensor(out) else type(out).__name__}: it runs on minibatches "
+                             "only, not on predictions, so a change of shape (a crop, a resize) belongs in the data or "
+                             "in the module.")
+        # finite: checked on the first minibatch (a check on every one would wait on the device each step)
+        if not self._transform_checked and out.is_floating_point() and not bool(torch.isfinite(out).all()):
+            raise ValueError(f"transform's output holds {int((~torch.isfinite(out)).sum())} NaN/inf value(s) for finite "
+                             "inputs; fix the transform (e.g. a division by a zero spread): it must keep them finite.")
+        self._transform_checked = True
+        return out
 
     def _observe(self, out: torch.Tensor, y: Optional[torch.Tensor], full_y: Optional[torch.Tensor]):
         """The ``y`` site: the likelihood of the output, checked against the labels' shape and values."""
@@ -219,9 +241,7 @@ class BayesianModule(PyroModule):
     @contextmanager
     def batchnorm_data(self, inputs: torch.Tensor) -> Iterator["BayesianModule"]:
         """Predictions inside the block use each draw's BatchNorm statistics over ``inputs`` (training data)."""
-        if not torch.is_tensor(inputs) or inputs.device != self.device:
-            raise ValueError(f"batchnorm_data must be a tensor of training inputs on the module's device {self.device}, "
-                             f"got {type(inputs).__name__}{'' if not torch.is_tensor(inputs) else ' on ' + str(inputs.device)}.")
+        check_batchnorm_inputs("batchnorm_data", inputs, self.device, self.dtype, self._probe)
         before, self._batchnorm_inputs = self._batchnorm_inputs, inputs
         try:
             yield self
@@ -245,6 +265,10 @@ class BayesianModule(PyroModule):
         """
         if num_chains is not None:
             num_chains = check_positive_int("num_chains", num_chains, hint="It is the number of chains to start.")
+            copies = num_chains * (1 if state_dict is not None or num_chains == 1 else 2)  # rows, then stacked
+            check_memory("num_chains", copies * sum(map(math.prod, self.shapes.values())) * self.dtype.itemsize,
+                         what="starting weights", hint=f"num_chains={num_chains:,} copies of the network's weights: "
+                                                       "pass fewer chains.")
         params = self._state_weights(self._module.state_dict() if state_dict is None else state_dict)
         if num_chains is None:
             return params
@@ -300,6 +324,8 @@ class BayesianModule(PyroModule):
         missing = [n for n in self.shapes if n not in draws]
         if missing:
             raise ValueError(f"draws has no values for the sites {missing}; pass mcmc.get_samples() (θ sites).")
+        check_batchnorm_inputs("inputs", inputs, self.device, self.dtype, self._probe)
+        batch_size = check_positive_int("batch_size", batch_size, minimum=2, hint="It is the rows per batch of the pass.")
         params = {n: draws[n].reshape(-1, *self.shapes[n]) for n in self.shapes}
         count = next(iter(params.values())).shape[0]
         return self._statistics(params, inputs, (count,), self.fixed, batch_size)
@@ -319,7 +345,7 @@ class BayesianModule(PyroModule):
                             f"dist.Normal(out.squeeze(-1), 0.5)), got {type(d).__name__}.")
         return d
 
-    def _check_inputs(self, x, y) -> None:
+    def _check_inputs(self, x, y, lead: int = 1) -> None:
         if not torch.is_tensor(x):
             raise TypeError(f"x must be a tensor of inputs, got {type(x).__name__}.")
         if x.device != self.device:
@@ -331,6 +357,15 @@ class BayesianModule(PyroModule):
         if y is not None and (not torch.is_tensor(y) or y.shape[:1] != x.shape[:1] or y.device != x.device):
             raise ValueError(f"y must be a tensor with one label per row of x ({x.shape[0]}) on {x.device}, got "
                              f"{type(y).__name__}{'' if not torch.is_tensor(y) else f' of shape {tuple(y.shape)} on {y.device}'}.")
+        if math.prod(x.shape[:lead]) > 1 or not self._all_batchnorms:  # one row and BatchNorm: check_batch_rows
+            self._probe("x", x, lead)
+
+    def _probe(self, name: str, x: torch.Tensor, lead: int = 1) -> None:
+        """The module run once on two rows of ``x`` per shape and dtype of its rows (:func:`probe_inputs`)."""
+        key = (name, tuple(x.shape[lead:]), x.dtype)
+        if key not in self._probed:
+            probe_inputs((self._predicting or self._sampling).module, name, x, lead)
+            self._probed.add(key)
 
     def _check_labels(self, y: torch.Tensor, out: torch.Tensor) -> None:
         if self.likelihood not in LIKELIHOODS or self._checked_labels is y:
@@ -338,27 +373,14 @@ class BayesianModule(PyroModule):
         bound = out.shape[-1] if self.likelihood == "categorical" else 2
         if y.is_floating_point() and self.likelihood == "categorical":
             raise ValueError(f"categorical labels must be integer class indices, got y of dtype {y.dtype}: pass y.long().")
+        if self.likelihood == "bernoulli" and not bool(((y == 0) | (y == 1)).all()):
+            raise ValueError(f"y must hold the labels 0 and 1 for likelihood='bernoulli', got the values "
+                             f"{y.unique()[:10].tolist()}: map the classes to 0 and 1 (e.g. y = (labels == k).float()), "
+                             "or pass a callable likelihood for other values.")
         if bool((y < 0).any() | (y >= bound).any()):
             raise ValueError(f"y holds labels outside 0..{bound - 1} (the {self.likelihood} likelihood of an output "
                              f"with {out.shape[-1]} values): min {y.min().item()}, max {y.max().item()}, dtype {y.dtype}.")
         self._checked_labels = y
-
-
-def _prior(prior: Prior, name: str, parameter: torch.Tensor) -> dist.Distribution:
-    shape = tuple(parameter.shape)
-    if callable(prior):
-        d = prior(name, parameter)
-        if not isinstance(d, dist.Distribution):
-            raise TypeError(f"prior({name!r}, parameter) must return a pyro distribution, got {type(d).__name__}.")
-        if tuple(d.batch_shape) + tuple(d.event_shape) != shape:
-            raise ValueError(f"prior({name!r}, parameter) has batch shape {tuple(d.batch_shape)} and event shape "
-                             f"{tuple(d.event_shape)}; together they must be the parameter's shape {shape} "
-                             f"(e.g. dist.Normal(0., 1.).expand({list(shape)}).to_event({len(shape)})).")
-        return d.to_event(len(d.batch_shape)) if d.batch_shape else d
-    if isinstance(prior, bool) or not isinstance(prior, (int, float)) or not prior > 0:
-        raise ValueError(f"prior must be a positive prior sd s (Normal(0, s) on every weight) or a callable "
-                         f"(name, parameter) -> distribution, got {prior!r}.")
-    return IsotropicNormal(float(prior), shape, dtype=parameter.dtype, device=parameter.device)
 
 
 def _common_batch_dims(weights: Dict[str, torch.Tensor], shapes: Dict[str, tuple]) -> tuple:

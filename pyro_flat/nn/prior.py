@@ -20,9 +20,10 @@ True
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
+import pyro.distributions as dist
 from pyro.distributions import TorchDistribution, constraints
 
 
@@ -101,4 +102,43 @@ class IsotropicNormal(TorchDistribution):
         return torch.full(self.batch_shape, value, dtype=self.dtype, device=self.device)
 
 
-__all__ = ["IsotropicNormal"]
+def site_prior(prior, name: str, parameter: torch.Tensor) -> dist.Distribution:
+    """The prior of ``parameter`` (named ``name``) from :class:`~pyro_flat.nn.BayesianModule`'s ``prior``: a
+    positive finite sd, or a callable ``(name, parameter) -> distribution`` of finite parameters and its shape."""
+    shape = tuple(parameter.shape)
+    if callable(prior):
+        try:
+            d = prior(name, parameter)
+        except ValueError as err:  # torch's check of a distribution's parameters
+            if not str(err).startswith("Expected parameter"):
+                raise
+            raise ValueError(f"prior({name!r}, parameter) made a distribution of invalid parameters "
+                             f"({str(err).split(', but found')[0]}): give the prior finite parameters (a positive "
+                             "scale).") from err
+        if not isinstance(d, dist.Distribution):
+            raise TypeError(f"prior({name!r}, parameter) must return a pyro distribution, got {type(d).__name__}.")
+        bad = _nonfinite_parameter(d)
+        if bad is not None:
+            raise ValueError(f"prior({name!r}, parameter) returned a distribution whose {bad} holds NaN or inf: "
+                             "give the prior finite parameters (a positive scale), e.g. dist.Normal(0., 1.).")
+        if tuple(d.batch_shape) + tuple(d.event_shape) != shape:
+            raise ValueError(f"prior({name!r}, parameter) has batch shape {tuple(d.batch_shape)} and event shape "
+                             f"{tuple(d.event_shape)}; together they must be the parameter's shape {shape} "
+                             f"(e.g. dist.Normal(0., 1.).expand({list(shape)}).to_event({len(shape)})).")
+        return d.to_event(len(d.batch_shape)) if d.batch_shape else d
+    if isinstance(prior, bool) or not isinstance(prior, (int, float)) or not 0 < prior < math.inf:
+        raise ValueError(f"prior must be a positive prior sd s (Normal(0, s) on every weight; s finite) or a callable "
+                         f"(name, parameter) -> distribution, got {prior!r}.")
+    return IsotropicNormal(float(prior), shape, dtype=parameter.dtype, device=parameter.device)
+
+
+def _nonfinite_parameter(d: dist.Distribution) -> Optional[str]:
+    """``"Normal's loc"``: a parameter of ``d`` (or of the distribution it wraps) that holds NaN or inf, else ``None``."""
+    while hasattr(d, "base_dist"):
+        d = d.base_dist
+    values = {k: d.__dict__.get(k) for k in getattr(d, "arg_constraints", {})}
+    return next((f"{type(d).__name__}'s {k}" for k, v in values.items() if torch.is_tensor(v) and v.is_floating_point()
+                 and not bool(torch.isfinite(v).all())), None)
+
+
+__all__ = ["IsotropicNormal", "site_prior"]

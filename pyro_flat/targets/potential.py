@@ -34,20 +34,22 @@ from .starts import merge_overrides, model_start, setup_strategy, start_hook
 TRACED_CHAINS_MAX = 256
 
 
-def check_finite_inputs(args: tuple, kwargs: dict) -> None:
+def check_finite_inputs(args: tuple, kwargs: dict, *, before: str = "sampling", who: str = "") -> None:
+    """A ``ValueError`` naming the model's tensor argument that is empty (when ``before="sampling"``) or holds
+    NaN/inf; ``who`` prefixes the message (``"bma_predict: "``)."""
     named = [(f"argument {i}", a) for i, a in enumerate(args)] + [
         (f"argument {k!r}", v) for k, v in kwargs.items()
     ]
     for label, value in named:
-        if torch.is_tensor(value) and value.numel() == 0:
+        if torch.is_tensor(value) and value.numel() == 0 and before == "sampling":
             raise ValueError(f"model {label} is empty (shape {tuple(value.shape)}); pass at least one "
                              "data point.")
         if torch.is_tensor(value) and value.is_floating_point():
             if not bool(torch.isfinite(value).all()):
                 bad = int((~torch.isfinite(value)).sum())
                 raise ValueError(
-                    f"model {label} holds {bad} NaN/inf value(s); clean or impute the data "
-                    "before sampling (e.g. drop rows with torch.isfinite(X).all(-1))."
+                    f"{who}model {label} holds {bad} NaN/inf value(s); clean or impute the data "
+                    f"before {before} (e.g. drop rows with torch.isfinite(X).all(-1))."
                 )
 
 
