@@ -40,7 +40,7 @@ from pyro_flat.theory import (  # noqa: E402
     joint_constants,
     local_entropy_constants,
 )
-from pyro_flat.references import reference_draws  # noqa: E402
+from pyro_flat.convergence.references import reference_draws  # noqa: E402
 from pyro_flat.theory.problems import LogisticRegressionProblem  # noqa: E402
 
 BUDGET_S = 300.0

@@ -53,7 +53,7 @@ def main():
 
     plain, _ = timed_run(args.samples)
     writes = []
-    from pyro_flat import checkpoint as checkpoint_module
+    from pyro_flat.storage import checkpoint as checkpoint_module
 
     original = checkpoint_module.write_checkpoint
 

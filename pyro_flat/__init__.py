@@ -21,69 +21,121 @@
   their basins, exactly), :mod:`pyro_flat.models`, and the studies behind the ``pyro-flat``
   command (:mod:`pyro_flat.experiments`).
 
-The package is built in layers; a module imports only from its own layer and those below
+The package is built in layers of folders; a module imports only from its own layer and those below
 (``tests/test_layers.py`` reads every import, those inside functions too, and fails on one that
-points up or closes a cycle). From the ground up (:data:`LAYERS`):
+points up or closes a cycle, or on a module at the root that :data:`LAYERS` does not name). From the
+ground up (:data:`LAYERS`, drawn in ``docs/layout.md``):
 
-1. foundations: the errors that cross layers, argument checks, tracing helpers, random numbers that do
-   not depend on the split of the chains over ranks (:mod:`pyro_flat.chains`, :mod:`pyro_flat.chain_streams`),
-   step-size schedules;
+1. foundations: the errors that cross layers, argument checks, tracing helpers, step-size schedules, and
+   random numbers that do not depend on the split of the chains over ranks (:mod:`pyro_flat.chains`);
 2. targets: a model or potential as the energy a kernel samples (:mod:`pyro_flat.targets`);
-3. models and measures: the Entropy-MCMC joint, SAM's perturbation, the models, the datasets,
-   predictions and their metrics, the exact mixtures;
+3. models (the Entropy-MCMC joint, SAM's perturbation, the mixtures, the ready-made models), any
+   ``nn.Module`` as a model (:mod:`pyro_flat.nn`), the data (:mod:`pyro_flat.data`), and what measures a
+   result (:mod:`pyro_flat.evaluation`: predictions, metrics, ArviZ diagnostics);
 4. kernels (:mod:`pyro_flat.kernels`), whose contract with the driver is
    :mod:`pyro_flat.kernels.protocol`;
-5. what a run keeps on disk: its lock and streamed-draws folder (:mod:`pyro_flat.storage`), checkpoints
-   (:mod:`pyro_flat.checkpoint`); and ranks: :mod:`pyro_flat.distributed` (process groups,
-   data-parallel targets, the across-ranks driver);
-6. the driver: :class:`MCMC`, its draws in memory or in a folder, and ArviZ diagnostics;
-7. built on the driver: flatness measures, theory and convergence checks, ensembles, variational inference;
+5. what a run keeps on disk: its lock, streamed-draws folder and checkpoints (:mod:`pyro_flat.storage`);
+   and ranks: :mod:`pyro_flat.distributed` (process groups, data-parallel targets, the across-ranks driver);
+6. the driver (:mod:`pyro_flat.infer`): :class:`MCMC`, its loop, its draws in memory or in a folder, ensembles;
+7. built on the driver: flatness measures, theory, convergence checks, variational inference;
 8. the studies (:mod:`pyro_flat.experiments`).
+
+Modules that moved into folders keep their old path (:data:`MOVED`): the documented short ones
+(``pyro_flat.metrics``, ``pyro_flat.datasets``, ...; :data:`STABLE_PATHS`) silently, the others with a
+``FutureWarning`` that names the new path.
 """
 
 import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
 from typing import TYPE_CHECKING, Any, List
 
 #: The layers of the package, from the ground up (see the module docstring): each module or subpackage
 #: imports only from its own layer and those below.
 LAYERS = (
-    ("errors", "validation", "tracing", "chain_streams", "chains", "schedules"),
+    ("errors", "validation", "tracing", "schedules", "chains"),
     ("targets",),
-    ("flat", "sam", "models", "nn", "mnist_files", "cifar_files", "datasets", "predictive", "metrics", "online_bma",
-     "corruptions", "shift", "mixture_basins", "mixtures"),
+    ("models", "nn", "data", "evaluation"),
     ("kernels",),
-    ("storage", "checkpoint", "distributed"),
-    ("mcmc_arguments", "draws", "progress", "sampling_loop", "diagnostics", "mcmc"),
-    ("flatness", "theory", "references", "ensemble_runner", "convergence_result", "convergence", "ensembles",
-     "variational"),
+    ("storage", "distributed"),
+    ("infer",),
+    ("flatness", "theory", "convergence", "variational"),
     ("experiments",),
 )
 
 #: Each public name and the module that defines it: imported on first use (PEP 562), so that
 #: ``import pyro_flat.experiments.cli`` and ``pyro-flat --help`` do not import torch and Pyro.
 _PUBLIC = {
-    "flat_posterior": "flat", "flat_potential": "flat",
+    "flat_posterior": "models.flat", "flat_potential": "models.flat",
     "SGD": "kernels", "SGLD": "kernels", "EntropySGLD": "kernels", "LocalEntropySGD": "kernels",
     "LocalEntropySGLD": "kernels", "SASGLD": "kernels", "FlatSGLD": "kernels", "EntropyHMC": "kernels",
     "SAMSGD": "kernels", "DivergenceError": "kernels", "SGHMC": "kernels", "EntropySGHMC": "kernels",
-    "MCMC": "mcmc",
+    "MCMC": "infer.mcmc",
     "check_convergence": "convergence", "ConvergenceResult": "convergence", "ConvergenceError": "convergence",
-    "to_arviz": "diagnostics",
-    "bma_predict": "predictive", "OnlineBMA": "online_bma",
+    "to_arviz": "evaluation.diagnostics",
+    "bma_predict": "evaluation.predictive", "OnlineBMA": "evaluation.online_bma",
     "SAM_ELBO": "variational", "SABMA_ELBO": "variational", "AutoSWAG": "variational", "transfer_model": "variational",
-    "fit_ensemble": "ensembles",
+    "fit_ensemble": "infer.ensembles",
 }
-#: The subpackages and modules reachable as attributes (``pyro_flat.flatness``, ...).
-_MODULES = ("datasets", "diagnostics", "flatness", "metrics", "mixtures", "models", "schedules", "theory",
-            "variational", "kernels", "targets", "predictive", "convergence", "experiments", "distributed",
-            "ensembles", "sam", "nn")
+#: The subpackages and modules reachable as attributes (``pyro_flat.flatness``, ...), and where each is.
+_MODULES = {name: name for name in ("flatness", "models", "schedules", "theory", "variational", "kernels", "targets",
+                                    "convergence", "experiments", "distributed", "nn", "data", "evaluation",
+                                    "infer", "chains", "storage")}
+#: The documented short paths of modules that live in a folder: ``import pyro_flat.metrics`` is
+#: ``pyro_flat.evaluation.metrics``, now and later, without a warning.
+STABLE_PATHS = {"datasets": "data.datasets", "metrics": "evaluation.metrics", "diagnostics": "evaluation.diagnostics",
+                "predictive": "evaluation.predictive", "mixtures": "models.mixtures", "sam": "models.sam",
+                "ensembles": "infer.ensembles"}
+_MODULES.update(STABLE_PATHS)
+#: Modules that moved into folders (``docs/layout.md``): the old path still imports, with a FutureWarning
+#: that gives the new one.
+MOVED = {**STABLE_PATHS,
+         "chain_streams": "chains.streams", "checkpoint": "storage.checkpoint", "cifar_files": "data.cifar_files",
+         "mnist_files": "data.mnist_files", "corruptions": "data.corruptions", "shift": "data.shift",
+         "flat": "models.flat", "mixture_basins": "models.mixture_basins", "online_bma": "evaluation.online_bma",
+         "mcmc": "infer.mcmc", "mcmc_arguments": "infer.arguments", "draws": "infer.draws",
+         "progress": "infer.progress", "sampling_loop": "infer.sampling_loop", "convergence_result": "convergence.result",
+         "references": "convergence.references", "ensemble_runner": "convergence.runner"}
+
+
+class _ModuleAliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports ``pyro_flat.<old>`` as the module it became (:data:`MOVED`); the same module object, so that
+    its classes, and the checkpoints that pickle them, are one."""
+
+    def __init__(self):
+        self._specs = {}
+
+    def find_spec(self, fullname, path=None, target=None):
+        package, _, old = fullname.partition(".")
+        if package != __name__ or old not in MOVED:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec):
+        old = spec.name.partition(".")[2]
+        if old not in STABLE_PATHS:
+            warnings.warn(f"pyro_flat.{old} moved to pyro_flat.{MOVED[old]}: import it from there (the old path "
+                          "will be removed in a later release).", FutureWarning, stacklevel=2)
+        module = importlib.import_module(f"{__name__}.{MOVED[old]}")
+        self._specs[module.__name__] = module.__spec__  # the import system puts the alias's spec on it
+        return module
+
+    def exec_module(self, module):  # the module has run already: only its own spec is put back
+        module.__spec__ = self._specs.pop(module.__name__)
+
+
+sys.meta_path.append(_ModuleAliases())
 
 
 def __getattr__(name: str) -> Any:
     if name in _PUBLIC:
         value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
     elif name in _MODULES:
-        value = importlib.import_module(f".{name}", __name__)
+        value = importlib.import_module(f".{_MODULES[name]}", __name__)
+    elif name in MOVED:
+        value = importlib.import_module(f".{name}", __name__)  # through the alias, with its warning
     else:
         raise AttributeError(f"module 'pyro_flat' has no attribute {name!r}")
     globals()[name] = value  # later lookups skip __getattr__
@@ -96,15 +148,15 @@ def __dir__() -> List[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from . import datasets, flatness, metrics, mixtures, models, schedules, theory, variational
-    from .convergence import ConvergenceError, ConvergenceResult, check_convergence
-    from .diagnostics import to_arviz
-    from .flat import flat_posterior, flat_potential
+    from .convergence.check import ConvergenceError, ConvergenceResult, check_convergence
+    from .evaluation.diagnostics import to_arviz
+    from .models.flat import flat_posterior, flat_potential
     from .kernels import (SGD, SGHMC, SGLD, DivergenceError, EntropyHMC, EntropySGHMC, EntropySGLD, FlatSGLD,
                           LocalEntropySGD, LocalEntropySGLD, SAMSGD, SASGLD)
-    from .ensembles import fit_ensemble
-    from .mcmc import MCMC
-    from .online_bma import OnlineBMA
-    from .predictive import bma_predict
+    from .infer.ensembles import fit_ensemble
+    from .infer.mcmc import MCMC
+    from .evaluation.online_bma import OnlineBMA
+    from .evaluation.predictive import bma_predict
     from .variational import SABMA_ELBO, SAM_ELBO, AutoSWAG, transfer_model
 
 __version__ = "0.1.0"

@@ -98,7 +98,7 @@ def kernel_checks(device, quick: bool) -> List[Tuple[str, Callable[[], float]]]:
 def streams_check(device, quick: bool) -> float:
     """Per-chain random streams on the device: chains 2-3 drawn alone equal the rows of all 4 chains' draws;
     then the time per iteration of EntropySGLD's 4 chains drawing from them."""
-    from pyro_flat.chain_streams import ChainStreams, drawing_from
+    from pyro_flat.chains.streams import ChainStreams, drawing_from
     from pyro_flat.chains import chain_randn_like_each
 
     shapes = [(4, 30, 7), (4, 5)]

@@ -14,7 +14,7 @@ import pyro
 import pyro.distributions as dist
 from pyro_flat import MCMC, SGD, SGLD, EntropySGLD, LocalEntropySGD, LocalEntropySGLD
 from pyro_flat.convergence import run_ensemble
-from pyro_flat.references import exact_chain
+from pyro_flat.convergence.references import exact_chain
 from pyro_flat.diagnostics import mcmc_sample_stats
 from pyro_flat.theory.problems import GaussianProblem
 

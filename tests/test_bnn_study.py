@@ -13,7 +13,7 @@ from pyro_flat.experiments.bnn_families import bnn_network, fit_method, loss_tre
 from pyro_flat.experiments.bnn_report import _pair_rows, findings, summarize
 from pyro_flat.experiments.configs import BNN_FAMILIES, BNNConfig
 from pyro_flat.models import BayesianCNN, BayesianMLP
-from pyro_flat.shift import add_noise, rotate_images, shifted_test_sets
+from pyro_flat.data.shift import add_noise, rotate_images, shifted_test_sets
 
 
 def test_a_quarter_turn_is_numpys_rot90_and_four_give_the_image_back():

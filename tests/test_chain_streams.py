@@ -11,7 +11,7 @@ import torch
 
 import pyro
 from pyro_flat import MCMC, SGHMC, EntropySGLD
-from pyro_flat.chain_streams import ChainStreams, drawing_from
+from pyro_flat.chains.streams import ChainStreams, drawing_from
 from pyro_flat.chains import chain_rand_like, chain_randn_like, chain_randn_like_each
 
 from moments import assert_moments, sgld_stationary_covariance

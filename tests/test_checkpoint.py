@@ -21,7 +21,7 @@ import torch
 import pyro
 import pyro.distributions as dist
 from pyro_flat import MCMC, SGLD, EntropySGLD
-from pyro_flat.checkpoint import CheckpointError, read_checkpoint
+from pyro_flat.storage.checkpoint import CheckpointError, read_checkpoint
 
 from checkpoint_worker import CASES, data, model
 
@@ -233,7 +233,7 @@ def test_a_changed_model_is_refused_even_under_the_same_name(tmp_path):
 
 
 def test_one_checkpoint_file_serves_one_run_at_a_time(tmp_path):
-    from pyro_flat.checkpoint import Checkpointer
+    from pyro_flat.storage.checkpoint import Checkpointer
 
     path = tmp_path / "run.ckpt"
     holder = Checkpointer(path, 60.0, {})

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import pyro
 import pyro.distributions as dist
 from pyro_flat import MCMC, SGLD
-from pyro_flat.checkpoint import CheckpointError
+from pyro_flat.storage.checkpoint import CheckpointError
 from pyro_flat.nn import BayesianModule, Batches
 
 N, B, D = 64, 16, 3

@@ -34,7 +34,7 @@ def _run(**kwargs):
 
 
 def test_streamed_draws_are_the_in_memory_ones_in_npy_files(tmp_path, monkeypatch):
-    from pyro_flat import draws
+    from pyro_flat.infer import draws
 
     monkeypatch.setattr(draws, "BLOCK_BYTES", 7 * 3 * 3 * 8)  # blocks of 7 draws: 100 = 14 blocks + 2
     in_memory, streamed = _run(), _run(draws_dir=tmp_path / "draws")
@@ -272,7 +272,7 @@ def test_a_checkpoint_returns_another_runs_draws_or_zeros(tmp_path):
 def test_a_reader_during_a_run_sees_only_complete_rows_and_knows_how_many(tmp_path, monkeypatch):
     """With numpy and json alone, mid-run: the manifest's rows are complete draws (flushed every FLUSH_SECONDS,
     though the block holds all 60); after a Ctrl-C the manifest says which rows are draws."""
-    from pyro_flat import draws
+    from pyro_flat.infer import draws
     from draws_dir_worker import run
 
     monkeypatch.setattr(draws, "FLUSH_SECONDS", 0.02)

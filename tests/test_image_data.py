@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from pyro_flat.cifar_files import ImageFileError, read_cifar, read_cifar10c, read_svhn_test, write_cifar
-from pyro_flat.corruptions import KINDS, SEVERITIES, corrupt, corrupted_test_sets
+from pyro_flat.data.cifar_files import ImageFileError, read_cifar, read_cifar10c, read_svhn_test, write_cifar
+from pyro_flat.data.corruptions import KINDS, SEVERITIES, corrupt, corrupted_test_sets
 
 
 def _images(n, seed=0):

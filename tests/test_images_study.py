@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pyro_flat.cifar_files import write_cifar
+from pyro_flat.data.cifar_files import write_cifar
 from pyro_flat.experiments.cli import main
 from pyro_flat.experiments.images_report import CLAIMS, claims
 

@@ -63,6 +63,34 @@ def test_every_module_of_the_package_has_a_layer():
     assert sorted(set(layers) - units) == [], "pyro_flat.LAYERS names a module that does not exist"
 
 
+#: the most modules the package's root may hold, ``__init__`` and ``__main__`` included (the rest sit in folders)
+ROOT_MODULES_MAX = 8
+
+
+def root_modules(package: Path) -> set:
+    return {p.stem for p in package.glob("*.py")} - {"__init__", "__main__"}
+
+
+def stray_root_modules(package: Path, layers) -> set:
+    """The modules at the root of ``package`` that ``layers`` does not name."""
+    return root_modules(package) - {name for names in layers for name in names}
+
+
+def test_the_root_holds_only_the_foundations_layers_names_and_folders_hold_the_rest():
+    """A module added at the root fails here unless LAYERS names it on purpose, and the root stays small."""
+    assert sorted(stray_root_modules(PACKAGE, pyro_flat.LAYERS)) == [], "put the module in a folder of its layer"
+    assert len(root_modules(PACKAGE)) + 2 <= ROOT_MODULES_MAX
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert {name for names in pyro_flat.LAYERS for name in names} == root_modules(PACKAGE) | folders
+
+
+def test_a_new_module_at_the_root_is_caught(tmp_path):
+    (tmp_path / "__init__.py").write_text("")
+    for name in ("errors", "validation", "stray"):
+        (tmp_path / f"{name}.py").write_text("")
+    assert stray_root_modules(tmp_path, (("errors", "validation"),)) == {"stray"}
+
+
 def test_no_import_points_up_a_layer():
     layers = layer_of()
     upward = sorted(f"{a} -> {b} ({unit(a)}: layer {layers[unit(a)]}, {unit(b)}: layer {layers[unit(b)]})"

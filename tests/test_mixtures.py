@@ -12,7 +12,7 @@ import torch
 
 from pyro_flat import EntropySGLD, SGLD
 from pyro_flat.convergence import run_ensemble
-from pyro_flat.sampling_loop import run_chains
+from pyro_flat.infer.sampling_loop import run_chains
 from pyro_flat.mixtures import basin_boundary, sharp_flat_1d, sharp_flat_2d
 
 

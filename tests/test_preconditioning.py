@@ -17,7 +17,7 @@ import pyro.distributions as dist
 from pyro_flat import MCMC, SGD, SGLD, EntropySGLD, LocalEntropySGLD
 from pyro_flat.kernels.mass_matrix import CoupledFactor
 from pyro_flat.kernels.preconditioning import Preconditioner
-from pyro_flat.references import exact_chain
+from pyro_flat.convergence.references import exact_chain
 from pyro_flat.theory import GaussianProblem
 
 from moments import assert_moments, moment_errors

@@ -431,7 +431,7 @@ def test_acceptance_rate_is_a_float_per_chain_in_both_drivers():
 def test_the_progress_bar_counts_every_iteration_while_logging_seldom(monkeypatch):
     """The bar advances by every iteration (warm-up, and thinning's skipped ones), while the kernel's
     ``logging()`` (a JSON record each) runs at most every 0.1 s and at each phase's end."""
-    import pyro_flat.mcmc
+    import pyro_flat.infer.mcmc
     from pyro.infer.mcmc.logger import ProgressBar
 
     counted, logged = [], []
@@ -440,7 +440,7 @@ def test_the_progress_bar_counts_every_iteration_while_logging_seldom(monkeypatc
         def update(self, n=1):
             counted.append(n)
 
-    monkeypatch.setattr(pyro_flat.mcmc, "ProgressBar", Counting)
+    monkeypatch.setattr(pyro_flat.infer.mcmc, "ProgressBar", Counting)
     kernel = SGLD(_regression, step_size=1e-4)
     monkeypatch.setattr(kernel, "logging", lambda: logged.append(1) or {"step size": "1e-4"})
     X, y = _data()
@@ -457,7 +457,7 @@ def test_the_progress_bar_counts_a_cyclical_schedules_exploration_iterations(mon
     it explores: the bar's total and its count are every iteration the kernel makes: the warm-up, then
     through the cycles up to the 40th sampling iteration after it (7 warm-up: iterations 75-99 and
     175-189, 190 in all; 80 warm-up: 80-99 and 175-194, 195)."""
-    import pyro_flat.mcmc
+    import pyro_flat.infer.mcmc
     from pyro.infer.mcmc.logger import ProgressBar
 
     counted, totals = [], []
@@ -470,7 +470,7 @@ def test_the_progress_bar_counts_a_cyclical_schedules_exploration_iterations(mon
         def update(self, n=1):
             counted.append(n)
 
-    monkeypatch.setattr(pyro_flat.mcmc, "ProgressBar", Counting)
+    monkeypatch.setattr(pyro_flat.infer.mcmc, "ProgressBar", Counting)
     schedule = schedules.cyclical_cosine(num_steps=400, num_cycles=4, exploration=0.75)
     kernel = SGLD(_regression, step_size=1e-4, schedule=schedule)
     MCMC(kernel, 40, warmup, num_chains=3, thinning=4, disable_progbar=True).run(*_data())

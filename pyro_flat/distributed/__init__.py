@@ -21,7 +21,7 @@ Example (``torchrun --nproc-per-node 2 script.py``)::
         print(mcmc.summary())           # all 8 chains
 """
 
-from ..chains import ChainShard, current_shard, sharded
+from ..chains.shard import ChainShard, current_shard, sharded
 from ..errors import OtherRankFailed, RankLost
 from .data_parallel import DataParallelShards, DataParallelTarget, shard_rows
 from .group import DEFAULT_TIMEOUT, Ranks, init_from_env, launched_by_torchrun

@@ -26,8 +26,8 @@ from typing import Callable, Iterator, List, Optional, Tuple
 
 import torch
 
-from ..chains import ChainShard
-from ..checkpoint import Checkpointer, CheckpointError, rank_checkpoint_paths
+from ..chains.shard import ChainShard
+from ..storage.checkpoint import Checkpointer, CheckpointError, rank_checkpoint_paths
 from ..errors import DivergenceError
 from ..targets import Params
 from .data_parallel import DataParallelShards
@@ -170,10 +170,10 @@ def checked(steps: Iterator[Tuple[str, int, Params]], run: Optional[RankRun],
 
 def open_checkpoints(path: Path, every: float, fingerprint: dict, run: Optional[RankRun],
                      data: list = ()) -> Tuple[Checkpointer, Optional[CheckpointClock]]:
-    """A run's :class:`~pyro_flat.checkpoint.Checkpointer` at ``path``, and across ranks each rank's own file
-    (:func:`~pyro_flat.checkpoint.rank_checkpoint_paths`, which keeps the previous one), agreed on by every
+    """A run's :class:`~pyro_flat.storage.checkpoint.Checkpointer` at ``path``, and across ranks each rank's own file
+    (:func:`~pyro_flat.storage.checkpoint.rank_checkpoint_paths`, which keeps the previous one), agreed on by every
     rank (:func:`agree_on_checkpoints`), with the :class:`CheckpointClock` that times the writes. ``data``:
-    the arguments whose position the checkpoints hold (:func:`~pyro_flat.checkpoint.resumable_data`)."""
+    the arguments whose position the checkpoints hold (:func:`~pyro_flat.storage.checkpoint.resumable_data`)."""
     if run is None or not run.ranks.distributed:
         refuse_other_world_sizes(path, 1)
         return Checkpointer(path, every, fingerprint, data=data), None
@@ -190,7 +190,7 @@ def open_checkpoints(path: Path, every: float, fingerprint: dict, run: Optional[
 
 
 def refuse_other_world_sizes(path: Path, world_size: int) -> None:
-    """A :class:`~pyro_flat.checkpoint.CheckpointError` if ``path`` holds the checkpoints of a run on another
+    """A :class:`~pyro_flat.storage.checkpoint.CheckpointError` if ``path`` holds the checkpoints of a run on another
     number of processes: a run of one process (``run.ckpt`` itself) or ranks this run does not have
     (``run.rank{r}.ckpt`` with ``r >= world_size``), which it would otherwise not see and start over."""
     pattern = re.compile(re.escape(path.stem) + r"\.rank(\d+)" + re.escape(path.suffix))

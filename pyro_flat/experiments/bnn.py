@@ -8,7 +8,7 @@ and EntropySGLD, FlatSGLD and SA-BMA beside them — under **the same budget of 
 evaluations** per trajectory, once per seed. For each fit it measures the Bayesian model average's
 test accuracy, NLL and ECE, its out-of-distribution AUROC (predictive entropy on the held-out
 digits), the same three metrics on test sets shifted by rotation and by additive noise at several
-strengths (:mod:`pyro_flat.shift`), and the top Hessian eigenvalue and trace of the full-data
+strengths (:mod:`pyro_flat.data.shift`), and the top Hessian eigenvalue and trace of the full-data
 negative log-likelihood (prior excluded) at a few of its draws (:mod:`pyro_flat.flatness`). The
 report (:mod:`.bnn_report`) gives every number as mean ± standard error over the seeds, compares
 each sharpness-aware version with its baseline by the paired difference over seeds, and counts the
@@ -33,13 +33,14 @@ import torch
 
 import pyro
 
-from .. import flatness, metrics
-from ..datasets import load_mnist_ood
+from .. import flatness
+from ..evaluation import metrics
+from ..data.datasets import load_mnist_ood
 from ..distributed import Ranks
-from ..mixtures import sharp_flat_2d
-from ..models import BayesianClassifier
-from ..predictive import bma_predict
-from ..shift import shifted_test_sets
+from ..models.mixtures import sharp_flat_2d
+from ..models.zoo import BayesianClassifier
+from ..evaluation.predictive import bma_predict
+from ..data.shift import shifted_test_sets
 from .bnn_families import Fit, bnn_network, fit_method, loss_trend, make_bnn_kernel, network_text, sampler_label
 from .bnn_report import findings, plot_families, plot_shift, report_markdown, row_text, summarize
 from .configs import BNN_SAMPLERS, BNNConfig
@@ -171,7 +172,7 @@ def run_toy_study(config: BNNConfig, *, log: Callable[[str], None] = print) -> d
     ends at the flat mode), and the mean top Hessian eigenvalue of the energy at the final states
     (the sharp mode's is 44, the flat one's 1.6). ``pyro-flat synthetic2d`` is the full study.
     """
-    from ..ensemble_runner import run_ensemble
+    from ..convergence.runner import run_ensemble
 
     mixture = sharp_flat_2d()
     potential = lambda p: -mixture.log_prob(p["theta"])  # noqa: E731

@@ -50,10 +50,10 @@ import torch
 
 import pyro
 
-from ..diagnostics import mcmc_sample_stats
+from ..evaluation.diagnostics import mcmc_sample_stats
 from ..kernels import kernel_class, make_kernel
-from ..mcmc import MCMC
-from ..models import BayesianClassifier, BayesianCNN, BayesianMLP
+from ..infer.mcmc import MCMC
+from ..models.zoo import BayesianClassifier, BayesianCNN, BayesianMLP
 from .configs import BNN_METHODS, BNN_OWN_SETTING, BNNConfig
 from .output import StudyError
 
@@ -226,7 +226,7 @@ def _fit_sampler(method: str, config: BNNConfig, net: BayesianClassifier, data) 
 
 
 def _fit_ensemble(method: str, config: BNNConfig, net: BayesianClassifier, data) -> Fit:
-    from ..ensembles import fit_ensemble
+    from ..infer.ensembles import fit_ensemble
 
     steps = steps_for(method, config)
     start = time.perf_counter()

@@ -4,7 +4,7 @@ Each method of :data:`~.images_config.IMAGE_METHODS` trains the same network (a
 :class:`~pyro_flat.nn.BayesianModule` of a ResNet with BatchNorm) on the same data, once per seed,
 for the same epochs, and is scored by its Bayesian model average: test
 accuracy, NLL, ECE and Brier; accuracy on corrupted test sets at five severities
-(:mod:`pyro_flat.corruptions`, or CIFAR-10-C's files); out-of-distribution AUROC and AUPR by
+(:mod:`pyro_flat.data.corruptions`, or CIFAR-10-C's files); out-of-distribution AUROC and AUPR by
 predictive entropy (held-out digits, or SVHN's test set); the top Hessian eigenvalue and trace of
 the training NLL at its last draw; the loss along the straight line between two draws of different
 cycles. :mod:`.images_report` compares Entropy-MCMC with every other method by paired t-tests over
@@ -44,9 +44,9 @@ import torch
 import pyro
 
 from .. import schedules
-from ..checkpoint import CheckpointError
+from ..storage.checkpoint import CheckpointError
 from ..kernels import make_kernel
-from ..mcmc import MCMC
+from ..infer.mcmc import MCMC
 from ..nn import BayesianModule, ResNet, random_crop_flip, resnet18
 from .images_config import OPTIMISERS, ImagesConfig
 from .images_data import ImageData, first_of_each_class, load_image_data, study_device

@@ -10,7 +10,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from ..corruptions import KINDS, corrupted_test_sets
+from ..data.corruptions import KINDS, corrupted_test_sets
 from .images_config import ImagesConfig
 from .output import StudyError
 
@@ -71,8 +71,8 @@ def first_of_each_class(y: torch.Tensor, size: Optional[int]) -> torch.Tensor:
 def load_image_data(config: ImagesConfig) -> ImageData:
     """The study's data: digits (``ood_digits`` held out as the out-of-distribution set), or CIFAR from
     ``data_dir`` (SVHN's test set as out-of-distribution and CIFAR-10-C's corruptions where present)."""
-    from ..cifar_files import read_cifar, read_cifar10c, read_svhn_test, ImageFileError
-    from ..datasets import load_mnist_ood
+    from ..data.cifar_files import read_cifar, read_cifar10c, read_svhn_test, ImageFileError
+    from ..data.datasets import load_mnist_ood
 
     if config.dataset == "digits":
         in_digits = tuple(d for d in range(10) if d not in config.ood_digits)
@@ -105,7 +105,7 @@ def load_image_data(config: ImagesConfig) -> ImageData:
     if X_ood is not None and config.test_size is not None and len(X_ood) > config.test_size:
         X_ood = X_ood[torch.linspace(0, len(X_ood) - 1, config.test_size).long()]  # evenly spread (classes in turn)
     subset = first_of_each_class(y_test, config.corrupted_size)  # the test images the corruptions are made of
-    corrupted, corruption_source = None, f"generated here ({', '.join(KINDS)}; pyro_flat.corruptions)"
+    corrupted, corruption_source = None, f"generated here ({', '.join(KINDS)}; pyro_flat.data.corruptions)"
     if config.dataset == "cifar10":
         try:
             rows = keep[subset].numpy()

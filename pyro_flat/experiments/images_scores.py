@@ -13,9 +13,10 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from .. import flatness, metrics
+from .. import flatness
+from ..evaluation import metrics
 from ..nn import BayesianModule
-from ..predictive import bma_predict
+from ..evaluation.predictive import bma_predict
 from .images_config import ImagesConfig
 from .images_data import ImageData
 

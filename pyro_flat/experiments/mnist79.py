@@ -26,16 +26,16 @@ import torch
 
 import pyro
 
-from .. import metrics
-from ..datasets import load_mnist79, pixel_index
+from ..evaluation import metrics
+from ..data.datasets import load_mnist79, pixel_index
 from ..distributed import Ranks
-from ..checkpoint import CheckpointError
-from ..diagnostics import (MAX_R_HAT, chain_correlation, convergence_verdict, diagnostics_table, guidance_correlation,
+from ..storage.checkpoint import CheckpointError
+from ..evaluation.diagnostics import (MAX_R_HAT, chain_correlation, convergence_verdict, diagnostics_table, guidance_correlation,
                            mcmc_sample_stats, write_netcdf)
 from ..kernels import EntropyHMC, kernel_class, kernel_settings, make_kernel
-from ..mcmc import MCMC
-from ..models import logistic_regression
-from ..online_bma import OnlineBMA
+from ..infer.mcmc import MCMC
+from ..models.zoo import logistic_regression
+from ..evaluation.online_bma import OnlineBMA
 from .configs import MNIST79Config
 from .mnist79_report import (ECE_BINS, RELIABILITY_BINS, chains_text, metric_text, metrics_text, reference_worth, report_markdown,
                              schedule_text)
@@ -276,7 +276,7 @@ class _NothingDrawn(Exception):
 
 
 def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None], ranks: Optional[Ranks] = None) -> dict:
-    from ..diagnostics import to_arviz
+    from ..evaluation.diagnostics import to_arviz
     from .plots import (plot_bma_curves, plot_rank_panels, plot_reliability, plot_trace_panels,
                         plot_weight_comparison, save_figures)
 

@@ -6,7 +6,7 @@ Everything here reads the report dict that :func:`~pyro_flat.experiments.mnist79
 
 from __future__ import annotations
 
-from ..diagnostics import MAX_R_HAT, MIN_ESS
+from ..evaluation.diagnostics import MAX_R_HAT, MIN_ESS
 from ..kernels.preconditioning import pull_strength
 from .configs import MOMENTUM_SAMPLERS, MNIST79Config
 

@@ -36,9 +36,9 @@ import numpy as np
 import torch
 
 from .. import flatness
-from ..datasets import load_mnist_ood
-from ..models import BayesianMLP
-from ..predictive import iter_draws
+from ..data.datasets import load_mnist_ood
+from ..models.zoo import BayesianMLP
+from ..evaluation.predictive import iter_draws
 from .compare import best_text, mean_and_se, t_critical
 from .configs import PathConfig
 from .output import hold_signals, study_output, threads_record

@@ -10,7 +10,7 @@ from typing import Dict, Mapping, Optional, Sequence
 import numpy as np
 import torch
 
-from ..mixtures import SharpFlatMixture, basin_boundary, flat_density_curves
+from ..models.mixtures import SharpFlatMixture, basin_boundary, flat_density_curves
 
 
 def _plt():

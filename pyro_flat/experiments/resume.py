@@ -1,6 +1,6 @@
 """Studies that survive a kill: their samplers' checkpoints beside ``--out``, and ``--resume``.
 
-Each sampler of a study writes its checkpoints (:mod:`pyro_flat.checkpoint`) into ``.NAME.checkpoints/``
+Each sampler of a study writes its checkpoints (:mod:`pyro_flat.storage.checkpoint`) into ``.NAME.checkpoints/``
 beside ``--out``, with the study's options in ``options.json``; ``--resume`` continues a killed run from
 them and refuses other options; a run without it starts them afresh.
 
@@ -120,7 +120,7 @@ def study_checkpoints(config, distributed: bool, log: Callable[[str], None] = pr
 
 
 def checkpoint_study_error(config, err: Exception) -> StudyError:
-    """A checkpoint's error (:class:`~pyro_flat.checkpoint.CheckpointError`) as one line: it names ``--resume``
+    """A checkpoint's error (:class:`~pyro_flat.storage.checkpoint.CheckpointError`) as one line: it names ``--resume``
     only when the run was given it."""
     return StudyError(f"--resume: {err}" if config.resume else str(err))
 

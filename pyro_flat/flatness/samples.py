@@ -35,7 +35,7 @@ def flatness_at_samples(model: Callable, samples: Mapping[str, torch.Tensor], *a
     The Hessian is that of the potential :math:`U(z)` in unconstrained coordinates
     (:meth:`FlatLoss.from_model`), the quantity the samplers move in.
     """
-    from ..predictive import iter_draws
+    from ..evaluation.predictive import iter_draws
 
     if use not in ("theta", "aux"):
         raise ValueError(f"use must be 'theta' or 'aux', got use={use!r}.")

@@ -23,8 +23,8 @@ from typing import Callable, ContextManager, Dict, Optional, Tuple, Union
 import torch
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
-from ..chain_streams import ChainStreams, check_random_streams, drawing_from
-from ..chains import shard_of
+from ..chains.streams import ChainStreams, check_random_streams, drawing_from
+from ..chains.shard import shard_of
 from ..targets import (CallablePotential, CoupledPotential, ModelPotential, Params, Target, check_minibatches,
                        compile_target)
 from ..validation import check_nonnegative_int, check_positive_int, check_real_tensor, check_thinning
@@ -171,7 +171,7 @@ class TargetKernel(DrawRecording, MCMCKernel):
             process's shard of the data (a :class:`~pyro_flat.kernels.protocol.DataParallelism`, such as
             :class:`~pyro_flat.distributed.DataParallelShards`): the potential is summed over the ranks.
         :param random_streams: for vectorized chains, ``"shared"`` (one random stream for all chains) or
-            ``"per_chain"`` (a stream per chain, :class:`~pyro_flat.chain_streams.ChainStreams`, seeded at
+            ``"per_chain"`` (a stream per chain, :class:`~pyro_flat.chains.streams.ChainStreams`, seeded at
             :meth:`setup` from the global stream; drawn from inside :meth:`drawing`).
         """
         if num_chains is not None:

@@ -35,7 +35,7 @@ SGHMC with ``friction=``; or a subclass that fails to trace with a tensor step, 
 a graph per step size instead, and a schedule that changes the step at every iteration then runs
 eagerly.
 
-Per-chain random streams (:class:`~pyro_flat.chain_streams.ChainStreams`): a graph cannot hold a
+Per-chain random streams (:class:`~pyro_flat.chains.streams.ChainStreams`): a graph cannot hold a
 ``torch.Generator``, so their numbers are the graph's inputs, drawn before each call in the eager order
 (``ChainStreams.recording`` lists them when the graph is built, ``feeding`` hands them to the trace).
 

@@ -26,7 +26,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..chains import chain_draw
+from ..chains.shard import chain_draw
 
 EnergyFn = Callable[[torch.Tensor], torch.Tensor]
 #: :func:`hessian_diagonal` forms the Hessian up to this dimension, Hutchinson's estimate above

@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from ..targets import Params
-from ..chains import global_chain
+from ..chains.shard import global_chain
 from ..errors import DivergenceError
 
 

@@ -7,7 +7,7 @@ from typing import Callable, Dict, Iterable, NamedTuple, Optional, Union
 
 import torch
 
-from ..chains import chain_rand_like, chain_randn_like, chains_all, chains_min
+from ..chains.shard import chain_rand_like, chain_randn_like, chains_all, chains_min
 from ..targets import ChainLayout, CoupledPotential, Params, check_minibatches, coupling
 from ..validation import check_eta, check_number, check_positive, check_positive_int
 from .adaptation import StepSizeAdapter, WelfordCovariance, adaptation_windows

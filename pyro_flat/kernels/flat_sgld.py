@@ -6,7 +6,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..chains import chain_randn_like_each
+from ..chains.shard import chain_randn_like_each
 from ..validation import check_positive
 from ..targets import Params
 from .integrators import StepSize, Transition

@@ -11,7 +11,7 @@ from typing import Callable, Dict, List, NamedTuple, Tuple, Union
 
 import torch
 
-from ..chains import chain_randn_like_each
+from ..chains.shard import chain_randn_like_each
 from ..targets import Params
 
 

@@ -110,7 +110,7 @@ from typing import Optional, Union
 
 import torch
 
-from ..chains import chain_randn_like
+from ..chains.shard import chain_randn_like
 from ..targets import ChainLayout, FullDataTarget, Params
 from .curvature import (EXACT_DIAGONAL_DIM, absolute_curvature, absolute_spectrum, hessian, hessian_diagonal,
                         inverse_diagonal)

@@ -8,7 +8,7 @@ potential; this module says what the driver asks of the kernel. Any object with 
 time. Every pyro-flat kernel (:class:`~pyro_flat.kernels.base.TargetKernel`) is a
 :class:`ChainKernel`.
 
-One run, as the driver makes it (:func:`pyro_flat.sampling_loop.run_chains`)::
+One run, as the driver makes it (:func:`pyro_flat.infer.sampling_loop.run_chains`)::
 
     kernel.vectorization_error(C, args, kwargs, ...)   # None: C chains can be batched
     kernel.configure(num_chains=C, steps_per_draw=k, minibatches=..., data_parallel=..., random_streams=...)
@@ -30,7 +30,7 @@ adapted step sizes, the frozen preconditioner or mass matrix, the schedule's pos
 minibatch streams' generators, the per-draw records, the momenta of the momentum samplers (the
 stochastic-gradient kernels' ``carried`` state), and (for Entropy-MCMC) :math:`\theta_a` as part of
 ``params``. :meth:`~pyro_flat.kernels.base.TargetKernel.state_dict` gives exactly that (each class lists its
-part in ``run_state``), and :mod:`pyro_flat.checkpoint` writes it with the parameters and the random streams.
+part in ``run_state``), and :mod:`pyro_flat.storage.checkpoint` writes it with the parameters and the random streams.
 
 >>> import torch
 >>> from pyro_flat.kernels import SGLD
@@ -96,7 +96,7 @@ class ChainKernel(Protocol):
 
     def drawing(self) -> ContextManager:
         """The context :meth:`sample` runs in: where the chains' random numbers come from
-        (:func:`pyro_flat.chain_streams.drawing_from`)."""
+        (:func:`pyro_flat.chains.streams.drawing_from`)."""
 
     def sample(self, params: Params) -> Params:
         """One kept iteration (``steps_per_draw`` of them after warm-up): the next parameters."""

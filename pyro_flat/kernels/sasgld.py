@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from ..targets import Params
-from ..sam import check_sam_radius, sam_perturbation
+from ..models.sam import check_sam_radius, sam_perturbation
 from .integrators import StepSize, Transition
 from .sgld import SGLD
 

@@ -32,7 +32,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
-from ..chains import chain_randn_like_each
+from ..chains.shard import chain_randn_like_each
 from ..targets import Params
 from ..validation import check_positive
 from .integrators import StepSize, sqrt, underdamped_step

@@ -49,7 +49,7 @@ import pyro
 import pyro.distributions as dist
 from pyro.nn import PyroModule
 
-from ..models import take_rows
+from ..models.zoo import take_rows
 from ..validation import check_memory, check_positive_int
 from .batches import Batches, RowMemo
 from .batchnorm import STATISTICS_BATCH, BatchNormStatistics, batchnorm_layers, check_batch_rows, check_batchnorm_inputs

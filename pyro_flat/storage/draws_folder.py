@@ -1,5 +1,5 @@
 r"""The folder of a run's streamed draws (``MCMC(..., draws_dir=DIR)``): its checks, its lock, its manifest,
-and whose files it holds. The files' format is :mod:`pyro_flat.draws`'s.
+and whose files it holds. The files' format is :mod:`pyro_flat.infer.draws`'s.
 
 - **Names.** Site ``s`` goes to ``DIR/site_file(s)``: the name with every character outside
   ``[A-Za-z0-9._-]`` percent-encoded (its UTF-8 bytes as ``%XX``, ``%`` itself too) and a leading ``.`` as
@@ -204,7 +204,7 @@ class DrawsFolder:
         write_json(self.manifest_path, self.manifest)
 
     def close(self, files=None) -> None:
-        """Write what ``files`` (a :class:`~pyro_flat.draws.DrawFiles`) hold, then let another run use the folder
+        """Write what ``files`` (a :class:`~pyro_flat.infer.draws.DrawFiles`) hold, then let another run use the folder
         (the lock's file goes)."""
         try:
             if files is not None:

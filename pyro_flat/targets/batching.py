@@ -26,7 +26,7 @@ from typing import Dict, Iterator, List, Optional
 
 import torch
 
-from ..chains import chain_draw
+from ..chains.shard import chain_draw
 
 
 class EpochBatcher:

@@ -19,7 +19,7 @@ import torch
 from pyro import poutine
 from pyro.infer.autoguide.initialization import InitMessenger
 
-from ..chains import chain_indices, owns, shard_of
+from ..chains.shard import chain_indices, owns, shard_of
 from .batching import EpochBatcher, Minibatches
 from .layout import Params
 from .log_joint import ChangedSitesError, LogJoint

@@ -27,7 +27,7 @@ from typing import Callable, Dict, Optional
 import torch
 from pyro.infer.autoguide.initialization import init_to_sample, init_to_value
 
-from ..chains import shard_of
+from ..chains.shard import shard_of
 from .layout import Params
 from .sites import SiteInfo
 

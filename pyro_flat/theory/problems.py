@@ -9,7 +9,7 @@ for each target (``"posterior"``, ``"flat"``, ``"joint"``, ``"mode"``).
   closed form, including the exact law of every kernel's chain (:meth:`GaussianProblem.exact_w2`).
 - :class:`LogisticRegressionProblem`: Bayesian logistic regression; the reference is a long
   :class:`~pyro_flat.EntropyHMC` run (exact, Metropolis-corrected; made by
-  :func:`pyro_flat.references.reference_draws`, above the kernels), the mode an L-BFGS fit.
+  :func:`pyro_flat.convergence.references.reference_draws`, above the kernels), the mode an L-BFGS fit.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..models import LogisticRegressionPotential
+from ..models.zoo import LogisticRegressionPotential
 from ..validation import check_positive, to_numpy
 from .constants import logistic_gradient_noise, logistic_regression_constants
 from .gaussian import gaussian_targets
@@ -129,7 +129,7 @@ class GaussianProblem(Problem):
     def exact_w2(self, chain, target: str, iterations, initial_point=None, eta=None) -> np.ndarray:
         """:math:`W_2` to ``target`` at ``iterations`` of a :class:`~pyro_flat.theory.LinearGaussianChain`
         (a chain over :math:`\theta`, or over :math:`(\theta, \theta_a)` started at :math:`\theta_a = \theta`)
-        from ``initial_point``. :func:`pyro_flat.references.exact_chain` gives a kernel's chain."""
+        from ``initial_point``. :func:`pyro_flat.convergence.references.exact_chain` gives a kernel's chain."""
         x0 = to_numpy(self.initial_point() if initial_point is None else initial_point)
         p = chain.B.shape[0]
         start = np.concatenate([x0, x0]) if p == 2 * self.dim else x0
@@ -194,7 +194,7 @@ class LogisticRegressionProblem(Problem):
         """MNIST 7 (label 0) vs 9 (label 1), 784 pixels in [0, 1] plus an intercept; the embedded
         split by default (800 training, 200 test images), or the IDX/npz files under ``root``.
         ``prior_precision=4`` is the study's default (prior sd 0.5)."""
-        from ..datasets import load_mnist79
+        from ..data.datasets import load_mnist79
 
         X, y = load_mnist79(root, split="train")
         test = load_mnist79(root, split="test")
@@ -247,7 +247,7 @@ class LogisticRegressionProblem(Problem):
 
     def store_reference(self, eta: float, draws: Dict[str, np.ndarray]) -> None:
         """Keep draws ``{"theta", "theta_aux"}`` of the joint at ``eta`` for :meth:`reference`
-        (:func:`pyro_flat.references.reference_draws` makes them with EntropyHMC)."""
+        (:func:`pyro_flat.convergence.references.reference_draws` makes them with EntropyHMC)."""
         self._references[float(eta)] = draws
 
     def stored_reference(self, eta: float) -> Optional[Dict[str, np.ndarray]]:
@@ -260,7 +260,7 @@ class LogisticRegressionProblem(Problem):
         draws = self.stored_reference(self.reference_eta(eta))
         if draws is None:
             raise ValueError(f"no reference draws for eta={self.reference_eta(eta)}: make them with "
-                             "pyro_flat.references.reference_draws(problem, eta) (check_convergence "
+                             "pyro_flat.convergence.references.reference_draws(problem, eta) (check_convergence "
                              "does this itself).")
         if target == "posterior":
             return draws[SITE]

@@ -58,7 +58,7 @@ from .fisher import gaussian_parameters
 from .data_parallel import ShareLatents, ranks_for, sum_gradients, sum_over_ranks, traced_params
 from .minibatch import SameMinibatch
 from ..validation import check_number
-from ..sam import check_sam_radius
+from ..models.sam import check_sam_radius
 from .sam import check_base
 
 BALLS = ("kl", "euclidean", "fisher-sam")

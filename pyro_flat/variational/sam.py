@@ -42,7 +42,7 @@ import pyro.poutine as poutine
 from pyro.infer import ELBO, Trace_ELBO
 from pyro.poutine.util import prune_subsample_sites
 
-from ..sam import check_sam_radius, sam_perturbation
+from ..models.sam import check_sam_radius, sam_perturbation
 from ..validation import check_positive_int
 from .data_parallel import ShareLatents, ranks_for, sum_gradients, sum_over_ranks, traced_params
 from .minibatch import SameMinibatch

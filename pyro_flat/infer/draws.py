@@ -42,7 +42,7 @@ from typing import Dict, Tuple
 import numpy as np
 import torch
 
-from .storage.draws_folder import DrawsDirError, DrawsFolder, site_file
+from ..storage.draws_folder import DrawsDirError, DrawsFolder, site_file
 
 #: draws a :class:`DrawFiles` gathers in memory before it writes them (per all sites together)
 BLOCK_BYTES = 64 * 2**20

@@ -12,15 +12,15 @@ from typing import Dict, Optional
 
 import torch
 
-from .targets.starts import start_hook
-from .validation import check_real_tensor
+from ..targets.starts import start_hook
+from ..validation import check_real_tensor
 
 
 def check_kernel(kernel) -> None:
     """A ``TypeError`` naming ``kernel`` unless it is a kernel instance (Pyro's contract: ``setup``
     and ``sample``), not a sampler's name or class."""
     if isinstance(kernel, (type, str)):
-        from .kernels import KERNELS, kernel_class  # here: the kernels sit above the driver's checks
+        from ..kernels import KERNELS, kernel_class  # here: the kernels sit above the driver's checks
 
         by_name = ""
         if isinstance(kernel, type):

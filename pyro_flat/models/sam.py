@@ -24,8 +24,8 @@ from typing import Dict, Mapping, Optional
 
 import torch
 
-from .targets.layout import expand_like, per_chain_norm
-from .validation import check_number, check_positive
+from ..targets.layout import expand_like, per_chain_norm
+from ..validation import check_number, check_positive
 
 
 def check_sam_radius(name: str, value: float, owner: str, example: str = "0.05") -> float:

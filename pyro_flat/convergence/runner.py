@@ -18,9 +18,9 @@ from typing import Dict
 import torch
 from tqdm.auto import tqdm
 
-from .kernels.stochastic_gradient import StochasticGradientKernel
-from .sampling_loop import run_chains
-from .theory.problems import SITE
+from ..kernels.stochastic_gradient import StochasticGradientKernel
+from ..infer.sampling_loop import run_chains
+from ..theory.problems import SITE
 
 
 def run_ensemble(kernel: StochasticGradientKernel, initial_point: torch.Tensor, num_chains: int,

@@ -16,9 +16,9 @@ from typing import Dict, Optional
 import numpy as np
 import torch
 
-from .kernels import SGD, SGLD, EntropyHMC, EntropySGLD, LocalEntropySGLD
-from .mcmc import MCMC
-from .theory import (
+from ..kernels import SGD, SGLD, EntropyHMC, EntropySGLD, LocalEntropySGLD
+from ..infer.mcmc import MCMC
+from ..theory import (
     GaussianProblem,
     LinearGaussianChain,
     LogisticRegressionProblem,
@@ -27,7 +27,7 @@ from .theory import (
     langevin_chain,
     local_entropy_chain,
 )
-from .theory.problems import SITE
+from ..theory.problems import SITE
 
 
 def exact_chain(problem: GaussianProblem, kernel) -> LinearGaussianChain:

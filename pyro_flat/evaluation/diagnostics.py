@@ -17,7 +17,7 @@ from typing import Dict, Mapping, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from .validation import check_memory, to_numpy
+from ..validation import check_memory, to_numpy
 
 ArrayDict = Dict[str, np.ndarray]
 

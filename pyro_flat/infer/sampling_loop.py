@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator, Optional, Tuple
 
-from .targets import Params
+from ..targets import Params
 
 
 def run_chains(kernel, warmup_steps: int, num_samples: int, args: tuple = (),

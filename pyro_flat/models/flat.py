@@ -31,9 +31,9 @@ from pyro.poutine.messenger import Messenger
 
 import pyro
 
-from .targets.coupling import coupling
-from .targets.sites import is_subsample_site, support_transform
-from .validation import check_eta
+from ..targets.coupling import coupling
+from ..targets.sites import is_subsample_site, support_transform
+from ..validation import check_eta
 
 AUX_INFER_KEY = "flat_aux_of"
 """Key of ``site["infer"]`` that marks an auxiliary site and names the site it guides."""

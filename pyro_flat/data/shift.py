@@ -28,7 +28,7 @@ from typing import List, Sequence, Tuple
 import torch
 
 from .corruptions import gaussian_noise, rotate
-from .validation import check_number
+from ..validation import check_number
 
 #: the corruptions of :func:`shifted_test_sets`, in the order it returns them
 SHIFT_KINDS = ("rotation", "noise")

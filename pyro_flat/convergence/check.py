@@ -3,8 +3,8 @@ r"""Check a sampler's convergence against its 2-Wasserstein bound, on a problem 
 :func:`check_convergence` runs many independent chains from one starting point, estimates
 :math:`W_2(\nu_k, \pi)` from the ensemble at checkpoints :math:`k` (the ensemble *is* a sample of
 :math:`\nu_k`), evaluates the bound of :mod:`pyro_flat.theory.bounds` with the problem's constants,
-and says whether the estimate stays below it. :func:`~pyro_flat.ensemble_runner.run_ensemble` is
-the loop underneath; :class:`~pyro_flat.convergence_result.ConvergenceResult` holds the outcome.
+and says whether the estimate stays below it. :func:`~pyro_flat.convergence.runner.run_ensemble` is
+the loop underneath; :class:`~pyro_flat.convergence.result.ConvergenceResult` holds the outcome.
 """
 
 from __future__ import annotations
@@ -17,20 +17,20 @@ from typing import List, Optional, Union
 import numpy as np
 import torch
 
-from .convergence_result import ConvergenceError, ConvergenceResult
-from .ensemble_runner import run_ensemble
-from .kernels import KERNELS, SGD, SGLD, EntropySGLD, LocalEntropySGLD, kernel_class
-from .kernels.stochastic_gradient import StochasticGradientKernel
-from .theory import joint_hessian, preconditioned_constants
-from .theory import bounds as B
-from .flatness.probes import check_seed
-from .theory.estimators import METHODS, W2Estimate, W2Estimator
-from .validation import check_positive_int
+from .result import ConvergenceError, ConvergenceResult
+from .runner import run_ensemble
+from ..kernels import KERNELS, SGD, SGLD, EntropySGLD, LocalEntropySGLD, kernel_class
+from ..kernels.stochastic_gradient import StochasticGradientKernel
+from ..theory import joint_hessian, preconditioned_constants
+from ..theory import bounds as B
+from ..flatness.probes import check_seed
+from ..theory.estimators import METHODS, W2Estimate, W2Estimator
+from ..validation import check_positive_int
 from .references import exact_chain, reference_law
-from .theory.problems import SITE, GaussianProblem, Problem
+from ..theory.problems import SITE, GaussianProblem, Problem
 
 __all__ = ["check_convergence", "TARGET_OF", "MIN_CHAINS", "FEW_CHAINS",
-           # from pyro_flat.convergence_result and pyro_flat.ensemble_runner, where they moved
+           # from pyro_flat.convergence.result and pyro_flat.convergence.runner, where they moved
            "ConvergenceResult", "ConvergenceError", "run_ensemble"]
 
 #: the law each kernel targets (EntropySGLD: its bound is on the joint)

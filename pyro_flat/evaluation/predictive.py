@@ -17,9 +17,9 @@ import torch
 from pyro import poutine
 from pyro.poutine.messenger import Messenger
 
-from .nn.batches import Batches
-from .targets import check_finite_inputs, is_subsample_site, support_transform
-from .validation import check_tensor
+from ..nn.batches import Batches
+from ..targets import check_finite_inputs, is_subsample_site, support_transform
+from ..validation import check_tensor
 
 _USES = ("both", "theta", "aux")
 

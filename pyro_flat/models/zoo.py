@@ -29,8 +29,8 @@ import pyro
 import pyro.distributions as dist
 from pyro.nn import PyroModule, PyroSample
 
-from .targets import EpochBatcher
-from .validation import check_positive
+from ..targets import EpochBatcher
+from ..validation import check_positive
 
 
 def logistic_regression(X: torch.Tensor, y: Optional[torch.Tensor] = None, *,

@@ -12,7 +12,7 @@ mode is the highest (:meth:`SharpFlatMixture.peak_crossover`).
 
 The studies ask "which basin does a chain end in?". Here a basin is a **basin of attraction of the
 energy** ``U_η = −log p_η``: the set of points from which gradient descent ends at that mode,
-computed exactly in :mod:`pyro_flat.mixture_basins` (the saddle by a 1-D search on the axis
+computed exactly in :mod:`pyro_flat.models.mixture_basins` (the saddle by a 1-D search on the axis
 through the means, the boundary by tracing the saddle's stable manifold).
 :meth:`SharpFlatMixture.in_flat_basin` classifies points with it, and
 :meth:`SharpFlatMixture.flat_basin_mass` integrates any density over the flat basin exactly (up to
@@ -41,7 +41,7 @@ import pyro.distributions as dist
 
 from .mixture_basins import (ANGULAR_NODES, RADIAL_NODES, axis_position, basin_boundary, basins_of,
                              critical_points_on_axis)
-from .validation import check_number
+from ..validation import check_number
 
 
 @dataclass(frozen=True)
@@ -249,5 +249,5 @@ def flat_density_curves(mixture: SharpFlatMixture, etas: Sequence[float], grid: 
 
 
 __all__ = ["SharpFlatMixture", "sharp_flat_1d", "sharp_flat_2d", "flat_density_curves",
-           # from pyro_flat.mixture_basins, where they moved
+           # from pyro_flat.models.mixture_basins, where they moved
            "basin_boundary", "RADIAL_NODES", "ANGULAR_NODES"]

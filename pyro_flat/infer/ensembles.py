@@ -33,7 +33,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
-from .validation import check_positive_int
+from ..validation import check_positive_int
 
 
 @dataclass
@@ -80,8 +80,8 @@ def fit_ensemble(model: Callable, *args, size: int, num_steps: int, step_size: f
         network, run again per member), else a prior draw.
     :param minibatches: ``"per_chain"`` (each member its own minibatches) or ``"shared"``.
     """
-    from .diagnostics import mcmc_sample_stats
-    from .kernels import SAMSGD, SGD
+    from ..evaluation.diagnostics import mcmc_sample_stats
+    from ..kernels import SAMSGD, SGD
     from .mcmc import MCMC
 
     size = check_positive_int("size", size, hint="It is the number of ensemble members, e.g. size=5.")

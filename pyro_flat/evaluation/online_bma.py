@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from . import metrics
-from .chains import chains_average
+from ..chains.shard import chains_average
 from .predictive import bma_predict
-from .targets import check_finite_inputs
+from ..targets import check_finite_inputs
 
 USES = ("theta", "aux", "both")
 

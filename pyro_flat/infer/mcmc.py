@@ -24,7 +24,7 @@ Whatever ran is in ``mcmc.chain_method``; how its chains drew minibatches in ``m
 ``random_streams`` says where vectorized chains draw their noise: ``"shared"`` (default), one stream
 for all chains (across ranks each rank draws every chain's numbers and keeps its own rows), or
 ``"per_chain"``, a stream per chain seeded from a seed drawn from the global stream at set-up (alike on
-every rank) and the chain's number (:class:`~pyro_flat.chain_streams.ChainStreams`): each rank draws only its
+every rank) and the chain's number (:class:`~pyro_flat.chains.streams.ChainStreams`): each rank draws only its
 own chains' numbers, which is what lets a network's chains scale over ranks, and a chain's draws are the
 same on any number of ranks (one process included) with the same option, up to round-off. Seeded runs
 give other numbers under the two options, equally valid. Compiled (``jit_compile``), a graph takes the
@@ -69,20 +69,20 @@ from pyro.infer.mcmc.logger import ProgressBar, initialize_logger
 from pyro.infer.mcmc.util import print_summary
 from pyro.util import optional
 
-from .chain_streams import check_random_streams
-from .chains import sharded
-from .diagnostics import per_chain_diagnostics, require_draws, select_draws
-from .checkpoint import check_checkpoint_arguments, resumable_data, run_fingerprint
+from ..chains.streams import check_random_streams
+from ..chains.shard import sharded
+from ..evaluation.diagnostics import per_chain_diagnostics, require_draws, select_draws
+from ..storage.checkpoint import check_checkpoint_arguments, resumable_data, run_fingerprint
 from .draws import DrawBuffers, DrawFiles
-from .storage.draws_folder import DrawsFolder, check_draws_dir
+from ..storage.draws_folder import DrawsFolder, check_draws_dir
 from .progress import ProgressHook
 from .sampling_loop import run_chains
-from .distributed.driver import (RankRun, RanksFailed, checked, gather_draws, open_checkpoints,
+from ..distributed.driver import (RankRun, RanksFailed, checked, gather_draws, open_checkpoints,
                                  start_rank_run, with_draws)
-from .kernels.protocol import ChainKernel
-from .mcmc_arguments import check_initial_params, check_kernel, pyro_driver_starts
-from .targets import check_minibatches
-from .validation import check_chain_memory, check_nonnegative_int, check_positive_int, check_thinning
+from ..kernels.protocol import ChainKernel
+from .arguments import check_initial_params, check_kernel, pyro_driver_starts
+from ..targets import check_minibatches
+from ..validation import check_chain_memory, check_nonnegative_int, check_positive_int, check_thinning
 
 CHAIN_METHODS = ("auto", "vectorized", "sequential", "parallel", "distributed", "data_parallel")
 #: the chain methods that span the ranks of a torch.distributed process group
@@ -102,7 +102,7 @@ class MCMC(pyro.infer.MCMC):
         random numbers (see the module docstring); pass ``"per_chain"`` for chains across ranks.
     :param checkpoint: a file path: every ``checkpoint_every`` seconds (at the first draw after) and when
         the run ends, the run's whole state is written there (atomically: a kill leaves the previous
-        checkpoint whole; :mod:`pyro_flat.checkpoint`). ``run`` given an existing checkpoint of the same
+        checkpoint whole; :mod:`pyro_flat.storage.checkpoint`). ``run`` given an existing checkpoint of the same
         configuration **continues** it, with the draws the uninterrupted run would have made (bit for bit on
         the same machine); one of another configuration, or a corrupt one, is refused by name. A finished
         run's checkpoint gives its draws back at once. Needs a pyro-flat kernel in pyro-flat's loop (not
@@ -113,7 +113,7 @@ class MCMC(pyro.infer.MCMC):
         and a resumed run continues every rank from the latest iteration all the ranks' files hold.
     :param checkpoint_every: seconds between checkpoints (default 60).
     :param draws_dir: a folder: the kept draws go to a ``.npy`` file per site there as they are made, not to
-        memory, counted by a manifest (the format: :mod:`pyro_flat.draws`); ``get_samples()`` gives memory-mapped
+        memory, counted by a manifest (the format: :mod:`pyro_flat.infer.draws`); ``get_samples()`` gives memory-mapped
         tensors of them, and the draws made before an error or a Ctrl-C are in the files. One run at a time per
         folder, never replacing a file it did not write (:mod:`pyro_flat.storage.draws_folder`). As ``checkpoint``,
         vectorized chains in this process.
@@ -251,7 +251,7 @@ class MCMC(pyro.infer.MCMC):
 
     def _pyro_starts(self, initial_params, args: tuple, kwargs: dict):
         """``initial_params``, or when there are none the model's own start for every chain (see
-        :func:`~pyro_flat.mcmc_arguments.pyro_driver_starts`)."""
+        :func:`~pyro_flat.infer.arguments.pyro_driver_starts`)."""
         if initial_params is not None or not isinstance(self.kernel, ChainKernel):
             return initial_params
         return pyro_driver_starts(self.kernel, self._requested[0], args, kwargs)

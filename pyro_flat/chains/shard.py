@@ -7,9 +7,9 @@ rows. Chain ``c`` then gets the same numbers whatever the number of ranks, and t
 ranks equal those of one process up to floating-point round-off. The price is drawing ``R`` times
 the noise a rank needs: small next to a gradient of logistic regression, a fifth of an MLP's iteration.
 
-**Per-chain streams** (:class:`~pyro_flat.chain_streams.ChainStreams`, ``MCMC(...,
-random_streams="per_chain")``) remove that price: under :func:`~pyro_flat.chain_streams.drawing_from`
-the draws below come from each chain's own generator (:mod:`pyro_flat.chain_streams`).
+**Per-chain streams** (:class:`~pyro_flat.chains.streams.ChainStreams`, ``MCMC(...,
+random_streams="per_chain")``) remove that price: under :func:`~pyro_flat.chains.streams.drawing_from`
+the draws below come from each chain's own generator (:mod:`pyro_flat.chains.streams`).
 
 The kernels draw through :func:`chain_randn_like`, :func:`chain_randn_like_each` and
 :func:`chain_rand_like`, and the few decisions
@@ -36,7 +36,7 @@ from typing import Any, Callable, ContextManager, List, Optional, Sequence
 
 import torch
 
-from .chain_streams import context_value, streams_for
+from .streams import context_value, streams_for
 
 
 

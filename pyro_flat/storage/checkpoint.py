@@ -38,8 +38,8 @@ from typing import Dict, List, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from .storage.locks import exclusive_lock
-from .targets import Params
+from .locks import exclusive_lock
+from ..targets import Params
 
 #: the first bytes of a pyro-flat checkpoint, then the format version
 MAGIC = b"pyro-flat checkpoint\n"
@@ -242,7 +242,7 @@ def differences(saved: Dict[str, object], current: Dict[str, object]) -> List[st
 
 
 class Checkpointer:
-    """Writes a vectorized run's state to ``path`` every ``every`` seconds (:mod:`pyro_flat.checkpoint`); holds
+    """Writes a vectorized run's state to ``path`` every ``every`` seconds (:mod:`pyro_flat.storage.checkpoint`); holds
     the checkpoint the run continues from (``saved``), refused if its configuration is not this run's.
 
     With ``previous`` (a second path) each write keeps the checkpoint it replaces there, and both are
@@ -305,7 +305,7 @@ class Checkpointer:
 
     def write(self, kernel, params: Params, done: int, draws, kept: int) -> None:
         """Write the state after ``done`` iterations, ``kept`` of whose draws are in ``draws`` (a
-        :class:`~pyro_flat.draws.DrawBuffers` or :class:`~pyro_flat.draws.DrawFiles`)."""
+        :class:`~pyro_flat.infer.draws.DrawBuffers` or :class:`~pyro_flat.infer.draws.DrawFiles`)."""
         try:
             write_checkpoint(self.path, {
                 "fingerprint": self.fingerprint, "done": done, "params": params, "kernel": kernel.state_dict(),
@@ -347,7 +347,7 @@ def run_fingerprint(kernel, *, num_chains: int, num_samples: int, warmup_steps: 
                     initial_params, args: tuple, kwargs: dict) -> dict:
     """What a checkpoint must share with a run to continue it: the kernel, its settings, the chains and
     lengths, the data (shapes and hashes of their bytes) and the initial point."""
-    from .kernels.base import constructor_signature
+    from ..kernels.base import constructor_signature
 
     model = kernel.model if getattr(kernel, "model", None) is not None else getattr(kernel, "potential_fn", None)
     left_out = {"model", "potential_fn", "record_draws"}  # the initial point is checked itself
