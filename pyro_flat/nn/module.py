@@ -55,6 +55,7 @@ from .batches import Batches, RowMemo
 from .batchnorm import STATISTICS_BATCH, BatchNormStatistics, batchnorm_layers, check_batch_rows, check_batchnorm_inputs
 from .functional import BatchedNetwork, probe_inputs, split_batch_dims
 from .prior import site_prior
+from .selection import Sampled, sampled_parameters
 
 Prior = Union[float, Callable[[str, torch.Tensor], dist.Distribution]]
 Likelihood = Union[str, Callable[[torch.Tensor], dist.Distribution]]
@@ -66,8 +67,13 @@ class BayesianModule(PyroModule):
 
     :param module: any ``torch.nn.Module`` (it is copied, not changed). Its parameters become the
         sample sites, named as in ``module.named_parameters()`` (``"conv1.weight"``), so a
-        ``state_dict`` of the module can start a chain (:meth:`initial_params`). A parameter with
-        ``requires_grad=False`` stays fixed at its value (said once, in a warning).
+        ``state_dict`` of the module can start a chain (:meth:`initial_params`).
+    :param sampled: which parameters are Bayesian (:mod:`~pyro_flat.nn.selection`): names or fnmatch
+        patterns (``"fc.*"``), or a predicate ``(name, parameter) -> bool``; the others stay fixed at the
+        module's values (a pre-trained network's). Default: those with ``requires_grad=True`` (any other
+        said once, in a warning, unless :func:`~pyro_flat.nn.low_rank_adapters` froze it).
+    :param prior_mean: ``"zero"``, or ``"module"``: the Normal of a prior sd centred on the module's
+        weights (the pre-trained ones, as transfer learning often does).
     :param prior: ``s`` for ``Normal(0, s)`` on every weight (weight decay ``1/(2 s^2)``; an
         :class:`~pyro_flat.nn.prior.IsotropicNormal` per tensor, one reduction per evaluation), or a callable
         ``(name, parameter) -> distribution`` whose batch and event shapes together are the
@@ -97,7 +103,8 @@ class BayesianModule(PyroModule):
     """
 
     def __init__(self, module: torch.nn.Module, *, prior: Prior = 1.0, likelihood: Likelihood = "categorical",
-                 transform: Optional[Callable[[torch.Tensor], torch.Tensor]] = None, networks: str = "auto"):
+                 transform: Optional[Callable[[torch.Tensor], torch.Tensor]] = None, networks: str = "auto",
+                 sampled: Sampled = None, prior_mean: str = "zero"):
         super().__init__()
         if isinstance(module, type) and issubclass(module, torch.nn.Module):
             raise TypeError(f"module must be a network, got the class {module.__name__}: pass an instance, "
@@ -109,18 +116,14 @@ class BayesianModule(PyroModule):
         if not named:
             raise ValueError(f"module {type(module).__name__} has no parameters: there is nothing to sample. "
                              "Pass the network whose weights the posterior is over.")
-        frozen = [n for n, p in named if not p.requires_grad]
-        if frozen:
-            warnings.warn(f"BayesianModule: the parameters {frozen} have requires_grad=False; they are left out of "
-                          "the posterior and stay at their values (set requires_grad=True to sample them).",
-                          UserWarning, stacklevel=2)
-        if len(frozen) == len(named):
-            raise ValueError("every parameter of module has requires_grad=False: there is nothing to sample; set "
-                             "requires_grad=True on the weights the posterior is over.")
-        self.shapes = {n: tuple(p.shape) for n, p in named if p.requires_grad}
-        self.fixed = {n: p.detach() for n, p in named if not p.requires_grad}
+        if prior_mean not in ("zero", "module"):
+            raise ValueError(f"prior_mean must be 'zero' or 'module' (the module's weights, e.g. pre-trained ones), got "
+                             f"{prior_mean!r}.")
+        chosen = set(sampled_parameters(module, sampled))
+        self.shapes = {n: tuple(p.shape) for n, p in named if n in chosen}
+        self.fixed = {n: p.detach() for n, p in named if n not in chosen}
         self.device, self.dtype = named[0][1].device, named[0][1].dtype
-        self.priors = {n: site_prior(prior, n, p) for n, p in named if p.requires_grad}
+        self.priors = {n: site_prior(prior, n, p, centred=prior_mean == "module") for n, p in named if n in chosen}
         if not (callable(likelihood) or likelihood in LIKELIHOODS):
             raise ValueError(f"likelihood must be one of {LIKELIHOODS} or a callable output -> distribution of y, "
                              f"got {likelihood!r}.")

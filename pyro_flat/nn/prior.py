@@ -49,17 +49,22 @@ class _ScaledSquaredNorm(torch.autograd.Function):
 
 
 class IsotropicNormal(TorchDistribution):
-    """``Normal(0, scale)`` on every entry of a tensor of ``shape``, as one event (batch shape ``()``)."""
+    """``Normal(loc, scale)`` on every entry of a tensor of ``shape``, as one event (batch shape ``()``); ``loc``
+    is 0 or a tensor of ``shape`` (a pre-trained network's weights: ``BayesianModule(prior_mean="module")``)."""
 
     arg_constraints = {}
     has_rsample = True
 
     def __init__(self, scale: float, shape: Sequence[int], *, dtype: torch.dtype = torch.float32,
-                 device: torch.device = torch.device("cpu")):
+                 device: torch.device = torch.device("cpu"), loc: Optional[torch.Tensor] = None):
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (scale > 0 and math.isfinite(scale)):
             raise ValueError(f"scale must be a positive finite float (the prior sd), got {scale!r}.")
         self.scale, self.dtype, self.device = float(scale), dtype, torch.device(device)
         shape = torch.Size(shape)
+        if loc is not None and (not torch.is_tensor(loc) or loc.shape != shape):
+            raise ValueError(f"loc must be a tensor of shape {tuple(shape)}, got "
+                             f"{tuple(loc.shape) if torch.is_tensor(loc) else type(loc).__name__}.")
+        self.loc = None if loc is None else loc.detach().to(dtype=dtype, device=device)
         self._size = math.prod(shape)
         super().__init__(torch.Size(), shape, validate_args=False)
 
@@ -69,6 +74,8 @@ class IsotropicNormal(TorchDistribution):
 
     @property
     def mean(self) -> torch.Tensor:
+        if self.loc is not None:
+            return self.loc.expand(self.batch_shape + self.event_shape)
         return torch.zeros(self.event_shape, dtype=self.dtype, device=self.device)
 
     @property
@@ -77,20 +84,22 @@ class IsotropicNormal(TorchDistribution):
 
     def expand(self, batch_shape, _instance=None):
         new = self._get_checked_instance(IsotropicNormal, _instance)
-        new.scale, new.dtype, new.device, new._size = self.scale, self.dtype, self.device, self._size
+        new.scale, new.dtype, new.device, new._size, new.loc = self.scale, self.dtype, self.device, self._size, self.loc
         TorchDistribution.__init__(new, torch.Size(batch_shape), self.event_shape, validate_args=False)
         return new
 
     def rsample(self, sample_shape=torch.Size()) -> torch.Tensor:
         shape = self._extended_shape(sample_shape)
-        return self.scale * torch.randn(shape, dtype=self.dtype, device=self.device)
+        noise = self.scale * torch.randn(shape, dtype=self.dtype, device=self.device)
+        return noise if self.loc is None else noise + self.loc
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         events = len(self.event_shape)
         if tuple(value.shape[value.dim() - events:]) != tuple(self.event_shape):
             raise ValueError(f"IsotropicNormal over shape {tuple(self.event_shape)} was given a value of shape "
                              f"{tuple(value.shape)}: its last {events} dims must be that shape.")
-        flat = value.reshape(value.shape[:value.dim() - events] + (self._size,))
+        centred = value if self.loc is None else value - self.loc
+        flat = centred.reshape(value.shape[:value.dim() - events] + (self._size,))
         constant = -self._size * (math.log(self.scale) + 0.5 * math.log(2 * math.pi))
         log_prob = _ScaledSquaredNorm.apply(flat, -0.5 / self.scale ** 2, constant)
         if self.batch_shape:
@@ -102,10 +111,14 @@ class IsotropicNormal(TorchDistribution):
         return torch.full(self.batch_shape, value, dtype=self.dtype, device=self.device)
 
 
-def site_prior(prior, name: str, parameter: torch.Tensor) -> dist.Distribution:
+def site_prior(prior, name: str, parameter: torch.Tensor, *, centred: bool = False) -> dist.Distribution:
     """The prior of ``parameter`` (named ``name``) from :class:`~pyro_flat.nn.BayesianModule`'s ``prior``: a
-    positive finite sd, or a callable ``(name, parameter) -> distribution`` of finite parameters and its shape."""
+    positive finite sd, or a callable ``(name, parameter) -> distribution`` of finite parameters and its shape;
+    ``centred``: a Normal around the parameter's value (``prior_mean="module"``), for an sd only."""
     shape = tuple(parameter.shape)
+    if callable(prior) and centred:
+        raise ValueError("prior_mean='module' centres the Normal of a prior sd on the module's weights; a callable "
+                         "prior sets its own mean: give it loc=parameter.detach() (or pass prior as an sd).")
     if callable(prior):
         try:
             d = prior(name, parameter)
@@ -129,7 +142,8 @@ def site_prior(prior, name: str, parameter: torch.Tensor) -> dist.Distribution:
     if isinstance(prior, bool) or not isinstance(prior, (int, float)) or not 0 < prior < math.inf:
         raise ValueError(f"prior must be a positive prior sd s (Normal(0, s) on every weight; s finite) or a callable "
                          f"(name, parameter) -> distribution, got {prior!r}.")
-    return IsotropicNormal(float(prior), shape, dtype=parameter.dtype, device=parameter.device)
+    return IsotropicNormal(float(prior), shape, dtype=parameter.dtype, device=parameter.device,
+                           loc=parameter.detach().clone() if centred else None)
 
 
 def _nonfinite_parameter(d: dist.Distribution) -> Optional[str]:

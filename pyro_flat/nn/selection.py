@@ -1,0 +1,75 @@
+r"""Which parameters of a network are Bayesian: ``BayesianModule(module, sampled=...)``.
+
+Fine-tuning puts the posterior on part of a pre-trained network (its last block, its head, its
+low-rank adapters: :func:`~pyro_flat.nn.low_rank_adapters`) and keeps the rest at the pre-trained values.
+``sampled`` names that part:
+
+- ``None``: every parameter with ``requires_grad=True`` (the others fixed, said in a warning unless
+  :func:`~pyro_flat.nn.low_rank_adapters` froze them);
+- a name or fnmatch pattern, or a list of them, on the names of ``module.named_parameters()``
+  (``"fc.*"``, ``["layer4.*", "fc.*"]``);
+- a predicate ``(name, parameter) -> bool``.
+
+>>> import torch
+>>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+>>> sampled_parameters(net, "2.*")
+['2.weight', '2.bias']
+>>> sampled_parameters(net, lambda name, p: p.dim() == 1)
+['0.bias', '2.bias']
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import warnings
+from typing import Callable, List, Sequence, Union
+
+import torch
+
+from .adapters import frozen_by_adapters, preview_names
+
+Sampled = Union[None, str, Sequence[str], Callable[[str, torch.nn.Parameter], bool]]
+
+
+def sampled_parameters(module: torch.nn.Module, sampled: Sampled = None) -> List[str]:
+    """The names of ``module``'s parameters that ``sampled`` chooses (see the module), in
+    ``named_parameters()`` order; a ``ValueError`` naming ``sampled`` when it chooses none, or names a pattern
+    that matches nothing."""
+    named = list(module.named_parameters())
+    names = [n for n, _ in named]
+    if sampled is None:
+        frozen = [n for n, p in named if not p.requires_grad]
+        unexpected = [n for n in frozen if n not in frozen_by_adapters(module)]
+        if unexpected:
+            warnings.warn(f"BayesianModule: the parameters {unexpected} have requires_grad=False; they are left out "
+                          "of the posterior and stay at their values (set requires_grad=True to sample them, or "
+                          "choose the Bayesian part with sampled=).", UserWarning, stacklevel=3)
+        chosen = [n for n, p in named if p.requires_grad]
+        if not chosen:
+            raise ValueError("every parameter of module has requires_grad=False: there is nothing to sample; set "
+                             "requires_grad=True on the weights the posterior is over, or pass sampled=.")
+        return chosen
+    if callable(sampled):
+        chosen = []
+        for n, p in named:
+            verdict = sampled(n, p)
+            if not isinstance(verdict, bool):
+                raise TypeError(f"sampled({n!r}, parameter) must return True or False, got {verdict!r}.")
+            if verdict:
+                chosen.append(n)
+        if not chosen:
+            raise ValueError(f"sampled chose none of the parameters of {type(module).__name__} ({preview_names(names)}): "
+                             "there is nothing to sample.")
+        return chosen
+    patterns = [sampled] if isinstance(sampled, str) else list(sampled) if isinstance(sampled, (list, tuple)) else None
+    if not patterns or not all(isinstance(p, str) for p in patterns):
+        raise TypeError(f"sampled must be a parameter name or fnmatch pattern, a list of them, or a predicate "
+                        f"(name, parameter) -> bool, got {sampled!r}.")
+    unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(n, p) for n in names)]
+    if unmatched:
+        raise ValueError(f"sampled: {unmatched} match no parameter of {type(module).__name__}, whose parameters are "
+                         f"{preview_names(names)} (names from module.named_parameters(); patterns such as 'fc.*').")
+    return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+
+
+__all__ = ["sampled_parameters", "Sampled"]
