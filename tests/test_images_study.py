@@ -108,8 +108,12 @@ def test_a_difference_just_inside_the_critical_value_is_a_tie_and_just_outside_i
         assert claims(_rows(ours, theirs), [("accuracy", "x", False)])[0]["verdict"] == verdict
 
 
-def test_cifar10_runs_from_generated_files_of_the_official_layout(tmp_path):
+def test_cifar10_runs_from_generated_files_of_the_official_layout_and_resumes(tmp_path, monkeypatch, capsys):
+    """The reader and the CIFAR path, one seed; then the same run killed in its second fit and continued with
+    --resume gives the uninterrupted run's numbers (the CIFAR path's data are tensors on the device, whose
+    minibatches the checkpoint's streams hold)."""
     from scipy.io import savemat
+    from pyro_flat.experiments import images as study
 
     rng = np.random.default_rng(0)
     data = tmp_path / "data"
@@ -127,6 +131,27 @@ def test_cifar10_runs_from_generated_files_of_the_official_layout(tmp_path):
     assert report["data"]["n_train"] == 100 and report["data"]["n_test"] == 40 and report["data"]["ood"] == "SVHN's test set"
     assert report["data"]["corruptions"].startswith("generated here")  # no CIFAR-10-C folder
     assert "95.69 %" in (out / "report.md").read_text()  # the paper's table beside the run
+
+    score = study.evaluate
+
+    def killed_at_emcmc(fit, *a, **k):
+        if fit.method == "emcmc":
+            raise KeyboardInterrupt
+        return score(fit, *a, **k)
+
+    monkeypatch.setattr(study, "evaluate", killed_at_emcmc)
+    args = ["images", "--dataset", "cifar10", "--data-dir", str(data), *small, "--lr", "0.02", "--methods", "sgd",
+            "emcmc", "--seeds", "1", "--checkpoint-every", "0.005", "--out", str(tmp_path / "killed")]
+    main(args)
+    assert "seed0-emcmc.ckpt" in {p.name for p in (tmp_path / ".killed.checkpoints").iterdir()}
+    monkeypatch.setattr(study, "evaluate", score)
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 0
+    assert "seed 0 Entropy-MCMC: continuing from its checkpoint" in capsys.readouterr().out
+    resumed = json.loads((tmp_path / "killed" / "report.json").read_text())["rows"]
+    for mine, want in zip(resumed, report["rows"], strict=True):
+        for key in ("accuracy", "nll", "ece", "corrupted_accuracy", "ood_auroc", "top_eigenvalue"):
+            assert mine.get(key) == want.get(key), (mine["label"], key)
 
 
 @pytest.mark.parametrize("args, needle", [
