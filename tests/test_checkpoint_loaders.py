@@ -206,3 +206,33 @@ def test_a_module_level_constant_the_model_reads_is_part_of_the_fingerprint(tmp_
             run()
     finally:
         PRIOR_SCALE = 1.0
+
+
+def test_ctrl_c_writes_the_iterations_checkpoint_then_stops_and_the_rerun_continues(tmp_path):
+    """SIGINT (Ctrl-C) in the middle of a run whose checkpoints are an hour apart: the run finishes the
+    iteration, writes its checkpoint, raises KeyboardInterrupt; started again it gives the draws of the run
+    never stopped. Before, the stop lost everything since the last timed checkpoint."""
+    import os
+    import signal
+
+    from pyro_flat.storage.checkpoint import read_checkpoint
+
+    def run(path, interrupt_at=None):
+        def hook(kernel, params, stage, i):
+            if kernel.iteration == interrupt_at:
+                os.kill(os.getpid(), signal.SIGINT)  # as a Ctrl-C arrives, during the run
+        pyro.set_rng_seed(3)
+        mcmc = MCMC(SGLD(BayesianModule(nn.Linear(D, 2)), step_size=1e-3), num_samples=30, warmup_steps=10,
+                    num_chains=3, checkpoint=path, checkpoint_every=3600, disable_progbar=True, hook_fn=hook)
+        mcmc.run(*_dataset().tensors, batch_size=B)
+        return mcmc.get_samples(group_by_chain=True)
+
+    reference = run(tmp_path / "reference.ckpt")
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "run.ckpt", interrupt_at=17)
+    assert read_checkpoint(tmp_path / "run.ckpt")["done"] == 17
+    assert signal.getsignal(signal.SIGINT) is handler  # the handler of before is back
+    resumed = run(tmp_path / "run.ckpt")
+    for name, value in reference.items():
+        assert torch.equal(resumed[name], value), name

@@ -125,7 +125,7 @@ def test_prior_mean_module_centres_the_prior_on_the_pretrained_weights():
 
 @pytest.mark.parametrize("kwargs, named", [
     (dict(rank=0), "rank must be a positive integer"),
-    (dict(rank=5), "rank=5 is more than layer '0''s smaller side \\(4\\)"),
+    (dict(rank=5), "rank=5 is more than the smaller side of layer '0' \\(4\\): pass a rank of at most 4"),
     (dict(rank=1, targets="layer9.*"), "targets \\['layer9.\\*'\\] match no Linear or Conv2d layer"),
     (dict(rank=1, alpha=-1.0), "alpha must be a positive number"),
 ])

@@ -11,8 +11,7 @@ arguments, ``chain_method`` and ``thinning``. ``chain_method`` is one of:
 - ``"auto"`` (default): vectorized when the kernel supports it and the model broadcasts over a
   leading chain dimension (checked by evaluating the first chains both ways), else Pyro's
   behaviour, with a warning that says why;
-- ``"sequential"``/``"parallel"``: Pyro's behaviour (``"parallel"`` uses Pyro's worker processes
-  when there are enough CPUs);
+- ``"sequential"``/``"parallel"``: Pyro's behaviour (``"parallel"``: its worker processes);
 - ``"distributed"``: across the ranks of a ``torch.distributed`` group (``torchrun``): each rank runs
   its block of the chains, vectorized, and rank 0 gathers the draws; one seed gives the same draws on
   any number of ranks, up to round-off (:mod:`pyro_flat.distributed`). ``mcmc.rank`` and ``mcmc.world_size`` say where;
@@ -37,9 +36,8 @@ convergence). Samples, ``summary()``, ``diagnostics()`` and :func:`pyro_flat.to_
 Pyro's own run; with ``pyro.set_rng_seed(s)`` before ``run`` a vectorized run is reproducible bit for bit.
 
 ``thinning=k`` (NumPyro's meaning) keeps every ``k``-th of the ``num_samples`` post-warm-up iterations,
-``num_samples // k`` draws per chain, made inside one ``sample`` call: the skipped states are never
-stored, by either driver. The progress bar of pyro-flat's loop counts iterations (a cyclical schedule's
-exploration iterations, which make no draw, too), so that its rate and time left are true.
+``num_samples // k`` draws per chain, made inside one ``sample`` call: the skipped states are never stored.
+The progress bar counts iterations (a cyclical schedule's exploration ones too): its rate and time left are true.
 
 Example::
 
@@ -72,7 +70,7 @@ from pyro.util import optional
 from ..chains.streams import check_random_streams
 from ..chains.shard import sharded
 from ..evaluation.diagnostics import per_chain_diagnostics, require_draws, select_draws
-from ..storage.checkpoint import check_checkpoint_arguments, resumable_data, run_fingerprint
+from ..storage.checkpoint import StopAfterIteration, check_checkpoint_arguments, resumable_data, run_fingerprint
 from .draws import DrawBuffers, DrawFiles
 from ..storage.draws_folder import DrawsFolder, check_draws_dir
 from .progress import ProgressHook
@@ -92,8 +90,8 @@ RANK_METHODS = ("distributed", "data_parallel")
 class MCMC(pyro.infer.MCMC):
     """``pyro.infer.MCMC`` with vectorized chains (see the module docstring).
 
-    :param chain_method: ``"auto"``, ``"vectorized"``, ``"sequential"``, ``"parallel"``, ``"distributed"``
-        or ``"data_parallel"``.
+    :param chain_method: ``"auto"``, ``"vectorized"``, ``"sequential"``, ``"parallel"``, ``"distributed"``,
+        ``"data_parallel"``.
     :param thinning: keep every ``thinning``-th post-warm-up iteration (a pyro-flat
         stochastic-gradient kernel is needed for ``thinning > 1``).
     :param minibatches: ``"per_chain"`` (default) or ``"shared"``: how vectorized chains of a
@@ -111,7 +109,8 @@ class MCMC(pyro.infer.MCMC):
         rank after the same iteration (at the first error check after the interval: every 128 iterations at
         first, up to 4,096 while they are fast),
         and a resumed run continues every rank from the latest iteration all the ranks' files hold.
-    :param checkpoint_every: seconds between checkpoints (default 60).
+    :param checkpoint_every: seconds between checkpoints (default 60); Ctrl-C writes one after the iteration in
+        progress, then stops (a second Ctrl-C stops at once).
     :param draws_dir: a folder: the kept draws go to a ``.npy`` file per site there as they are made, not to
         memory, counted by a manifest (the format: :mod:`pyro_flat.infer.draws`); ``get_samples()`` gives memory-mapped
         tensors of them, and the draws made before an error or a Ctrl-C are in the files. One run at a time per
@@ -180,9 +179,7 @@ class MCMC(pyro.infer.MCMC):
         self.thinning = thinning
         num_samples //= thinning
         self._requested = (num_chains, chain_method, initial_params, num_samples, warmup_steps, kwargs)
-        self.kernel = kernel
-        self.chain_method = chain_method
-        # decided for good in run(), when the model's arguments are known
+        self.kernel, self.chain_method = kernel, chain_method  # decided for good in run(), given the data
         self._try_vectorized = (num_chains > 1 or own_loop) and can_vectorize and chain_method in ("auto", "vectorized")
         self.rank, self.world_size, self.backend = 0, 1, None  # set by a run across ranks
         if self._try_vectorized or chain_method in RANK_METHODS:  # one kernel holds this process's chains
@@ -337,13 +334,14 @@ class MCMC(pyro.infer.MCMC):
             if self.draws_dir is not None:  # locked for this run, and checked: before any draw
                 folder = DrawsFolder(self.draws_dir, resume=saver.saved["draws"] if resumed else None,
                                      checkpoint=self.checkpoint, overwrite=self.overwrite_draws, own_runs=self._runs)
-            with sharded(None if run is None else run.shard), poutine.block(), \
-                    optional(pyro.validation_enabled(not self.disable_validation), self.disable_validation is not None):
+            validation = optional(pyro.validation_enabled(not self.disable_validation),
+                                  self.disable_validation is not None)
+            with sharded(None if run is None else run.shard), poutine.block(), validation, \
+                    StopAfterIteration(enabled=saver is not None and clock is None) as ctrl_c:
                 for phase, i, params in checked(steps, run, self.thinning, clock):
                     if phase == "Initial":
                         names = getattr(kernel, "save_params", None) or sorted(params)
-                        # (draw, chain, ...) in host memory or files, constrained where the state is: draws
-                        # leave a GPU as they are made
+                        # (draw, chain, ...) in host memory or files: draws leave a GPU as they are made
                         transforms = kernel.transforms
                         shapes = {n: (tuple(params[n].shape), params[n].dtype) for n in names}
                         store = DrawFiles(folder, shapes, num_samples) if folder else DrawBuffers(shapes, num_samples)
@@ -366,6 +364,9 @@ class MCMC(pyro.infer.MCMC):
                         elif clock.due:  # every rank, after the same iteration
                             saver.write(kernel, params, done, store, done - warmup)
                             clock.written()
+                    if ctrl_c.requested:  # Ctrl-C: this iteration's checkpoint, then the stop
+                        saver.write(kernel, params, done, store, done - warmup)
+                        raise KeyboardInterrupt
                 if saver is not None:  # the finished run: run() again gives its draws back at once
                     saver.write(kernel, params, warmup + num_samples, store, num_samples)
                 hook.flush(kernel)

@@ -104,8 +104,8 @@ def low_rank_adapters(module: torch.nn.Module, *, rank: int, targets: Optional[U
                              "of targets.")
         smaller = min(layer.weight.shape[0], math.prod(layer.weight.shape[1:]))
         if rank > smaller:
-            raise ValueError(f"rank={rank} is more than layer {name!r}'s smaller side ({smaller}): a low-rank update "
-                             "needs rank below it.")
+            raise ValueError(f"rank={rank} is more than the smaller side of layer {name!r} ({smaller}): pass a rank "
+                             f"of at most {smaller}, or leave the layer out of targets.")
     adapted.requires_grad_(False)
     for name, layer in layers.items():
         parent, _, child = name.rpartition(".")

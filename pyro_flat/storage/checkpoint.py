@@ -30,6 +30,8 @@ import hashlib
 import io
 import os
 import random
+import signal
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -318,6 +320,31 @@ class Checkpointer:
 
 
 
+class StopAfterIteration:
+    """While a checkpointed run of one process is in this block, Ctrl-C (SIGINT) asks it to stop after the
+    iteration in progress (:attr:`requested`), so that the run writes that iteration's checkpoint and then raises
+    ``KeyboardInterrupt``: a stop by hand loses nothing. A second Ctrl-C stops at once. Only in the main thread
+    (where Python runs signal handlers), and only when ``enabled``."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self.requested, self._previous = False, None
+
+    def __enter__(self) -> "StopAfterIteration":
+        if self.enabled:
+            self._previous = signal.signal(signal.SIGINT, self._interrupted)
+        return self
+
+    def _interrupted(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            signal.signal(signal.SIGINT, self._previous if self._previous is not None else signal.default_int_handler)
+
+
 def rank_checkpoint_paths(path: Path, rank: int) -> Tuple[Path, Path]:
     """The checkpoint file of ``rank`` in a run across ranks, and where it keeps its previous one:
     ``run.ckpt`` gives ``run.rank1.ckpt`` and ``run.rank1.previous.ckpt`` for rank 1."""
@@ -361,6 +388,6 @@ def run_fingerprint(kernel, *, num_chains: int, num_samples: int, warmup_steps: 
             "random start": describe(torch.get_rng_state())}
 
 
-__all__ = ["Checkpointer", "run_fingerprint", "resumable_data", "rank_checkpoint_paths", "CheckpointError", "check_checkpoint_arguments",
+__all__ = ["Checkpointer", "StopAfterIteration", "run_fingerprint", "resumable_data", "rank_checkpoint_paths", "CheckpointError", "check_checkpoint_arguments",
            "write_checkpoint", "read_checkpoint", "random_state", "set_random_state", "describe", "differences",
            "FORMAT_VERSION"]
