@@ -1,4 +1,6 @@
+import fcntl
 import os
+import pickle
 
 # Before torch loads OpenMP: threads that wait sleep instead of spinning. With 2 threads on a busy
 # machine, spinning made iterations 4-50x slower (a notebook test once hit its cell timeout).
@@ -60,3 +62,33 @@ def interrupt_study_at(monkeypatch):
             if name == "entropy-sgld" else make(name, c, model)))
 
     return at
+
+
+@pytest.fixture(scope="session")
+def once_per_run(tmp_path_factory):
+    """``once_per_run(key, make)``: ``make()``'s value, made once per test run for a module-scoped fixture.
+
+    Under pytest-xdist a module-scoped fixture is made once per worker that runs one of its tests, and with
+    the tests handed out one at a time (above) both workers run some: test_distributed.py's rank processes
+    ran twice (30 s each). Here the first worker to ask makes the value (a picklable one) and leaves it in the
+    run's temporary folder, which the workers share; the other waits for it and reads it. (Also without xdist:
+    a test that parametrizes such a fixture itself gets a fixture instance of its own, which reads the value.)
+    A ``make()`` that raises leaves nothing: the next to ask makes it again (and fails in its own tests too).
+    """
+    root = tmp_path_factory.getbasetemp()  # the run's; under xdist each worker's is a folder in the run's
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+
+    def shared(key: str, make):
+        path = root / f"once-per-run-{key}.pickle"
+        with open(root / f"once-per-run-{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if path.exists():
+                return pickle.loads(path.read_bytes())
+            value = make()
+            staged = path.with_suffix(".partial")
+            staged.write_bytes(pickle.dumps(value))
+            staged.replace(path)
+            return value
+
+    return shared

@@ -15,6 +15,8 @@ from pyro_flat.experiments.registry import STUDIES
 
 SMALL = ["--chains", "2", "--warmup", "200", "--num-samples", "300", "--thin", "1", "--no-progress",
          "--reference", "none"]
+# For the tests of the output folder, the options and Ctrl-C, which check no property of the draws: a run of seconds.
+TINY = ["--chains", "2", "--warmup", "50", "--num-samples", "50", "--thin", "1", "--no-progress", "--reference", "none"]
 # Enough draws that the BMA's accuracy on the 200 test images is a property of the sampler.
 STUDY = ["--chains", "2", "--warmup", "500", "--num-samples", "1500", "--thin", "5", "--no-progress",
          "--reference-samples", "100", "--reference-warmup", "60"]
@@ -103,11 +105,11 @@ def test_wrong_layout_and_out_is_a_file(tmp_path, capsys):
 
 
 def test_ctrl_c_keeps_the_draws(tmp_path, interrupt_study_at):
-    interrupt_study_at(250)  # Ctrl-C after 50 draws of the (vectorized) chains
+    interrupt_study_at(80)  # Ctrl-C after 30 draws of the (vectorized) chains
     out = tmp_path / "run"
-    assert main(["mnist79", *SMALL, "--out", str(out)]) == 130
+    assert main(["mnist79", *TINY, "--out", str(out)]) == 130
     idata = az.from_netcdf(str(out / "samples.nc"))
-    assert idata.posterior["w"].shape == (2, 50, 784)  # both chains, every draw made
+    assert idata.posterior["w"].shape == (2, 30, 784)  # both chains, every draw made
     report = json.loads((out / "report.json").read_text())
     assert report["threads"]["count"] >= 1 and report["threads"]["why"]  # what ran, not null
     assert report["interrupted"] and "sgld" not in report["seconds"]
@@ -230,7 +232,7 @@ def test_out_of_other_files_is_refused_and_kept(tmp_path, capsys):
 
 def test_rerun_replaces_the_whole_folder_and_a_failed_run_keeps_the_old_one(tmp_path, monkeypatch):
     out = tmp_path / "run"
-    assert main(["mnist79", *SMALL, "--baseline", "none", "--out", str(out)]) == 0
+    assert main(["mnist79", *TINY, "--baseline", "none", "--out", str(out)]) == 0
     first = json.loads((out / "report.json").read_text())
     assert (out / MARKER).read_text().split()[0] == "mnist79"  # then the files the run wrote
     (out / "stale.png").write_text("from an older version")  # a file the earlier run wrote:
@@ -241,19 +243,19 @@ def test_rerun_replaces_the_whole_folder_and_a_failed_run_keeps_the_old_one(tmp_
 
     monkeypatch.setattr(mnist79, "_summary_rows", broken)
     with pytest.raises(RuntimeError, match="disk full"):
-        main(["mnist79", *SMALL, "--baseline", "none", "--seed", "1", "--out", str(out)])
+        main(["mnist79", *TINY, "--baseline", "none", "--seed", "1", "--out", str(out)])
     assert json.loads((out / "report.json").read_text()) == first  # the old run, whole
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".run.")] == [".run.checkpoints"]  # no staging
     # left; the failed run's checkpoints stay, for --resume (its sampler had finished)
     monkeypatch.undo()
-    assert main(["mnist79", *SMALL, "--baseline", "none", "--seed", "1", "--out", str(out)]) == 0
+    assert main(["mnist79", *TINY, "--baseline", "none", "--seed", "1", "--out", str(out)]) == 0
     assert json.loads((out / "report.json").read_text())["config"]["seed"] == 1
     assert not (out / "stale.png").exists()  # one run's files only
 
 
 def test_batch_size_above_the_data_is_said_and_recorded(tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(["mnist79", *SMALL, "--baseline", "none", "--batch-size", "5000", "--out", str(out)]) == 0
+    assert main(["mnist79", *TINY, "--baseline", "none", "--batch-size", "5000", "--out", str(out)]) == 0
     assert "--batch-size 5000 is above the 800 training images: using the full batch (800)" in capsys.readouterr().out
     report = json.loads((out / "report.json").read_text())
     assert report["threads"]["count"] >= 1 and report["threads"]["why"]  # what ran, not null

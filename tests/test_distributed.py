@@ -7,6 +7,7 @@ skipped without two GPUs).
 """
 
 import math
+import traceback
 
 import numpy as np
 import pytest
@@ -128,9 +129,11 @@ def _all_cases(rank, backend):
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
-def distributed_runs(request):
-    """``(backend, [rank 0's cases, rank 1's])``: every case in one pair of rank processes per backend."""
-    return request.param, run_ranks(_all_cases, 2, request.param, timeout=240).values()
+def distributed_runs(request, once_per_run):
+    """``(backend, [rank 0's cases, rank 1's])``: every case in one pair of rank processes per backend (per test
+    run: see ``once_per_run``)."""
+    return request.param, once_per_run(f"distributed-runs-{request.param}", lambda: run_ranks(
+        _all_cases, 2, request.param, timeout=240).values())
 
 
 def test_an_online_bma_hook_pools_every_ranks_chains(distributed_runs):
@@ -226,11 +229,11 @@ def _data_parallel_full_batch(rank, backend):
     return out
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_data_parallel_ranks_stay_identical_and_match_one_process(backend):
+def test_data_parallel_ranks_stay_identical_and_match_one_process(data_parallel_and_faults):
     """Each rank holds half the data; the summed energy, gradient (and, for EntropyHMC's Hessian metric,
     Hessian; for EntropySGHMC the momenta, drawn from the shared stream) make the ranks' chains bit-identical, and equal to the one-process chains up to round-off."""
-    rank0, rank1 = run_ranks(_data_parallel_full_batch, 2, backend, timeout=120).values()
+    backend, runs = data_parallel_and_faults
+    rank0, rank1 = outcomes(runs, "data parallel").values()
     for name, kernel in DATA_PARALLEL_KERNELS.items():
         assert rank0[name][1] == rank1[name][1] == backend, name
         assert torch.equal(rank0[name][0], rank1[name][0]), name
@@ -256,11 +259,12 @@ def _data_parallel_law(rank):
     return mcmc.get_samples(group_by_chain=True)["w"].numpy()
 
 
-def test_data_parallel_minibatch_sgld_follows_the_exact_law():
+@pytest.mark.parametrize("data_parallel_and_faults", ["gloo"], indirect=True)
+def test_data_parallel_minibatch_sgld_follows_the_exact_law(data_parallel_and_faults):
     """Minibatch SGLD with 2 shards: the stationary law solves the Lyapunov equation with the stratified
     minibatch covariance (the sum of the shards' without-replacement covariances), and matches it
     within Monte-Carlo error; the ranks' draws are identical."""
-    w0, w1 = run_ranks(_data_parallel_law, 2, timeout=240).values()
+    w0, w1 = outcomes(data_parallel_and_faults[1], "law").values()
     assert np.array_equal(w0, w1)
     X, y = data(LAW_N)
     P = (X.T @ X + torch.eye(D, dtype=X.dtype)).numpy()
@@ -297,10 +301,10 @@ def _diverging(rank, backend):
     return None
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_divergence_on_one_rank_stops_every_rank_with_the_same_error_and_keeps_the_draws(backend):
+def test_a_divergence_on_one_rank_stops_every_rank_with_the_same_error_and_keeps_the_draws(data_parallel_and_faults):
     """(On nccl the run's device is that of the potential's initial_params: no model argument is a tensor.)"""
-    rank0, rank1 = run_ranks(_diverging, 2, backend, timeout=90).values()
+    _, runs = data_parallel_and_faults
+    rank0, rank1 = outcomes(runs, "diverging").values()
     message, chain, kept, completed = rank0
     assert message == rank1[0] and message.startswith("rank 1: SGLD: chain 3 diverged at iteration")
     assert chain == rank1[1] == 3
@@ -355,18 +359,62 @@ def _dies(rank, backend):
          disable_progbar=True, hook_fn=hook).run(*_rank_data(rank, backend))
 
 
-@pytest.mark.parametrize("worker, expected", [
-    (_bad_shard, "rank 1: model argument 0 holds 1 NaN/inf value"),
-    (_overflowing_shard, "rank 1: SGLD: the potential energy of rank 1's data shard at the initial point of chain 0 "
-                         "is inf (the other ranks' shards give finite energies)"),
-    (_other_data, "rank 1 has the model's arguments"),
-    (_other_model, "rank 1 has latent sites"),
-])
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_bad_rank_stops_every_rank_at_set_up_with_a_message_that_names_it(worker, expected, backend):
-    results = run_ranks(worker, 2, backend, timeout=60)
-    for status, (kind, message, _, _) in results:
+#: the runs that a bad rank stops at set-up, each with what its error says
+SET_UP_ERRORS = {
+    _bad_shard: "rank 1: model argument 0 holds 1 NaN/inf value",
+    _overflowing_shard: "rank 1: SGLD: the potential energy of rank 1's data shard at the initial point of chain 0 "
+                        "is inf (the other ranks' shards give finite energies)",
+    _other_data: "rank 1 has the model's arguments",
+    _other_model: "rank 1 has latent sites",
+}
+
+
+@pytest.mark.parametrize("worker, expected", SET_UP_ERRORS.items(), ids=[w.__name__ for w in SET_UP_ERRORS])
+def test_a_bad_rank_stops_every_rank_at_set_up_with_a_message_that_names_it(worker, expected,
+                                                                            data_parallel_and_faults):
+    _, runs = data_parallel_and_faults
+    for rank in range(2):
+        status, (kind, message, _, _) = runs[rank][worker.__name__]
         assert status == "error" and kind == "ValueError" and expected in message, message
+
+
+def _outcome(fn, *args):
+    """``fn(*args)``'s ``("ok", value)`` or ``("error", (type name, message, attributes, traceback))``, as
+    :func:`ranks.run_ranks` hands back a rank's whole run."""
+    try:
+        return "ok", fn(*args)
+    except Exception as err:
+        return "error", (type(err).__name__, str(err), getattr(err, "__dict__", {}), traceback.format_exc())
+
+
+def _data_parallel_and_faults(rank, backend):
+    """The data-parallel chains (with gloo also minibatch SGLD's law and the SVI steps, on CPU tensors), then each
+    run a bad rank stops at set-up, then the run that diverges on rank 1, one after the other on one process
+    group: each one's outcome, by name. A rank that raises at set-up raises there on every rank (the ranks agree
+    on the error), so the group is ready for the next run."""
+    runs = {"data parallel": _outcome(_data_parallel_full_batch, rank, backend)}
+    if backend == "gloo":
+        runs["law"] = _outcome(_data_parallel_law, rank)
+        runs["svi"] = _outcome(_svi_on_ranks, rank)
+    runs.update({worker.__name__: _outcome(worker, rank, backend) for worker in SET_UP_ERRORS})
+    runs["diverging"] = _outcome(_diverging, rank, backend)
+    return runs
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def data_parallel_and_faults(request, once_per_run):
+    """``(backend, [rank 0's outcomes, rank 1's])`` of :func:`_data_parallel_and_faults`: one pair of rank
+    processes per backend for those runs (each pair costs seconds of start-up), per test run (also when a test
+    asks for one backend's alone)."""
+    return request.param, once_per_run(f"data-parallel-and-faults-{request.param}", lambda: run_ranks(
+        _data_parallel_and_faults, 2, request.param, timeout=240).values())
+
+
+def outcomes(runs, name):
+    """``name``'s value on each rank, ``{rank: value}``; its error, traceback included, if a rank raised."""
+    bad = [(rank, result[name][1]) for rank, result in enumerate(runs) if result[name][0] != "ok"]
+    assert not bad, "\n".join(f"rank {r}: {e[0]}: {e[1]}\n{e[3]}" for r, e in bad)
+    return {rank: result[name][1] for rank, result in enumerate(runs)}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -380,22 +428,44 @@ def test_a_rank_that_dies_ends_the_others_within_the_timeout(backend):
 # ----------------------------------------------------------------------------- the study under torchrun
 def _torchrun(args, timeout, interrupt_after=None):
     """``torchrun --nproc-per-node 2 -m pyro_flat ...`` in its own session; killed (all of it) at ``timeout``.
-    ``interrupt_after`` seconds: Ctrl-C (SIGINT) to the whole session, as a terminal sends it."""
+    ``interrupt_after=(text, seconds)``: Ctrl-C (SIGINT) to the whole session, as a terminal sends it, ``seconds``
+    after the output's first line holding ``text``."""
     import os
     import signal
     import subprocess
     import sys
+    import threading
     import time
 
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                str(__import__("ranks").free_port()), "-m", "pyro_flat", *args]
+    # unbuffered: each line of the ranks' output reaches the pipe when it is printed
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env={**os.environ, "PYRO_FLAT_DIST_TIMEOUT": "60"})
+                            start_new_session=True,
+                            env={**os.environ, "PYRO_FLAT_DIST_TIMEOUT": "60", "PYTHONUNBUFFERED": "1"})
     try:
         if interrupt_after is not None:
-            time.sleep(interrupt_after)
-            os.killpg(proc.pid, signal.SIGINT)
-        output, _ = proc.communicate(timeout=timeout)
+            text, seconds = interrupt_after
+            lines = []
+
+            def read():
+                for line in proc.stdout:
+                    lines.append(line)
+
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+            deadline = time.monotonic() + timeout
+            while not any(text in line for line in list(lines)) and proc.poll() is None \
+                    and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(seconds)
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            reader.join(timeout=30)
+            output = "".join(lines)
+        else:
+            output, _ = proc.communicate(timeout=timeout)
     finally:  # torchrun starts each worker in a session of its own: kill them all, not torchrun's group alone
         if proc.poll() is None:
             __import__("ranks").kill_tree(proc.pid)
@@ -465,9 +535,11 @@ def test_the_bnn_study_splits_its_seeds_over_two_ranks_and_matches_one_process(t
 
 
 def test_ctrl_c_under_torchrun_leaves_the_output_folder_as_it_was(tmp_path):
+    """Ctrl-C 3 s after rank 0 says the ranks have joined (and the chains are about to start): mid-run, as the
+    run would take hours."""
     out = tmp_path / "run"
     code, output = _torchrun([*SMALL_STUDY, "--num-samples", "100000", "--out", str(out)], timeout=120,
-                             interrupt_after=25)
+                             interrupt_after=("2 ranks (torch.distributed, gloo)", 3.0))
     assert code != 0 and not out.exists(), output
     assert "interrupted; --out left as it was" in output
     assert not list(tmp_path.iterdir())  # no partial folder either
@@ -506,11 +578,12 @@ def _svi_on_ranks(rank):
     return {name: _svi_steps(X, y, BATCHES, name, True) for name in ("SAM_ELBO", "SABMA_ELBO")}
 
 
-def test_sam_and_sabma_steps_on_two_ranks_equal_the_global_minibatch_step_in_one_process():
+@pytest.mark.parametrize("data_parallel_and_faults", ["gloo"], indirect=True)
+def test_sam_and_sabma_steps_on_two_ranks_equal_the_global_minibatch_step_in_one_process(data_parallel_and_faults):
     """Each rank holds half the data and takes 20 points per step; 3 steps of SAM_ELBO and of SABMA_ELBO
     (ascent and descent summed over ranks) equal, up to round-off, 3 steps in one process on the union
     of the two minibatches, and leave the ranks' parameters identical."""
-    rank0, rank1 = run_ranks(_svi_on_ranks, 2, timeout=120).values()
+    rank0, rank1 = outcomes(data_parallel_and_faults[1], "svi").values()
     X, y = data()
     for name in ("SAM_ELBO", "SABMA_ELBO"):
         losses, params = _svi_steps(X, y, [torch.cat([b, b + 200]) for b in BATCHES], name, False)

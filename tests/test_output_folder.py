@@ -18,6 +18,8 @@ from pyro_flat.experiments.output import MARKER, remove_stale_staging, staged_ou
 
 SMALL = ["--chains", "2", "--warmup", "200", "--num-samples", "300", "--thin", "1", "--no-progress",
          "--reference", "none"]
+# For the tests that check the folder and not the draws: a run of seconds.
+TINY = ["--chains", "2", "--warmup", "50", "--num-samples", "50", "--thin", "1", "--no-progress", "--reference", "none"]
 FILES = ("samples.nc", "summary.csv", "bma_vs_iterations.png", "reliability.png", "trace.png", "rank.png",
          "weights.png", "report.md", "report.json")
 
@@ -51,8 +53,8 @@ def test_ctrl_c_in_the_warmup_leaves_an_earlier_run_untouched(tmp_path, interrup
 def test_ctrl_c_after_two_draws_replaces_it_with_a_complete_folder(tmp_path, interrupt_study_at):
     out = tmp_path / "run"
     earlier_run(out)
-    interrupt_study_at(202)
-    assert main(["mnist79", *SMALL, "--out", str(out)]) == 130
+    interrupt_study_at(52)
+    assert main(["mnist79", *TINY, "--out", str(out)]) == 130
     for name in FILES:
         assert (out / name).stat().st_size > 0 and not (out / name).read_bytes().startswith(b"earlier"), name
     assert az.from_netcdf(str(out / "samples.nc")).posterior["w"].shape == (2, 2, 784)
@@ -227,7 +229,7 @@ def test_ctrl_c_while_the_files_are_written_waits_for_them(tmp_path, monkeypatch
         return trace(*args, **kwargs)
 
     monkeypatch.setattr(plots, "plot_trace_panels", interrupted_trace)
-    assert main(["mnist79", *SMALL, "--baseline", "none", "--out", str(out)]) == 130
+    assert main(["mnist79", *TINY, "--baseline", "none", "--out", str(out)]) == 130
     for name in FILES:
         assert not (out / name).read_bytes().startswith(b"earlier"), name
     assert not json.loads((out / "report.json").read_text())["interrupted"]  # every draw was made
@@ -235,9 +237,9 @@ def test_ctrl_c_while_the_files_are_written_waits_for_them(tmp_path, monkeypatch
 
 
 def test_an_interrupted_report_gives_the_draws_kept(tmp_path, interrupt_study_at):
-    interrupt_study_at(230)
+    interrupt_study_at(80)
     out = tmp_path / "run"
-    assert main(["mnist79", *SMALL, "--out", str(out)]) == 130
+    assert main(["mnist79", *TINY, "--out", str(out)]) == 130
     report = json.loads((out / "report.json").read_text())
     assert report["draws_per_chain"] == {"entropy-sgld": 30}
     assert "(Ctrl-C): the files hold the draws made before it stopped, per chain: entropy-sgld 30" in \
@@ -330,7 +332,7 @@ def test_a_full_disk_while_writing_the_draws_is_one_line_and_keeps_out(tmp_path,
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
     monkeypatch.setattr(mnist79, "write_netcdf", full)
-    assert main(["mnist79", *SMALL, "--baseline", "none", "--out", str(out)]) == 1
+    assert main(["mnist79", *TINY, "--baseline", "none", "--out", str(out)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert f"the disk is full: writing samples.nc for --out {out} failed (No space left on device)" in err

@@ -11,8 +11,8 @@ from pinned_draws import PINNED, pinned_runs
 
 
 @pytest.fixture(scope="module")
-def runs():
-    return pinned_runs()
+def runs(once_per_run):
+    return once_per_run("pinned-runs", pinned_runs)
 
 
 def _flat(value):

@@ -64,9 +64,10 @@ def fit(guide_cls, loss, seed, steps=1200):
 
 
 @pytest.fixture(scope="module")
-def trace_elbo_losses():
-    return {cls: negative_elbo(fit(cls, Trace_ELBO(), seed=0)[0])
-            for cls in (AutoLowRankMultivariateNormal, AutoDiagonalNormal)}
+def trace_elbo_losses(once_per_run):
+    return once_per_run("sabma-trace-elbo-losses", lambda: {
+        cls: negative_elbo(fit(cls, Trace_ELBO(), seed=0)[0])
+        for cls in (AutoLowRankMultivariateNormal, AutoDiagonalNormal)})
 
 
 @pytest.mark.parametrize("guide_cls,gamma,seed", [
