@@ -121,3 +121,33 @@ def best_text(estimates: Dict[str, Tuple[float, float]], *, lowest: bool, what: 
         return f"{best}'s have the {word} {what} ({values}), beyond {threshold_text(n, unit)} of every other"
     names = ", ".join(f"{k}'s" for k in tied[:-1]) + f" and {tied[-1]}'s"
     return f"{names} have the {word} {what} ({values}): tied within {threshold_text(n, unit)}"
+
+
+def paired_verdict(ours: Dict[int, float], theirs: Dict[int, float], lower: bool) -> dict:
+    """The paired difference over the seeds both have (``{seed: value}``; positive favours ``ours``, with ``lower``
+    the better direction when true): ``{"mean", "se", "n", "t_critical", "verdict", "declared_at", "detectable"}``,
+    the verdict "for" when the mean exceeds :func:`t_critical` standard errors, "against" below minus that, "tie"
+    between, "one seed" with fewer than two.
+
+    >>> paired_verdict({0: 0.9, 1: 0.91, 2: 0.92}, {0: 0.8, 1: 0.82, 2: 0.81}, lower=False)["verdict"]
+    'for'
+    """
+    seeds = sorted(set(ours) & set(theirs))
+    d = [(theirs[s] - ours[s]) if lower else (ours[s] - theirs[s]) for s in seeds]  # positive: for the claim
+    mean, se = mean_and_se(d) if d else (float("nan"), float("nan"))
+    n = len(d)
+    critical = t_critical(n)
+    # the smallest difference this run declares (t standard errors), and the one it declares 4 times in 5
+    detect = {"declared_at": critical * se if n > 1 else float("inf"),
+              "detectable": detectable_difference(se, n) if n > 1 and se > 0 else float("nan")}
+    if n < 2:
+        verdict = "one seed"
+    elif (se > 0 and mean > critical * se) or (se == 0 and mean > 0):
+        verdict = "for"
+    elif (se > 0 and mean < -critical * se) or (se == 0 and mean < 0):
+        verdict = "against"
+    else:
+        verdict = "tie"
+    return {"mean": mean, "se": se, "n": n, "t_critical": critical, "verdict": verdict, **detect}
+
+

@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .compare import detectable_difference, mean_and_se, t_critical
+from .compare import mean_and_se, paired_verdict, t_critical
 
 EMCMC = "Entropy-MCMC (both)"
 EMCMC_FLAT = "Entropy-MCMC (θa)"
@@ -82,26 +82,6 @@ def summarize(rows: Sequence[dict]) -> Dict[str, Dict[str, dict]]:
     return out
 
 
-def _pair(ours: Dict[int, float], theirs: Dict[int, float], lower: bool) -> dict:
-    seeds = sorted(set(ours) & set(theirs))
-    d = [(theirs[s] - ours[s]) if lower else (ours[s] - theirs[s]) for s in seeds]  # positive: for the claim
-    mean, se = mean_and_se(d) if d else (float("nan"), float("nan"))
-    n = len(d)
-    critical = t_critical(n)
-    # the smallest difference this run declares (t standard errors), and the one it declares 4 times in 5
-    detect = {"declared_at": critical * se if n > 1 else float("inf"),
-              "detectable": detectable_difference(se, n) if n > 1 and se > 0 else float("nan")}
-    if n < 2:
-        verdict = "one seed"
-    elif (se > 0 and mean > critical * se) or (se == 0 and mean > 0):
-        verdict = "for"
-    elif (se > 0 and mean < -critical * se) or (se == 0 and mean < 0):
-        verdict = "against"
-    else:
-        verdict = "tie"
-    return {"mean": mean, "se": se, "n": n, "t_critical": critical, "verdict": verdict, **detect}
-
-
 def claims(rows: Sequence[dict], which: Sequence[Tuple[str, str, bool]] = CLAIMS) -> List[dict]:
     """Each claim of ``which`` tested pair by pair (see the module's text): a list of
     ``{"metric", "claim", "verdict", "pairs": [{"other", "mean", "se", "n", "verdict", "declared_at",
@@ -122,7 +102,7 @@ def claims(rows: Sequence[dict], which: Sequence[Tuple[str, str, bool]] = CLAIMS
         if not ours or not others:
             out.append({"metric": name, "claim": text, "verdict": "not measured", "pairs": [], "ours": ours_label})
             continue
-        pairs = [{"other": label, **_pair(ours, by_label[label][name], lower), "counted": label not in NOT_THE_PAPERS}
+        pairs = [{"other": label, **paired_verdict(ours, by_label[label][name], lower), "counted": label not in NOT_THE_PAPERS}
                  for label in others]
         verdicts = {p["verdict"] for p in pairs if p["counted"]}
         late = sorted({ours_label, *(p["other"] for p in pairs if p["counted"])} & unconverged)

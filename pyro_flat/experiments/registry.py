@@ -24,6 +24,7 @@ from typing import Callable, Dict, Type
 from .configs import BNNConfig, MNIST79Config, PathConfig, Synthetic2DConfig
 from .images_config import ImagesConfig, ImagesEtaConfig
 from .study_config import StudyConfig
+from .transfer_config import TransferConfig
 
 
 def completed(report: dict) -> int:
@@ -106,4 +107,11 @@ STUDIES: Dict[str, Study] = {study.name: study for study in (
           "Fit Entropy-MCMC at several multiples of the regime's η (and SGD once) at several seeds, with the image "
           "study's protocol; write report.md, report.json and eta_sweep.png (accuracy, NLL and θa's top Hessian "
           "eigenvalue against η)."),
+    Study(TransferConfig, "pyro_flat.experiments.transfer.run_transfer_study",
+          "few-shot Bayesian transfer from a pre-trained ResNet: flat and non-flat posteriors over its last block, its "
+          "low-rank adapters or its head (SA-BMA's claims counted)",
+          "Pre-train a ResNet on some classes (cached in --out as pretrained.pt), transfer it to the others with k shots "
+          "per class by SGD, SWAG, last-layer Laplace, VI, SA-BMA, SGLD and Entropy-MCMC on its last block or its "
+          "low-rank adapters at several seeds; score accuracy, NLL, ECE, corrupted images, OOD AUROC and cost; count "
+          "SA-BMA's claims by paired t-tests; write report.md, report.json and transfer.png."),
 )}
