@@ -36,5 +36,5 @@ def test_notebook_runs(path, monkeypatch, tmp_path, capsys):
     assert figures >= 3, f"{path.name} drew {figures} figures"
 
 
-def test_there_are_six_tutorials():
-    assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05", "06"]
+def test_there_are_seven_tutorials():
+    assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05", "06", "07"]
