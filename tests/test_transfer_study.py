@@ -16,11 +16,14 @@ from pyro_flat.experiments.transfer_report import CLAIMS, METRICS, claims
 
 
 @pytest.fixture(scope="module")
-def reduced_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("transfer") / "out"
-    lines = []
-    report = run_transfer_study(TransferConfig.reduced(out=str(out)), log=lines.append)
-    return out, report, lines
+def reduced_run(tmp_path_factory, once_per_run):
+    def make():
+        out = tmp_path_factory.mktemp("transfer") / "out"
+        lines = []
+        report = run_transfer_study(TransferConfig.reduced(out=str(out)), log=lines.append)
+        return out, report, lines
+
+    return once_per_run("transfer-reduced-run", make)
 
 
 def test_a_reduced_run_writes_its_files_tables_and_claim_counts(reduced_run):
@@ -127,3 +130,48 @@ def test_a_pattern_the_network_lacks_is_refused_by_name():
     net = ResNet(blocks=(1,), width=4, in_channels=1, num_classes=3)
     with pytest.raises(ValueError, match=r"sampled: \['layer4\.\*'\] match no parameter"):
         BayesianModule(net, sampled=["layer4.*", "linear.*"])
+
+
+def _numbers(rows):
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+
+
+def test_a_stopped_run_continues_with_resume_to_the_uninterrupted_runs_numbers(tmp_path, monkeypatch):
+    """Stopped at its fifth fit (seed 1's Laplace, after seed 1's SGD), the run keeps the four fits done and the
+    pre-trained network beside --out; --resume reads them, fits the rest, Laplace from the kept SGD network, and
+    writes the uninterrupted run's numbers."""
+    from pyro_flat.experiments import transfer
+
+    settings = dict(methods=("sgd-block", "laplace-head", "emcmc-block"), seeds=2)
+    whole = run_transfer_study(TransferConfig.reduced(out=str(tmp_path / "whole"), **settings), log=lambda line: None)
+    fit, calls = transfer.fit_method, []
+
+    def stop_at_the_fifth(*args, **kwargs):
+        calls.append(args[0])
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return fit(*args, **kwargs)
+
+    monkeypatch.setattr(transfer, "fit_method", stop_at_the_fifth)
+    out, lines = tmp_path / "stopped", []
+    with pytest.raises(KeyboardInterrupt):
+        run_transfer_study(TransferConfig.reduced(out=str(out), **settings), log=lines.append)
+    assert not out.exists()  # --out is written only by a complete run
+    kept = tmp_path / ".stopped.checkpoints"
+    assert {p.name for p in kept.iterdir()} >= {"pretrained.pt", "shots5-seed1-sgd-block.pt",
+                                                "shots5-seed0-emcmc-block.json", "shots5-seed1-sgd-block.json"}
+    assert any("--resume continues the run" in line for line in lines)
+    calls.clear()
+    lines.clear()
+    resumed = run_transfer_study(TransferConfig.reduced(out=str(out), resume=True, **settings), log=lines.append)
+    assert calls == ["laplace-head", "emcmc-block"]  # only seed 1's last two fits ran again
+    assert resumed["pretrained"]["cached"] is True
+    assert _numbers(resumed["rows"]) == _numbers(whole["rows"])
+    assert [c["verdict"] for c in resumed["claims"]] == [c["verdict"] for c in whole["claims"]]
+    assert not kept.exists()  # the complete run removed its checkpoints
+    with pytest.raises(StudyError, match="--resume: the killed run had other options"):
+        monkeypatch.setattr(transfer, "fit_method", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+        with pytest.raises(KeyboardInterrupt):
+            run_transfer_study(TransferConfig.reduced(out=str(tmp_path / "other"), **settings), log=lambda line: None)
+        run_transfer_study(TransferConfig.reduced(out=str(tmp_path / "other"), resume=True, **{**settings, "seeds": 3}),
+                           log=lambda line: None)

@@ -98,7 +98,7 @@ def study_checkpoints(config, distributed: bool, log: Callable[[str], None] = pr
     options = json.loads(json.dumps({k: v for k, v in asdict(config).items() if k not in RUN_ONLY_OPTIONS}, default=str))
     record = folder / "options.json"
     if config.resume:
-        found = sorted(p.name for p in folder.glob("*.ckpt")) if folder.is_dir() else []
+        found = sorted(p.name for p in folder.iterdir() if p.name != record.name) if folder.is_dir() else []
         if found and record.exists():
             saved = json.loads(record.read_text())
             changed = [f"--{k.replace('_', '-')} {options.get(k)!r} here, {saved.get(k)!r} in the killed run"

@@ -14,9 +14,11 @@ the pre-training classes being the OOD set; its cost in gradient evaluations and
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import asdict
-from typing import Callable, Dict, List
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -25,11 +27,11 @@ from ..evaluation import metrics
 from ..evaluation.predictive import bma_predict
 from .images_data import study_device
 from .output import hold_signals, study_output, threads_record
-from .resume import study_lock
-from .transfer_config import TransferConfig
+from .resume import checkpoint_folder, study_checkpoints, study_lock
+from .transfer_config import TRANSFER_METHODS, TransferConfig
 from .transfer_data import TransferData, load_transfer_data
 from .transfer_fits import LABELS, TransferFit, fit_method, make_task
-from .transfer_pretrain import pretrained_network, task_network
+from .transfer_pretrain import pretrained_network, task_network, write_atomically
 
 
 def model_average_draws(fit: TransferFit) -> Dict[str, torch.Tensor]:
@@ -77,21 +79,46 @@ def score(fit: TransferFit, data: TransferData, X: torch.Tensor, y: torch.Tensor
     return row
 
 
+def _kept_sgd(folder: Path, key: str, task, config: TransferConfig) -> TransferFit:
+    """``sgd-block``'s fit of a task, read back from the checkpoint folder (Laplace starts from it)."""
+    from .transfer_fits import bayesian_part
+
+    samples = torch.load(folder / f"{key}-sgd-block.pt", map_location=task.X.device, weights_only=True)
+    return TransferFit("sgd-block", bayesian_part("sgd-block", task, config), samples["samples"], None,
+                       int(samples["grad_evals"]), float(samples["seconds"]))
+
+
 def _fit_task(config: TransferConfig, data: TransferData, pretrained: torch.nn.Module, k: int, seed: int,
-              device: torch.device, log: Callable[[str], None]) -> List[dict]:
+              device: torch.device, log: Callable[[str], None], folder: Optional[Path] = None) -> List[dict]:
+    """Every method's row at ``k`` shots and ``seed``; each finished fit's row is kept in ``folder`` (the study's
+    checkpoints), from where ``--resume`` reads it instead of fitting again."""
     X, y = (t.to(device) for t in data.shots(k, seed))
     task = make_task(config, X, y, task_network(pretrained, data.num_classes), data.num_classes, seed)
     rows, fits = [], {}
-    for method in config.methods:
-        fit = fit_method(method, task, config, sgd=fits.get("sgd-block"))
+    key = f"shots{k}-seed{seed}"
+    for method in [m for m in TRANSFER_METHODS if m in config.methods]:  # sgd-block before laplace-head
+        done = None if folder is None else folder / f"{key}-{method}.json"
+        if done is not None and done.exists():  # --resume: this fit finished before the run was stopped
+            rows.append(json.loads(done.read_text()))
+            log(f"{k} shots, seed {seed}, {LABELS[method]}: kept from the stopped run")
+            continue
+        sgd = fits.get("sgd-block")
+        if method == "laplace-head" and sgd is None:
+            sgd = _kept_sgd(folder, key, task, config)
+        fit = fit_method(method, task, config, sgd=sgd)
         fits[method] = fit
         row = {"method": method, "label": LABELS[method], "shots": k, "seed": seed, "grad_evals": fit.grad_evals,
                "seconds": fit.seconds, "parameters": sum(int(np.prod(s)) for s in fit.model.shapes.values()),
                **fit.extra, **score(fit, data, X, y, config.converged_within)}
-        if method == "laplace-head" and "sgd-block" in fits:  # it converged as the SGD fit it starts from did
+        if method == "laplace-head":  # it converged as the SGD fit it starts from did
             sgd_row = next(r for r in rows if r["method"] == "sgd-block")
             row.update({key: sgd_row[key] for key in ("train_nll", "train_nll_cycles", "train_nll_change", "converged")})
         rows.append(row)
+        if done is not None:  # the row (and SGD's network, which Laplace starts from), then its file is complete
+            if method == "sgd-block":
+                write_atomically(folder / f"{key}-sgd-block.pt", lambda path: torch.save(
+                    {"samples": fit.samples, "grad_evals": fit.grad_evals, "seconds": fit.seconds}, path))
+            write_atomically(done, lambda path: path.write_text(json.dumps(row, default=float)))
         log(f"{k} shots, seed {seed}, {row['label']}: accuracy {row['accuracy']:.4f}, NLL {row['nll']:.4f}, ECE "
             f"{row['ece']:.4f}, corrupted {row['corrupted_accuracy_mean']:.4f}, OOD AUROC {row['ood_auroc']:.3f}; "
             f"{'converged' if row['converged'] else 'NOT converged'} (training NLL {row['train_nll']:.4f}, "
@@ -111,14 +138,19 @@ def run_transfer_study(config: TransferConfig, *, log: Callable[[str], None] = p
     device = study_device(config.device)
     p = config.protocol()
     with study_lock(config), study_output(config, log) as staging:
+        folder = study_checkpoints(config, False, log)
         log(f"transfer: {data.source}; pre-training classes {list(data.pretrain_classes)} ({len(data.X_pretrain):,} "
             f"images), new classes {list(data.new_classes)} ({len(data.X_pool):,} to draw shots from, "
             f"{len(data.X_test):,} test images); {p['network']} on {device}")
-        pretrained, record = pretrained_network(config, data, staging, device, log)
+        pretrained, record = pretrained_network(config, data, staging, device, log, kept=folder)
         rows = []
-        for k in config.shots:
-            for seed in range(config.seed, config.seed + config.seeds):
-                rows += _fit_task(config, data, pretrained, k, seed, device, log)
+        try:
+            for k in config.shots:
+                for seed in range(config.seed, config.seed + config.seeds):
+                    rows += _fit_task(config, data, pretrained, k, seed, device, log, folder)
+        except KeyboardInterrupt:
+            log(f"the fits done so far are kept in {folder}: the same command with --resume continues the run")
+            raise
         report = {"config": asdict(config), "protocol": p, "threads": threads_record(), "device": str(device),
                   "data": {"source": data.source, "pretrain_images": len(data.X_pretrain), "pool": len(data.X_pool),
                            "test": len(data.X_test), "ood": len(data.X_ood), "corruptions": data.corruption_source,
@@ -131,7 +163,8 @@ def run_transfer_study(config: TransferConfig, *, log: Callable[[str], None] = p
         save_figures({"transfer.png": plot_transfer(report)}, staging)
         (staging / "report.json").write_text(json.dumps(report, indent=2, default=float))
         (staging / "report.md").write_text(report_markdown(report))
-        log(f"wrote {config.out} ({report['seconds']:.0f} s)")
+    shutil.rmtree(checkpoint_folder(config.out), ignore_errors=True)  # the run is complete: its fits are in --out
+    log(f"wrote {config.out} ({report['seconds']:.0f} s)")
     return report
 
 

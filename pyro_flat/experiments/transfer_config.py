@@ -92,6 +92,9 @@ class TransferConfig(StudyConfig):
     threads: Optional[int] = threads_option(1)
     device: str = option("auto", "where the networks train: auto (a GPU where torch sees one, else the CPU), cpu, "
                                  "cuda or cuda:N")
+    resume: bool = option(False, "continue the run into --out that was stopped: the fits it finished (kept beside "
+                                 "--out, in .NAME.checkpoints/, with the pre-trained network) are read, the others run, "
+                                 "with the results of a run never stopped", action="store_true", default_text="")
 
     def protocol(self) -> Dict[str, object]:
         """The preset's protocol with the options given on the command line in place of its values."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import time
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
@@ -24,6 +25,16 @@ from .transfer_config import TransferConfig
 from .transfer_data import TransferData
 
 CACHE_NAME = "pretrained.pt"
+
+
+def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    """``write(temporary)`` then a rename over ``path``: a reader (``--resume``) finds the whole file or none."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 def _recipe(config: TransferConfig, data: TransferData) -> dict:
@@ -70,11 +81,14 @@ def held_out_accuracy(net: torch.nn.Module, data: TransferData) -> float:
 
 
 def pretrained_network(config: TransferConfig, data: TransferData, staging: Path, device: torch.device,
-                       log: Callable[[str], None]) -> Tuple[torch.nn.Module, dict]:
+                       log: Callable[[str], None], kept: Optional[Path] = None) -> Tuple[torch.nn.Module, dict]:
     """The network pre-trained on ``data``'s pre-training classes, from ``--out``'s cache when it holds this
-    recipe, else trained now; written to ``staging`` (the run's folder) either way. ``(network, record)``."""
+    recipe (or with ``--resume``, the copy in the checkpoint folder ``kept`` a stopped run left), else trained now;
+    written to ``staging`` (the run's folder) and to ``kept`` either way. ``(network, record)``."""
     recipe = _recipe(config, data)
     cache = Path(config.out).expanduser() / CACHE_NAME
+    if kept is not None and (kept / CACHE_NAME).is_file() and config.resume:
+        cache = kept / CACHE_NAME
     if cache.is_file():
         try:
             saved = torch.load(cache, map_location="cpu", weights_only=True)
@@ -91,7 +105,9 @@ def pretrained_network(config: TransferConfig, data: TransferData, staging: Path
             net = network(recipe["network"], data.X_pretrain.shape[1], len(data.pretrain_classes))
             net.load_state_dict(saved["state_dict"])
             record = {**saved["record"], "cached": True}
-            torch.save(saved, staging / CACHE_NAME)
+            for folder in (staging, kept):
+                if folder is not None and folder / CACHE_NAME != cache:
+                    write_atomically(folder / CACHE_NAME, lambda path: torch.save(saved, path))
             log(f"pre-trained {recipe['network']} from {cache} (held-out accuracy {record['accuracy']:.4f})")
             return net.to(device).eval(), record
         log(f"{cache} was pre-trained with other {', '.join(changed)}: pre-training again")
@@ -100,8 +116,10 @@ def pretrained_network(config: TransferConfig, data: TransferData, staging: Path
     record = {"network": recipe["network"], "epochs": recipe["epochs"], "images": len(data.X_pretrain),
               "seconds": time.perf_counter() - start, "final_loss": loss, "accuracy": held_out_accuracy(net, data),
               "cached": False}
-    torch.save({"recipe": recipe, "record": record, "state_dict": {k: v.cpu() for k, v in net.state_dict().items()}},
-               staging / CACHE_NAME)
+    saved = {"recipe": recipe, "record": record, "state_dict": {k: v.cpu() for k, v in net.state_dict().items()}}
+    for folder in (staging, kept):
+        if folder is not None:
+            write_atomically(folder / CACHE_NAME, lambda path: torch.save(saved, path))
     log(f"pre-trained {recipe['network']} on {len(data.X_pretrain):,} images of classes "
         f"{data.pretrain_classes[0]}-{data.pretrain_classes[-1]} in {record['seconds']:.0f} s (held-out accuracy "
         f"{record['accuracy']:.4f})")
@@ -154,4 +172,4 @@ def head_features(net: torch.nn.Module, X: torch.Tensor, batchnorm_data: Optiona
     return captured[0]
 
 
-__all__ = ["pretrained_network", "task_network", "last_stage", "load_weights", "head_features", "CACHE_NAME"]
+__all__ = ["write_atomically", "pretrained_network", "task_network", "last_stage", "load_weights", "head_features", "CACHE_NAME"]
