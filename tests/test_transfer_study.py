@@ -118,6 +118,7 @@ def test_the_cifar100_preset_runs_on_generated_files_of_the_official_layout(tmp_
     (dict(iterations=6, draws_per_cycle=2), "--iterations"),
     (dict(rank=0), "--rank"),
     (dict(device="gpu"), "--device"),
+    (dict(batch_size=1), "--batch-size"),
 ])
 def test_bad_options_are_refused_by_name(overrides, message):
     with pytest.raises(StudyError, match=message):
@@ -175,3 +176,10 @@ def test_a_stopped_run_continues_with_resume_to_the_uninterrupted_runs_numbers(t
             run_transfer_study(TransferConfig.reduced(out=str(tmp_path / "other"), **settings), log=lambda line: None)
         run_transfer_study(TransferConfig.reduced(out=str(tmp_path / "other"), resume=True, **{**settings, "seeds": 3}),
                            log=lambda line: None)
+
+
+def test_a_test_set_that_leaves_no_images_to_pre_train_on_is_refused_by_name():
+    from pyro_flat.experiments.transfer_data import load_transfer_data
+
+    with pytest.raises(StudyError, match=r"--test-size 100000 leaves 0 pre-training images"):
+        load_transfer_data(TransferConfig.reduced(test_size=100_000))

@@ -142,6 +142,13 @@ def run_transfer_study(config: TransferConfig, *, log: Callable[[str], None] = p
         log(f"transfer: {data.source}; pre-training classes {list(data.pretrain_classes)} ({len(data.X_pretrain):,} "
             f"images), new classes {list(data.new_classes)} ({len(data.X_pool):,} to draw shots from, "
             f"{len(data.X_test):,} test images); {p['network']} on {device}")
+        batch_sizes = {k: min(int(p["batch_size"]), k * data.num_classes) for k in config.shots}
+        for k, used in batch_sizes.items():
+            if used < int(p["batch_size"]):
+                log(f"--batch-size {p['batch_size']} is above the {used} training images of {k} shots: using the "
+                    f"full batch ({used})")
+        if config.seeds < 2:
+            log("one seed: the claims need two or more to be tested (--seeds)")
         pretrained, record = pretrained_network(config, data, staging, device, log, kept=folder)
         rows = []
         try:
@@ -152,6 +159,7 @@ def run_transfer_study(config: TransferConfig, *, log: Callable[[str], None] = p
             log(f"the fits done so far are kept in {folder}: the same command with --resume continues the run")
             raise
         report = {"config": asdict(config), "protocol": p, "threads": threads_record(), "device": str(device),
+                  "batch_size_used": {str(k): v for k, v in batch_sizes.items()},
                   "data": {"source": data.source, "pretrain_images": len(data.X_pretrain), "pool": len(data.X_pool),
                            "test": len(data.X_test), "ood": len(data.X_ood), "corruptions": data.corruption_source,
                            "pretrain_classes": list(data.pretrain_classes), "new_classes": list(data.new_classes)},

@@ -73,7 +73,8 @@ class TransferConfig(StudyConfig):
                                  default_text="the preset's")
     weight_decay: float = option(5e-4, "weight decay: a Gaussian prior of precision N x weight decay, centred on the "
                                        "pre-trained weights")
-    temperature: float = option(1e-4, "the samplers' temperature (the Entropy-MCMC paper's cold posterior)")
+    temperature: float = option(1e-4, "the posterior's temperature, of the samplers and the variational fits (the "
+                                      "Entropy-MCMC paper's cold posterior; Laplace keeps 1)")
     coupling: float = option(PAPER_COUPLING, "Entropy-MCMC's per-step coupling lr / (N η) (the paper's: 0.025)")
     cycles: int = option(2, "cosine cycles of every fine-tuning (the convergence rule compares their ends)")
     draws_per_cycle: int = option(4, "draws a sampler keeps from the last quarter of each cycle")
@@ -109,9 +110,11 @@ class TransferConfig(StudyConfig):
         p = self.protocol()
         self.require_int(1, "seeds", "cycles", "draws_per_cycle", "rank", "swag_rank", "draws", "laplace_draws", "test_size",
                          "corrupted_size")
-        for name in ("pretrain_epochs", "iterations", "batch_size", "pretrain_size"):
+        for name in ("pretrain_epochs", "iterations", "pretrain_size"):
             if getattr(self, name) is not None:
                 self.require_int(1, name)
+        if self.batch_size is not None:
+            self.require_int(2, "batch_size")  # BatchNorm normalises a minibatch by its own statistics
         self.require_positive("weight_decay", "temperature", "coupling", "svi_lr", "sabma_gamma", "converged_within")
         if self.lr is not None:
             self.require_positive("lr")

@@ -168,6 +168,9 @@ def load_transfer_data(config: TransferConfig) -> TransferData:
         pre_test_y = _relabel(yt[is_pre_test], pretrain)
         ood, _ = _spread(pre_test_y, config.test_size, generator)
         X_ood, y_ood = xt[is_pre_test][ood], pre_test_y[ood]
+    if len(X_pre) < 2 or len(X_pool) < 2:
+        raise StudyError(f"--test-size {config.test_size} leaves {len(X_pre)} pre-training images and {len(X_pool)} "
+                         f"to draw shots from ({source}): pass a smaller --test-size")
     if config.pretrain_size is not None and config.pretrain_size < len(X_pre):
         keep, _ = _spread(y_pre, config.pretrain_size, generator)
         X_pre, y_pre = X_pre[keep], y_pre[keep]

@@ -98,6 +98,14 @@ def _cell(entry: dict, name: str, digits: int = 4) -> str:
     return f"{entry[name]['mean']:.{digits}f} ± {entry[name]['se']:.{digits}f}"
 
 
+def _batch_text(report: dict) -> str:
+    used = report.get("batch_size_used") or {"all": report["protocol"]["batch_size"]}
+    sizes = sorted(set(used.values()))
+    if len(sizes) == 1:
+        return f"minibatch {sizes[0]}"
+    return "minibatch " + ", ".join(f"{v} at {k} shots" for k, v in used.items())
+
+
 def report_markdown(report: dict) -> str:
     """``report.md``: the protocol, each method's numbers and cost, and the claims."""
     p, pre, data = report["protocol"], report["pretrained"], report["data"]
@@ -110,8 +118,8 @@ def report_markdown(report: dict) -> str:
         f"{data['new_classes'][-1]} with {', '.join(map(str, report['config']['shots']))} shots per class, at "
         f"{seeds} seeds (each its own shots). Data: {data['source']}. Test: {data['test']:,} images of the new classes; "
         f"corrupted: {data['corruptions']}; out-of-distribution: {data['ood']:,} held-out images of the pre-training "
-        f"classes. Every method: {p['iterations']} steps of minibatch {p['batch_size']} in "
-        f"{report['config']['cycles']} cosine cycles, learning rate {p['lr']} (step size lr / N), the prior centred on the "
+        f"classes. Every method: {p['iterations']} steps in "
+        f"{report['config']['cycles']} cosine cycles ({_batch_text(report)}), learning rate {p['lr']} (step size lr / N), the prior centred on the "
         f"pre-trained weights with precision N x {report['config']['weight_decay']:g}, temperature "
         f"{report['config']['temperature']:g} (Laplace: 1, as laplace-torch), Entropy-MCMC's per-step coupling "
         f"{report['config']['coupling']:g}. Run on {report['device']} in {report['seconds']:.0f} s.", ""]
@@ -125,10 +133,12 @@ def report_markdown(report: dict) -> str:
                          f"{_cell(e, 'ood_auroc', 3)} | {e['converged']['count']}/{e['converged']['n']} | "
                          f"{int(e['grad_evals']['mean']):,} | {e['seconds']['mean']:.1f} |")
         lines.append("")
+    rule = (f"Each pair is the paired difference over {seeds} seeds, declared when it exceeds t = "
+            f"{t_critical(seeds):.2f} standard errors (the 95 % t critical value for {seeds} seeds)." if seeds > 1 else
+            "With one seed no claim is tested: pass --seeds 2 or more.")
     lines += ["## SA-BMA's claims, counted", "",
-              f"Each pair is the paired difference over {seeds} seeds, declared when it exceeds t = "
-              f"{t_critical(seeds):.2f} standard errors (the 95 % t critical value for {seeds} seeds). A claim is "
-              "reproduced when its flat method wins every pair, contradicted when it loses any, tied otherwise.", "",
+              rule + " A claim is reproduced when its flat method wins every pair, contradicted when it loses any, "
+              "tied otherwise; a claim with a fit that did not converge is not tested.", "",
               "| claim | shots | metric | verdict | pairs (for / tie / against) |", "|---|---|---|---|---|"]
     for c in report["claims"]:
         counts = [sum(p["verdict"] == v for p in c["pairs"]) for v in ("for", "tie", "against")]
@@ -140,33 +150,52 @@ def report_markdown(report: dict) -> str:
 
 
 def plot_transfer(report: dict):
-    """NLL, ECE, corrupted accuracy and OOD AUROC of each method (rows) at each number of shots (colours), the mean
-    over seeds with its 95 % t interval."""
+    """NLL, ECE, corrupted accuracy and OOD AUROC of each method (rows) at each number of shots (colours): the mean
+    over seeds with its own 95 % t interval (clipped to the metric's range; the claims use paired differences, in
+    report.md). NLL and ECE on log axes; a hollow marker: a fit of that row did not converge."""
+    from matplotlib import ticker
+
     from .plots import _plt
 
     plt = _plt()
-    panels = (("nll", "test NLL (lower is better)"), ("ece", "ECE (lower is better)"),
-              ("corrupted_accuracy_mean", "accuracy on corrupted images"), ("ood_auroc", "OOD AUROC"))
+    panels = (("nll", "test NLL (lower is better)", True), ("ece", "ECE (lower is better)", True),
+              ("corrupted_accuracy_mean", "accuracy on corrupted images (higher is better)", False),
+              ("ood_auroc", "OOD AUROC (higher is better)", False))
     summary = report["summary"]
     methods = list(dict.fromkeys(m for shots in summary.values() for m in shots))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 0.45 * len(methods) + 1.6), sharey=True)
-    for ax, (name, title) in zip(axes, panels):
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 0.45 * len(methods) + 1.8), sharey=True)
+    for ax, (name, title, log_scale) in zip(axes, panels):
         for j, (k, by_method) in enumerate(summary.items()):
             ys = np.arange(len(methods)) + (j - (len(summary) - 1) / 2) * 0.25
             for y, method in zip(ys, methods):
-                e = by_method.get(method, {}).get(name)
+                entry = by_method.get(method, {})
+                e = entry.get(name)
                 if e is None:
                     continue
                 half = t_critical(e["n"]) * e["se"] if e["n"] > 1 else 0.0
-                ax.errorbar(e["mean"], y, xerr=half, fmt="o", color=f"C{j}", ms=4, capsize=2,
+                low = max(e["mean"] - half, e["mean"] / 3 if log_scale else 0.0)
+                high = e["mean"] + half if log_scale else min(e["mean"] + half, 1.0)
+                converged = entry["converged"]["count"] == entry["converged"]["n"]
+                ax.errorbar(e["mean"], y, xerr=[[e["mean"] - low], [high - e["mean"]]], fmt="o", color=f"C{j}", ms=5,
+                            capsize=2, mfc=f"C{j}" if converged else "white",
                             label=f"{k} shots" if method == methods[0] else None)
+        if log_scale:  # plain numbers on a few ticks, none on the minor ones
+            ax.set_xscale("log")
+            ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+            ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+        if name == "ood_auroc":
+            ax.axvline(0.5, color="grey", lw=0.8, ls="--")
+            ax.text(0.5, -0.7, " chance", color="grey", fontsize=8, va="center")
         ax.set_title(title, fontsize=10)
-        ax.grid(axis="x", alpha=0.3)
+        ax.grid(axis="x", alpha=0.3, which="both")
     axes[0].set_yticks(np.arange(len(methods)), [LABELS[m] for m in methods])
-    axes[0].invert_yaxis()
-    axes[-1].legend(loc="best", fontsize=8)
-    fig.suptitle(f"Few-shot transfer: means over {report['config']['seeds']} seeds with 95 % t intervals")
-    fig.tight_layout()
+    axes[0].set_ylim(len(methods) - 0.5, -1)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9, frameon=False)
+    fig.suptitle(f"Few-shot transfer: means over {report['config']['seeds']} seeds, each with its own 95 % t interval "
+                 "(the claims use paired differences: report.md)", fontsize=11)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
 
 
