@@ -191,6 +191,25 @@ def images_check(device, quick: bool) -> float:
     return (fits[1].seconds - fits[1].compile_seconds) / fits[1].iterations
 
 
+def transfer_check(device, quick: bool) -> float:
+    """``pyro-flat transfer``'s reduced run on the device (a tiny ResNet pre-trained, then SGD, Laplace, SA-BMA and
+    Entropy-MCMC on its adapters): every row finite. The time is the run's per fit."""
+    import tempfile
+
+    from pyro_flat.experiments.transfer import run_transfer_study
+    from pyro_flat.experiments.transfer_config import TransferConfig
+
+    methods = ("sgd-block", "laplace-head", "sabma-block", "emcmc-adapters")
+    with tempfile.TemporaryDirectory() as folder:
+        report = run_transfer_study(TransferConfig.reduced(out=f"{folder}/out", device=str(device), methods=methods,
+                                                           seeds=1), log=lambda line: None)
+    if report["device"] != str(device):
+        raise AssertionError(f"the study ran on {report['device']}, not {device}")
+    for row in report["rows"]:
+        _finite([torch.tensor([row["nll"], row["accuracy"], row["ood_auroc"]])])
+    return report["seconds"] / len(report["rows"])
+
+
 def process_group_check(device, quick: bool) -> float:
     """``chain_method="distributed"`` in a group of one rank (nccl on CUDA tensors, gloo on the CPU)."""
     import torch.distributed as dist_
@@ -233,6 +252,8 @@ def main(argv=None) -> int:
         ("SVI: SABMA_ELBO (a step)", lambda: svi_check(device, SABMA_ELBO(gamma=0.01), args.quick)),
         ("BayesianModule CNN, BatchNorm, 4 vectorized chains", lambda: cnn_check(device, args.quick)),
         ("images study: an Entropy-MCMC fit, cosine schedule, --jit fx", lambda: images_check(device, args.quick)),
+        ("transfer study: SGD, Laplace, SA-BMA, Entropy-MCMC on adapters (per fit)",
+         lambda: transfer_check(device, args.quick)),
         ("1-rank process group, chain_method='distributed'", lambda: process_group_check(device, args.quick)),
     ]
     print(f"pyro-flat on {name}, torch {torch.__version__}, pyro {pyro.__version__}\n")

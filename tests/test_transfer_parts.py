@@ -134,6 +134,15 @@ def test_bad_adapter_arguments_are_refused_by_name(kwargs, named):
         low_rank_adapters(_net(), **kwargs)
 
 
+@pytest.mark.parametrize("module, named", [
+    (nn.Sequential(nn.Conv2d(4, 4, 3, groups=2), nn.Flatten()), "layer '0' is a convolution with groups=2"),
+    (nn.Sequential(nn.Embedding(10, 4), nn.LayerNorm(4)), "Sequential has no Linear or Conv2d layer to adapt"),
+])
+def test_adapters_on_an_unsupported_layer_are_refused_by_name(module, named):
+    with pytest.raises(ValueError, match=named):
+        low_rank_adapters(module, rank=1)
+
+
 @pytest.mark.parametrize("kwargs, named", [
     (dict(sampled="head.*"), "sampled: \\['head.\\*'\\] match no parameter of Sequential"),
     (dict(sampled=lambda n, p: 1), "must return True or False"),
