@@ -191,6 +191,29 @@ def images_check(device, quick: bool) -> float:
     return (fits[1].seconds - fits[1].compile_seconds) / fits[1].iterations
 
 
+def mixed_precision_check(device, quick: bool) -> float:
+    """EntropySGLD with ``autocast=torch.bfloat16`` (the potential in bf16, the state and update in fp32) against
+    the same chains in fp32: means within 0.05 posterior sd; then the bf16 run's time per iteration."""
+    X, y = _logistic(device)
+    maker = lambda autocast: (lambda: make_kernel("entropy-sgld", logistic_regression, eta=0.05,  # noqa: E731
+                                                  step_size=1e-3, autocast=autocast))
+    draws = {}
+    for autocast in (None, torch.bfloat16):
+        pyro.set_rng_seed(0)
+        mcmc = MCMC(maker(autocast)(), num_samples=100 if quick else 500, warmup_steps=50, num_chains=4,
+                    disable_progbar=True)
+        mcmc.run(X, y, batch_size=100)
+        draws[autocast] = mcmc.get_samples()["w"].reshape(-1, X.shape[1])
+        _on(device, [mcmc.kernel.initial_params["w"]])
+        if mcmc.kernel.initial_params["w"].dtype != torch.float32:
+            raise AssertionError("the chains' state is not fp32 under autocast")
+    sd = draws[None].std(0)
+    gap = float(((draws[torch.bfloat16].mean(0) - draws[None].mean(0)) / sd).abs().max())
+    if gap > 0.05:
+        raise AssertionError(f"bf16 autocast's means are {gap:.3f} sd from fp32's")
+    return _timed_mcmc(maker(torch.bfloat16), (X, y), {"batch_size": 100}, 30 if quick else 300)
+
+
 def transfer_check(device, quick: bool) -> float:
     """``pyro-flat transfer``'s reduced run on the device (a tiny ResNet pre-trained, then SGD, Laplace, SA-BMA and
     Entropy-MCMC on its adapters): every row finite. The time is the run's per fit."""
@@ -252,6 +275,7 @@ def main(argv=None) -> int:
         ("SVI: SABMA_ELBO (a step)", lambda: svi_check(device, SABMA_ELBO(gamma=0.01), args.quick)),
         ("BayesianModule CNN, BatchNorm, 4 vectorized chains", lambda: cnn_check(device, args.quick)),
         ("images study: an Entropy-MCMC fit, cosine schedule, --jit fx", lambda: images_check(device, args.quick)),
+        ("EntropySGLD, autocast=torch.bfloat16 against fp32", lambda: mixed_precision_check(device, args.quick)),
         ("transfer study: SGD, Laplace, SA-BMA, Entropy-MCMC on adapters (per fit)",
          lambda: transfer_check(device, args.quick)),
         ("1-rank process group, chain_method='distributed'", lambda: process_group_check(device, args.quick)),

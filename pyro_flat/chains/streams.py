@@ -192,5 +192,23 @@ def streams_for(x: torch.Tensor) -> Optional[ChainStreams]:
     return streams if streams is not None and x.dim() and x.shape[0] == streams.count else None
 
 
+def random_state(params: Dict[str, torch.Tensor], streams: Optional["ChainStreams"] = None) -> tuple:
+    """The random streams a graph call draws from: the global ones (the CPU's, and the CUDA device's in use)
+    and the per-chain ``streams``, if any."""
+    devices = {v.device for v in params.values() if v.device.type == "cuda"}
+    return (torch.get_rng_state(), [(d, torch.cuda.get_rng_state(d)) for d in devices],
+            None if streams is None else (streams, streams.state_dict()))
+
+
+def restore_random_state(state: tuple) -> None:
+    """Set the streams :func:`random_state` read back to that state."""
+    cpu, cuda, streams = state
+    torch.set_rng_state(cpu)
+    for device, value in cuda:
+        torch.cuda.set_rng_state(value, device)
+    if streams is not None:
+        streams[0].load_state_dict(streams[1])
+
+
 __all__ = ["RANDOM_STREAMS", "check_random_streams", "chain_seed", "NoiseSpec", "ChainStreams", "context_value",
-           "drawing_from", "streams_for"]
+           "drawing_from", "streams_for", "random_state", "restore_random_state"]

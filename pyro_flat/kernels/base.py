@@ -214,7 +214,8 @@ class TargetKernel(DrawRecording, MCMCKernel):
             start = 0 if shard is None else shard.start
             self.chain_streams = ChainStreams(int(torch.randint(0, 2**62, ())), range(start, start + self.num_chains))
         user_params, self._pending_initial_params = self._pending_initial_params, None
-        self.target = self.build_target(args, kwargs, num_chains=self.num_chains, initial_params=user_params)
+        self.target = self.wrap_target(self.build_target(args, kwargs, num_chains=self.num_chains,
+                                                         initial_params=user_params))
         params = self.target.initial_params(user_params)
         energy, _ = self.target.potential_and_grad(params)
         bad = ~torch.isfinite(energy.reshape(-1))
@@ -309,6 +310,10 @@ class TargetKernel(DrawRecording, MCMCKernel):
         return super().diagnostics()
 
     # ----------------------------------------------------------------- subclass hooks
+    def wrap_target(self, target: Target) -> Target:
+        """The target the kernel samples, made from :meth:`build_target`'s (a subclass may wrap it)."""
+        return target
+
     def build_target(self, args: tuple, kwargs: dict, *, num_chains: Optional[int] = None,
                      initial_params: Optional[Params] = None) -> Target:
         """The potential sampled, for ``num_chains`` vectorized chains (or one): the model's, or

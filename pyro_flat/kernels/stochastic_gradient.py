@@ -16,8 +16,10 @@ from typing import Callable, Dict, Iterator, Optional, Union
 
 import torch
 
+from ..chains.streams import random_state, restore_random_state
 from ..schedules import Schedule, as_schedule
 from ..targets import Params
+from ..targets.precision import AutocastTarget, check_autocast
 from ..validation import check_positive
 from .base import TargetKernel
 from .compiled_step import MAX_FUSED_STEPS, CompiledSteps
@@ -50,6 +52,9 @@ class StochasticGradientKernel(TargetKernel):
         the metric's units (default :data:`~pyro_flat.kernels.preconditioning.DEFAULT_STEP_SIZE`);
         without one it is required.
 
+    :param autocast: ``torch.bfloat16``: the potential's forward and backward under ``torch.autocast``, the state
+        and the update in fp32 (:mod:`~pyro_flat.targets.precision`); ``None`` (default): fp32 throughout.
+
     ``model``, ``potential_fn``, ``init_strategy``, ``record_draws`` and ``jit_compile`` are those
     of :class:`TargetKernel`. A step is a divergence when the energy or the state becomes NaN/inf,
     or when the state's largest absolute coordinate grows more than :attr:`max_growth` (1e4) times
@@ -81,9 +86,14 @@ class StochasticGradientKernel(TargetKernel):
         init_strategy: Optional[Callable] = None,
         record_draws: bool = True,
         jit_compile: Union[bool, str] = False,
+        autocast: Union[None, str, torch.dtype] = None,
     ):
         super().__init__(model, potential_fn=potential_fn, init_strategy=init_strategy,
                          record_draws=record_draws, jit_compile=jit_compile)
+        self.autocast = check_autocast(autocast)
+        if self.autocast is not None and jit_compile:
+            raise ValueError("autocast= and jit_compile= together are not supported yet (the compiled graph is traced "
+                             "without autocast): pass one of them.")
         self.preconditioner = None if preconditioner is None else Preconditioner(preconditioner)
         if step_size is None and self.preconditioner is None:
             raise ValueError(f"{type(self).__name__} needs step_size= (try a value such that step_size "
@@ -174,6 +184,9 @@ class StochasticGradientKernel(TargetKernel):
         out = None if steps is None or adapting else steps(params, step_size, temperature)
         return self.transition(params, step_size, temperature) if out is None else out
 
+    def wrap_target(self, target):
+        return target if self.autocast is None else AutocastTarget(target, self.autocast)
+
     def after_setup(self, params: Params) -> None:
         if self.preconditioner is not None:  # a Hessian-vector product costs about two gradients
             self.num_grad_evals += 2 * self.preconditioner.setup(
@@ -222,7 +235,7 @@ class StochasticGradientKernel(TargetKernel):
             return None
         step_sizes = [self.step_size * self._schedule_factor(k) for k in range(first, first + total)]
         for call in range(total // length):
-            random_state, carried = _random_state(params, self.chain_streams), self.carried
+            saved_random, carried = random_state(params, self.chain_streams), self.carried
             out = self._steps.fused(params, step_sizes[call * length: (call + 1) * length], self.temperature)
             if out is None:  # no graph (it failed to trace or compile): the rest one by one
                 if call == 0:
@@ -235,7 +248,7 @@ class StochasticGradientKernel(TargetKernel):
             if problem is not None:
                 # replay one by one on the same numbers and minibatches: the error names the iteration
                 # and the chain (if round-off keeps the replay finite, its states stand)
-                _restore_random_state(random_state)
+                restore_random_state(saved_random)
                 self.carried = carried
                 with self.target.batches.scripted(batches):
                     params = self._iterate(params, True, steps=length, record=call == 0, eager=True)
@@ -378,23 +391,6 @@ class StochasticGradientKernel(TargetKernel):
             warming_up=self._iteration < self._warmup_steps, chain=self._chain, num_chains=self.num_chains,
             max_growth=self.max_growth, num_draws=len(self._draws), draws=draws,
             completed_chains=self._completed_draws)
-
-
-def _random_state(params: Params, streams=None) -> tuple:
-    """The random streams a graph call draws from: the global ones (the CPU's, and the CUDA device's in use)
-    and the per-chain ``streams``, if any."""
-    devices = {v.device for v in params.values() if v.device.type == "cuda"}
-    return (torch.get_rng_state(), [(d, torch.cuda.get_rng_state(d)) for d in devices],
-            None if streams is None else (streams, streams.state_dict()))
-
-
-def _restore_random_state(state: tuple) -> None:
-    cpu, cuda, streams = state
-    torch.set_rng_state(cpu)
-    for device, value in cuda:
-        torch.cuda.set_rng_state(value, device)
-    if streams is not None:
-        streams[0].load_state_dict(streams[1])
 
 
 __all__ = ["StochasticGradientKernel", "Transition", "MAX_EXPLORATION_RUN"]
