@@ -21,6 +21,11 @@ where the paper's claim is "minimal overhead": one Entropy-MCMC iteration <= 1.1
 iteration. ``--device cuda`` runs on a GPU (synchronised before each clock reading) and prints images
 per second. On the CPU, ResNet-18 takes about 2.5 s an iteration: use ``--iterations 6 --chains 1``.
 
+``--precision bf16`` runs every step in mixed precision, PyTorch's way: the forward and backward under
+``torch.autocast(dtype=torch.bfloat16)``, the weights and the update fp32 (``torch.optim.SGD`` and the hand-written
+step inside autocast, EntropySGLD with ``autocast=torch.bfloat16``), so that the sampler is compared with the SGD
+step of the same precision.
+
 ``--jit inductor|fx`` adds EntropySGLD with ``jit_compile`` (the whole iteration as one traced graph; with
 inductor, its elementwise work fused), timed inside one run so that the graph is built once: the median
 seconds per iteration over draws of ``--iterations`` iterations each, after the draws that built it,
@@ -28,12 +33,13 @@ beside the eager kernel timed the same way; on a GPU (where the compiled iterati
 graph) also against the SGD step captured as a CUDA graph, the like-for-like baseline.
 
 Run:  python benchmarks/bench_deep.py [--iterations 30] [--network cnn|resnet18] [--device cpu|cuda]
-                                      [--threads 1] [--chains 1 4] [--jit inductor|fx]
+                                      [--threads 1] [--chains 1 4] [--jit inductor|fx] [--precision fp32|bf16]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import time
 
@@ -120,7 +126,11 @@ def main() -> None:
                         help="chain counts to time (default 1 4; 1 alone skips the vectorized chains)")
     parser.add_argument("--jit", choices=("inductor", "fx"), default=None,
                         help="also time EntropySGLD(jit_compile=...) against the eager kernel, within one run each")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="bf16: every step's forward and backward under torch.autocast, weights and update fp32")
     args = parser.parse_args()
+    if args.jit and args.precision == "bf16":
+        parser.error("--jit and --precision bf16 together: the kernels do not compile under autocast yet")
     long = args.iterations
     short = max(long // 3, 2)
     device = torch.device(args.device)
@@ -133,6 +143,10 @@ def main() -> None:
     shape = (1, 28, 28) if args.network == "cnn" else (3, 32, 32)
     X, y = torch.randn(N, *shape, device=device), torch.randint(0, 10, (N,), device=device)
     weights = sum(p.numel() for p in make().parameters())
+    autocast = torch.bfloat16 if args.precision == "bf16" else None
+
+    def precision():
+        return contextlib.nullcontext() if autocast is None else torch.autocast(device.type, dtype=autocast)
 
     def sgd(iterations: int) -> None:
         net = make().to(device).train()
@@ -140,7 +154,9 @@ def main() -> None:
         for _ in range(iterations):
             idx = torch.randint(0, N, (BATCH,), device=device)
             optimiser.zero_grad()
-            nn.functional.cross_entropy(net(X[idx]), y[idx]).backward()
+            with precision():
+                loss = nn.functional.cross_entropy(net(X[idx]), y[idx])
+            loss.backward()
             optimiser.step()
 
     def sgd_graphed(iterations: int) -> None:
@@ -174,8 +190,9 @@ def main() -> None:
         noise = math.sqrt(2 * STEP)
         for _ in range(iterations):
             idx = torch.randint(0, N, (BATCH,), device=device)
-            loss = N * nn.functional.cross_entropy(net(X[idx]), y[idx]) + 0.5 * sum(p.square().sum() for p in params)
-            grads = torch.autograd.grad(loss, params)
+            with precision():
+                loss = N * nn.functional.cross_entropy(net(X[idx]), y[idx]) + 0.5 * sum(p.square().sum() for p in params)
+                grads = torch.autograd.grad(loss, params)
             with torch.no_grad():
                 for p, a, g in zip(params, aux, grads):
                     pull = (p - a) / eta
@@ -186,14 +203,14 @@ def main() -> None:
         def run(iterations: int) -> None:
             pyro.set_rng_seed(0)
             model = BayesianModule(make().to(device), prior=1.0, networks=networks)
-            mcmc = MCMC(EntropySGLD(model, eta=eta, step_size=STEP), num_samples=iterations, warmup_steps=0,
+            mcmc = MCMC(EntropySGLD(model, eta=eta, step_size=STEP, autocast=autocast), num_samples=iterations, warmup_steps=0,
                         num_chains=chains, thinning=iterations, disable_progbar=True)
             mcmc.run(X, y, batch_size=BATCH)
             assert chains == 1 or mcmc.chain_method == "vectorized"
         return run
 
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{args.threads} CPU thread(s)"
-    print(f"{args.network} of {weights:,} weights, minibatch {BATCH}, {where}; seconds per iteration ({short} and "
+    print(f"{args.network} of {weights:,} weights, minibatch {BATCH}, {where}, {args.precision}; seconds per iteration ({short} and "
           f"{long} iterations):")
     t_sgd = per_iteration(sgd, short, long)
     t_hand = per_iteration(by_hand, short, long)

@@ -112,3 +112,21 @@ def test_bad_autocast_settings_are_refused_by_name(kernel, settings, named):
 def test_the_exact_kernels_take_no_autocast():
     with pytest.raises(TypeError, match="autocast"):
         make_kernel("entropy-hmc", potential_fn=gaussian_potential, eta=1.0, step_size=0.1, autocast="bf16")
+
+
+def test_the_image_study_trains_under_bf16_autocast_when_asked():
+    from dataclasses import replace
+
+    from pyro_flat.experiments import images
+    from pyro_flat.experiments.images_config import ImagesConfig
+    from pyro_flat.experiments.output import StudyError
+
+    config = ImagesConfig.reduced(methods=("emcmc",), seeds=1, precision="bf16", progress=False, train_size=64,
+                                  batch_size=16)
+    data = images.load_image_data(config)
+    fits = {p: images.fit_method("emcmc", replace(config, precision=p), data, seed=0) for p in ("bf16", "fp32")}
+    for name, value in fits["bf16"].samples.items():
+        assert value.dtype == torch.float32 and bool(torch.isfinite(value).all())
+    assert any(not torch.equal(v, fits["fp32"].samples[k]) for k, v in fits["bf16"].samples.items())
+    with pytest.raises(StudyError, match="--precision bf16 and --jit together"):
+        replace(config, jit="fx").validate()

@@ -77,6 +77,7 @@ def test_a_checkpoint_written_before_the_move_still_continues(tmp_path):
 
     import pyro
     from pyro_flat import MCMC, EntropySGLD
+    from pyro_flat.storage.checkpoint import differences, read_checkpoint
     from linear_regression import data, model
 
     def run(checkpoint):
@@ -89,10 +90,17 @@ def test_a_checkpoint_written_before_the_move_still_continues(tmp_path):
 
     old = tmp_path / "old.ckpt"
     shutil.copy(Path(__file__).with_name("data") / "checkpoint_before_the_folders.ckpt", old)
-    before = old.read_bytes()
+    before = read_checkpoint(old)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no other configuration, no other random start
         restored = run(old)
-    assert old.read_bytes() == before  # a finished run: given back, not written again
+    # a finished run: given back, its state and draws written again as they were (the fingerprint gains the settings
+    # added since, at their defaults: EntropySGLD.autocast)
+    after = read_checkpoint(old)
+    assert after["done"] == before["done"] == 8
+    for name in ("w", "w_aux"):
+        assert torch.equal(after["draws"][name], before["draws"][name]) and torch.equal(after["params"][name],
+                                                                                         before["params"][name])
+    assert not differences(before["fingerprint"], after["fingerprint"])
     for name, value in run(tmp_path / "new.ckpt").items():
         assert torch.equal(restored[name], value), name

@@ -125,7 +125,8 @@ def fit_method(method: str, config: ImagesConfig, data: ImageData, seed: int,
     model = BayesianModule(nets[0], prior=scaled["prior_sd"], transform=random_crop_flip if p["augment"] else None)
     starts = [model.initial_params(net.state_dict()) for net in nets]
     initial = {k: torch.stack([start[k] for start in starts]) for k in starts[0]}
-    settings = {"step_size": scaled["step_size"], "jit_compile": False if config.jit == "off" else config.jit}
+    settings = {"step_size": scaled["step_size"], "jit_compile": False if config.jit == "off" else config.jit,
+                "autocast": torch.bfloat16 if config.precision == "bf16" else None}
     if method in ("entropy-sgd", "entropy-sgld", "emcmc"):
         settings["eta"] = scaled["eta"]
     if method in ("entropy-sgd", "entropy-sgld"):
@@ -288,7 +289,8 @@ def _lead(config: ImagesConfig, out, log: Callable[[str], None], ranks) -> dict:
     log(f"images: {data.source}: {len(data.X_train):,} training and {len(data.X_test):,} test images, "
         f"{data.num_classes} classes; {protocol['network']} ({weights:,} weights); {len(jobs)} fits x "
         f"{config.seeds} seeds, {protocol['epochs']} epochs each ({scaled['iterations']:,} gradient evaluations); "
-        f"on {_device_name(device)}" + ("" if config.jit == "off" else f", --jit {config.jit}"))
+        f"on {_device_name(device)}" + ("" if config.jit == "off" else f", --jit {config.jit}")
+        + ("" if config.precision == "fp32" else ", bf16 autocast (--precision)"))
     log(f"per-step coupling lr / (N eta) = {protocol['lr']} / ({len(data.X_train):,} x {scaled['eta']:.4g}) = "
         f"{scaled['coupling']:.4g} (the paper's: 0.025); temperature {scaled['temperature']:g}; every method "
         + ("the same epochs" if protocol["budget"] == "epochs" else "the same gradient evaluations"))

@@ -137,6 +137,8 @@ class ImagesConfig(StudyConfig):
     jit: str = option("off", "compile each fit's iteration into one graph (the kernels' jit_compile): fx (traced; "
                              "replayed as one CUDA graph on a GPU, where it pays) or inductor; the same fits up to "
                              "round-off", choices=("off", "fx", "inductor"))
+    precision: str = option("fp32", "bf16: each fit's forward and backward under torch.autocast (the kernels' autocast; "
+                                    "the weights and the update fp32, prediction fp32)", choices=("fp32", "bf16"))
 
     COMMAND: ClassVar[str] = "images"
     #: a tiny ResNet, a few hundred images, 2 seeds, 2 short epochs (lr 0.05: with N = 320 the step lr / N must stay
@@ -159,6 +161,9 @@ class ImagesConfig(StudyConfig):
 
     def validate(self) -> None:
         super().validate()
+        if self.precision == "bf16" and self.jit != "off":
+            raise StudyError("--precision bf16 and --jit together: the kernels do not compile under autocast yet; "
+                             "pass one of them")
         if self.preset == "emcmc-cifar":
             given = [f"--{name.replace('_', '-')}" for name in PROTOCOL_OPTIONS if getattr(self, name) is not None]
             if given:

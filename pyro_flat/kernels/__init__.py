@@ -82,7 +82,7 @@ def kernel_settings(kernel) -> Tuple[str, ...]:
     less ``model``, ``potential_fn`` and the settings the class fixes itself (``fixed_settings``).
 
     >>> kernel_settings("sgd")
-    ('step_size', 'schedule', 'preconditioner', 'init_strategy', 'record_draws', 'jit_compile')
+    ('step_size', 'schedule', 'preconditioner', 'init_strategy', 'record_draws', 'jit_compile', 'autocast')
     """
     cls = kernel_class(kernel) if isinstance(kernel, str) else kernel
     return tuple(n for n in constructor_signature(cls).parameters if n not in ("model", "potential_fn"))
