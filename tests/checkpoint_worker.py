@@ -39,6 +39,10 @@ CASES = {
     "EntropySGHMC, jit fx, thinning 4 (fused), per-chain streams": lambda: (
         EntropySGHMC(model, eta=0.1, momentum=0.7, step_size=1e-4, jit_compile="fx"), 200, 6000, 4, 20),
     "SGLD, short, per-chain streams": lambda: (SGLD(model, step_size=1e-4), 100, 3000, 1, 20),
+    # mixed precision: the kernel's target wrapped in autocast, its setting in the checkpoint's fingerprint (this
+    # model has no matrix product, so its numbers stay fp32: tests/test_mixed_precision.py checks the bf16 ones)
+    "EntropySGLD, bf16 autocast": lambda: (EntropySGLD(model, eta=0.1, step_size=1e-4, autocast="bf16"), 200, 3000, 1,
+                                           20),
     # a network whose data come from a shuffling DataLoader (torch's global stream): the checkpoint holds its place
     "SGLD, network fed by a DataLoader": lambda: (SGLD(BayesianModule(torch.nn.Linear(3, 2)), step_size=1e-4),
                                                   300, 3000, 1, 20),

@@ -72,6 +72,7 @@ KILL_AT = {"EntropySGLD, jit fx, thinning 4 (fused), cyclical": 205}
     ("EntropySGHMC, diagonal preconditioner", 1),
     ("EntropyHMC, adaptation", 1),
     ("EntropySGHMC, jit fx, thinning 4 (fused), per-chain streams", 1),
+    ("EntropySGLD, bf16 autocast", 1),
 ])
 def test_a_run_killed_at_random_moments_resumes_to_the_uninterrupted_draws(tmp_path, case, kills):
     reference, resumed, checkpoint = tmp_path / "reference.pt", tmp_path / "resumed.pt", tmp_path / "run.ckpt"
