@@ -130,3 +130,22 @@ def test_the_image_study_trains_under_bf16_autocast_when_asked():
     assert any(not torch.equal(v, fits["fp32"].samples[k]) for k, v in fits["bf16"].samples.items())
     with pytest.raises(StudyError, match="--precision bf16 and --jit together"):
         replace(config, jit="fx").validate()
+
+
+def test_bma_predict_under_bf16_autocast_averages_in_fp32_and_matches_fp32_predictions():
+    from pyro_flat import bma_predict
+    from pyro_flat.nn import BayesianModule
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                              torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 8, 4))
+    model = BayesianModule(net, prior=1.0)
+    X = torch.randn(200, 1, 8, 8)
+    draws = {k: v.expand(6, *v.shape).clone() + 0.05 * torch.randn(6, *v.shape) for k, v in model.initial_params().items()}
+    fp32 = bma_predict(model, draws, X, batchnorm_data=X)
+    bf16 = bma_predict(model, draws, X, batchnorm_data=X, autocast="bf16")
+    assert bf16.dtype == torch.float32 and not torch.equal(bf16, fp32)
+    torch.testing.assert_close(bf16.sum(-1), torch.ones(200))  # a probability vector, summed in fp32
+    assert float((bf16 - fp32).abs().max()) < 0.02  # bf16's rounding of the products, not another model
+    with pytest.raises(ValueError, match="fp16 gradients underflow"):
+        bma_predict(model, draws, X, batchnorm_data=X, autocast=torch.float16)

@@ -11,7 +11,7 @@ Entropy-MCMC's evaluation.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Union
 
 import torch
 from pyro import poutine
@@ -19,6 +19,7 @@ from pyro.poutine.messenger import Messenger
 
 from ..nn.batches import Batches
 from ..targets import check_finite_inputs, is_subsample_site, support_transform
+from ..targets.precision import check_autocast
 from ..validation import check_tensor
 
 _USES = ("both", "theta", "aux")
@@ -96,6 +97,7 @@ def bma_predict(
     site: Optional[str] = None,
     suffix: str = "_aux",
     batchnorm_data: Optional[torch.Tensor] = None,
+    autocast: Union[None, str, torch.dtype] = None,
     **kwargs,
 ) -> torch.Tensor:
     """Average the predictive class probabilities of ``model(*args, **kwargs)`` over draws.
@@ -109,6 +111,8 @@ def bma_predict(
         distribution has ``probs`` (Bernoulli, Categorical, ...).
     :param batchnorm_data: training inputs, for a :class:`~pyro_flat.nn.BayesianModule` with BatchNorm
         layers: each draw predicts with its own statistics over them (``model.batchnorm_data``).
+    :param autocast: ``torch.bfloat16`` (or ``"bf16"``): each draw's forward under ``torch.autocast``, the
+        average over draws accumulated in fp32 (the kernels' ``autocast``, :mod:`pyro_flat.targets.precision`).
     :returns: probabilities shaped like the site's ``probs`` (``(N,)`` for Bernoulli, ``(N, C)``
         for Categorical). Subsampling plates are switched off: every data point is predicted.
 
@@ -143,6 +147,12 @@ def bma_predict(
         raise ValueError("bma_predict predicts every row of its inputs in order: pass them as a tensor, not "
                          "Batches(loader) (a loader's batches come in its own order). Pass the data as tensors.")
     check_finite_inputs(args, kwargs, before="predicting", who="bma_predict: ")
+    dtype = check_autocast(autocast)
+    if dtype is not None:
+        tensors = [v for v in (*args, *kwargs.values(), *samples.values()) if isinstance(v, torch.Tensor)]
+        with torch.autocast(device_type=tensors[0].device.type if tensors else "cpu", dtype=dtype):
+            return bma_predict(model, samples, *args, use=use, site=site, suffix=suffix,
+                               batchnorm_data=batchnorm_data, **kwargs)
     if batchnorm_data is not None:
         if not hasattr(model, "batchnorm_data"):
             raise TypeError(f"batchnorm_data is for a pyro_flat.nn.BayesianModule with BatchNorm layers; "
@@ -191,17 +201,23 @@ def bma_predict(
     with torch.no_grad():
         first, site = _predict_probs(model, args, kwargs, _rows(draws, 0, 1, True, device), plates, site)
         block = _block_size(model, args, kwargs, draws, plates, site, first, device)
+        first = _at_least_fp32(first)  # under autocast a draw's probabilities may be bf16: the average is not
         if block == 1:  # one draw at a time
             total = first.clone()
             for s in range(1, count):
-                total.add_(_predict_probs(model, args, kwargs, _rows(draws, s, s + 1, True, device), plates, site)[0])
+                total.add_(_at_least_fp32(_predict_probs(model, args, kwargs, _rows(draws, s, s + 1, True, device),
+                                                         plates, site)[0]))
             return total / count
         total = torch.zeros_like(first)
         for start in range(0, count, block):
             rows = _rows(draws, start, start + block, device=device)
             probs = _predict_probs(model, args, kwargs, rows, plates, site)[0]
-            total.add_(probs.sum(0))
+            total.add_(_at_least_fp32(probs).sum(0))
     return total / count
+
+
+def _at_least_fp32(probs: torch.Tensor) -> torch.Tensor:
+    return probs.float() if probs.dtype in (torch.bfloat16, torch.float16) else probs
 
 
 #: the most probabilities (draws x points x classes) :func:`bma_predict` computes in one block of draws

@@ -335,6 +335,7 @@ class BayesianModule(PyroModule):
 
     # ----------------------------------------------------------------- helpers
     def _likelihood(self, out: torch.Tensor) -> dist.Distribution:
+        out = out.float() if out.dtype in (torch.bfloat16, torch.float16) else out  # autocast: the loss in fp32
         if self.likelihood == "categorical":
             return dist.Categorical(logits=out)
         if self.likelihood == "bernoulli":
