@@ -21,30 +21,29 @@ def _plt():
 
 def plot_bma_curves(curves: Mapping[str, Mapping[str, np.ndarray]], *, title: str = "",
                     xlabel: str = "iteration (warm-up included)"):
-    """Test accuracy and NLL of the running Bayesian model average, each with a band of ±1 standard
-    error over the test points (``accuracy_se``, ``nll_se`` when the curves have them).
-
-    ``curves[label] = {"x": ..., "accuracy": ..., "nll": ...}`` (``"iteration"`` instead of ``"x"``
-    works too; see :func:`pyro_flat.metrics.running_bma`).
-    """
+    """Test accuracy and NLL of the running Bayesian model average, ``curves[label] = {"x" (or "iteration"),
+    "accuracy", "nll"}`` (:func:`pyro_flat.metrics.running_bma`). Each title gives the last average's standard error
+    over the test points (``accuracy_se``, ``nll_se``: the same for every curve, so no band per curve); the y axes
+    span the curves from their second tenth on (the first draws' averages are noisy)."""
     plt = _plt()
-    fig, (ax_acc, ax_nll) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for i, (label, c) in enumerate(curves.items()):
-        x = c.get("x", c.get("iteration"))
-        for ax, key in ((ax_acc, "accuracy"), (ax_nll, "nll")):
-            ax.plot(x, c[key], label=label, color=f"C{i}", lw=1.6)
-            if key + "_se" in c:
-                ax.fill_between(x, c[key] - c[key + "_se"], c[key] + c[key + "_se"], color=f"C{i}", alpha=0.12)
-    ax_acc.set(xlabel=xlabel, ylabel="test accuracy of the BMA",
-               title="accuracy (higher is better; band: ±1 standard error)")
-    ax_nll.set(xlabel=xlabel, ylabel="test NLL per point of the BMA",
-               title="negative log-likelihood (lower is better; band: ±1 s.e.)")
-    ax_acc.legend(fontsize=8, loc="lower right")
-    for ax in (ax_acc, ax_nll):
+        for ax, key in zip(axes, ("accuracy", "nll")):
+            ax.plot(c.get("x", c.get("iteration")), c[key], label=label, color=f"C{i}", lw=1.5, ls=("-", "--", ":")[i % 3])
+    for ax, key, what in zip(axes, ("accuracy", "nll"), ("test accuracy of the BMA (higher is better)",
+                                                         "test NLL per point of the BMA (lower is better)")):
+        late = np.concatenate([np.asarray(c[key], dtype=float)[len(c[key]) // 10:] for c in curves.values()])
+        pad = 0.1 * (late.max() - late.min()) + 1e-3
+        ses = [float(np.asarray(c[key + "_se"])[-1]) for c in curves.values() if key + "_se" in c]
+        ax.set(xlabel=xlabel, ylabel=what, ylim=(late.min() - pad, late.max() + pad),
+               title=what.split(" (")[0].replace("test ", "") + (f" (±1 s.e. {np.median(ses):.3f})" if ses else ""))
         ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8, loc="lower right")
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
+    fig.text(0.01, 0.01, "y axes: the curves after their first tenth. The s.e. is over the test points, shared by "
+                         "every curve: differences well below it are noise.", fontsize=8, color="grey")
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     return fig
 
 
@@ -111,9 +110,9 @@ def plot_weight_comparison(theta: torch.Tensor, aux: torch.Tensor, *, image_shap
     axes[0].hist(aux[:, pixel], bins=50, range=(lo, hi), alpha=0.55, density=True, label="θa")
     axes[0].set(xlabel=f"weight w[{pixel}]", ylabel="density", title="one weight's draws")
     sd_t, sd_a = theta.std(0), aux.std(0)
-    top = max(sd_t.max(), sd_a.max())
-    axes[1].hist(sd_t, bins=60, range=(0, top), alpha=0.55, label="θ")
-    axes[1].hist(sd_a, bins=60, range=(0, top), alpha=0.55, label="θa")
+    span = (min(sd_t.min(), sd_a.min()), max(sd_t.max(), sd_a.max()))  # the sds' own range, not from 0
+    axes[1].hist(sd_t, bins=60, range=span, alpha=0.55, label="θ")
+    axes[1].hist(sd_a, bins=60, range=span, alpha=0.55, label="θa")
     axes[1].set(xlabel="posterior sd of a weight", ylabel="number of weights", title="spread of all weights")
     for ax in axes[:2]:
         ax.legend(fontsize=8)
