@@ -117,13 +117,27 @@ class _ModuleAliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         old = spec.name.partition(".")[2]
         if old not in STABLE_PATHS:
             warnings.warn(f"pyro_flat.{old} moved to pyro_flat.{MOVED[old]}: import it from there (the old path "
-                          "will be removed in a later release).", FutureWarning, stacklevel=2)
+                          "will be removed in a later release).", FutureWarning, stacklevel=_importer_level())
         module = importlib.import_module(f"{__name__}.{MOVED[old]}")
         self._specs[module.__name__] = module.__spec__  # the import system puts the alias's spec on it
         return module
 
     def exec_module(self, module):  # the module has run already: only its own spec is put back
         module.__spec__ = self._specs.pop(module.__name__)
+
+
+def _importer_level() -> int:
+    """``warnings.warn``'s stacklevel (from ``create_module``) of the user's import line: ``warn`` skips the frames
+    of importlib's bootstrap itself; this skips ``importlib.import_module`` and this package's ``__getattr__``."""
+    frame, level = sys._getframe(2), 2  # create_module's caller
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name in (importlib.__file__, __file__):
+            level += 1
+        elif not ("importlib" in name and "_bootstrap" in name):
+            break
+        frame = frame.f_back
+    return level
 
 
 sys.meta_path.append(_ModuleAliases())

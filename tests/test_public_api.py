@@ -67,6 +67,8 @@ def test_a_moved_module_keeps_its_old_path(old, new, monkeypatch):
     else:
         assert said == [f"pyro_flat.{old} moved to pyro_flat.{new}: import it from there (the old path will be "
                         "removed in a later release)."]
+        # it points at the line that imported the old path, not at importlib's
+        assert [w.filename for w in caught if issubclass(w.category, FutureWarning)] == [__file__]
 
 
 def test_a_checkpoint_written_before_the_move_still_continues(tmp_path):
