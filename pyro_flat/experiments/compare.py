@@ -151,3 +151,24 @@ def paired_verdict(ours: Dict[int, float], theirs: Dict[int, float], lower: bool
     return {"mean": mean, "se": se, "n": n, "t_critical": critical, "verdict": verdict, **detect}
 
 
+
+
+
+def claim_verdict(pair_verdicts, not_converged) -> str:
+    """A claim's verdict from its pairs' :func:`paired_verdict` verdicts: "not measured" (no pair), "not tested (not
+    converged)" (a fit of its pairs did not converge), "not tested (one seed)", "contradicted" (a pair against it),
+    "reproduced" (every pair for it), else "tied".
+
+    >>> claim_verdict({"for", "tie"}, []), claim_verdict({"for"}, []), claim_verdict({"for"}, ["SGD"])
+    ('tied', 'reproduced', 'not tested (not converged)')
+    """
+    verdicts = set(pair_verdicts)
+    if not verdicts:
+        return "not measured"
+    if not_converged:
+        return "not tested (not converged)"
+    if "one seed" in verdicts:
+        return "not tested (one seed)"
+    if "against" in verdicts:
+        return "contradicted"
+    return "reproduced" if verdicts == {"for"} else "tied"

@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .compare import mean_and_se, paired_verdict, t_critical
+from .compare import claim_verdict, mean_and_se, paired_verdict, t_critical
 
 EMCMC = "Entropy-MCMC (both)"
 EMCMC_FLAT = "Entropy-MCMC (θa)"
@@ -106,18 +106,7 @@ def claims(rows: Sequence[dict], which: Sequence[Tuple[str, str, bool]] = CLAIMS
                  for label in others]
         verdicts = {p["verdict"] for p in pairs if p["counted"]}
         late = sorted({ours_label, *(p["other"] for p in pairs if p["counted"])} & unconverged)
-        if not verdicts:
-            verdict = "not measured"
-        elif late:
-            verdict = "not tested (not converged)"
-        elif "one seed" in verdicts:
-            verdict = "not tested (one seed)"
-        elif "against" in verdicts:
-            verdict = "contradicted"
-        elif verdicts == {"for"}:
-            verdict = "reproduced"
-        else:
-            verdict = "tied"
+        verdict = claim_verdict(verdicts, late)
         out.append({"metric": name, "claim": text, "verdict": verdict, "pairs": pairs, "ours": ours_label,
                     "not_converged": late})
     return out

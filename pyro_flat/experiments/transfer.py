@@ -31,7 +31,8 @@ from .resume import checkpoint_folder, study_checkpoints, study_lock
 from .transfer_config import TRANSFER_METHODS, TransferConfig
 from .transfer_data import TransferData, load_transfer_data
 from .transfer_fits import LABELS, TransferFit, fit_method, make_task
-from .transfer_pretrain import pretrained_network, task_network, write_atomically
+from ..storage.draws_folder import write_atomically
+from .transfer_pretrain import pretrained_network, task_network
 
 
 def model_average_draws(fit: TransferFit) -> Dict[str, torch.Tensor]:
@@ -116,9 +117,9 @@ def _fit_task(config: TransferConfig, data: TransferData, pretrained: torch.nn.M
         rows.append(row)
         if done is not None:  # the row (and SGD's network, which Laplace starts from), then its file is complete
             if method == "sgd-block":
-                write_atomically(folder / f"{key}-sgd-block.pt", lambda path: torch.save(
-                    {"samples": fit.samples, "grad_evals": fit.grad_evals, "seconds": fit.seconds}, path))
-            write_atomically(done, lambda path: path.write_text(json.dumps(row, default=float)))
+                write_atomically(folder / f"{key}-sgd-block.pt", lambda file: torch.save(
+                    {"samples": fit.samples, "grad_evals": fit.grad_evals, "seconds": fit.seconds}, file))
+            write_atomically(done, lambda file: file.write(json.dumps(row, default=float).encode()))
         log(f"{k} shots, seed {seed}, {row['label']}: accuracy {row['accuracy']:.4f}, NLL {row['nll']:.4f}, ECE "
             f"{row['ece']:.4f}, corrupted {row['corrupted_accuracy_mean']:.4f}, OOD AUROC {row['ood_auroc']:.3f}; "
             f"{'converged' if row['converged'] else 'NOT converged'} (training NLL {row['train_nll']:.4f}, "

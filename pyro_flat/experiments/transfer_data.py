@@ -19,6 +19,7 @@ import torch
 
 from ..data.corruptions import KINDS, corrupted_test_sets
 from ..data.mnist_files import MNISTFileError
+from .images_data import first_of_each_class
 from .output import StudyError
 from .transfer_config import TransferConfig
 
@@ -117,12 +118,12 @@ def _relabel(labels: torch.Tensor, classes: Tuple[int, ...]) -> torch.Tensor:
 
 
 def _spread(y: torch.Tensor, size: int, generator: torch.Generator) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``size`` rows taking each class in turn, from a random order (``(chosen, rest)``)."""
+    """``size`` rows taking each class in turn (:func:`~.images_data.first_of_each_class`) from a random order
+    (``(chosen, rest)``, each sorted)."""
     order = torch.randperm(len(y), generator=generator)
-    by_class = [order[y[order] == c] for c in torch.unique(y)]
-    turns = torch.stack([torch.cat([r, r.new_full((len(y) - len(r),), -1)]) for r in by_class], 1).reshape(-1)
-    turns = turns[turns >= 0]
-    return turns[:size].sort().values, turns[size:].sort().values
+    picked = torch.zeros(len(y), dtype=torch.bool)
+    picked[first_of_each_class(y[order], size)] = True
+    return order[picked].sort().values, order[~picked].sort().values
 
 
 def load_transfer_data(config: TransferConfig) -> TransferData:

@@ -225,7 +225,8 @@ def fit_laplace(sgd: TransferFit, task: Task, config: TransferConfig) -> Transfe
 
     start = time.perf_counter()
     tuned = load_weights(task.net, {k: v[-1] for k, v in sgd.samples.items()})
-    features = head_features(tuned, task.X)
+    features_of = head_features(tuned, task.X)  # the fixed network's features, its statistics over the shots
+    features = features_of(task.X)
     laplace = LastLayerLaplace(features, task.y, tuned.linear.weight.detach(), tuned.linear.bias.detach())
     seconds = sgd.seconds + time.perf_counter() - start
     generator = torch.Generator(device=features.device).manual_seed(task.seed)
@@ -234,7 +235,7 @@ def fit_laplace(sgd: TransferFit, task: Task, config: TransferConfig) -> Transfe
     model = BayesianModule(tuned, prior=1.0, sampled=["linear.*"])
 
     def predict(images: torch.Tensor) -> torch.Tensor:
-        logits = head_features(tuned, images, task.X) @ samples["linear.weight"].transpose(1, 2) \
+        logits = features_of(images) @ samples["linear.weight"].transpose(1, 2) \
             + samples["linear.bias"][:, None]
         return logits.softmax(-1).mean(0)
 

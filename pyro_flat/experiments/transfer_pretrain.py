@@ -12,29 +12,19 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import time
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
+from ..storage.draws_folder import write_atomically
 from .images import network
 from .output import StudyError
 from .transfer_config import TransferConfig
 from .transfer_data import TransferData
 
 CACHE_NAME = "pretrained.pt"
-
-
-def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
-    """``write(temporary)`` then a rename over ``path``: a reader (``--resume``) finds the whole file or none."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
 
 
 def _recipe(config: TransferConfig, data: TransferData) -> dict:
@@ -107,7 +97,7 @@ def pretrained_network(config: TransferConfig, data: TransferData, staging: Path
             record = {**saved["record"], "cached": True}
             for folder in (staging, kept):
                 if folder is not None and folder / CACHE_NAME != cache:
-                    write_atomically(folder / CACHE_NAME, lambda path: torch.save(saved, path))
+                    write_atomically(folder / CACHE_NAME, lambda file: torch.save(saved, file))
             log(f"pre-trained {recipe['network']} from {cache} (held-out accuracy {record['accuracy']:.4f})")
             return net.to(device).eval(), record
         log(f"{cache} was pre-trained with other {', '.join(changed)}: pre-training again")
@@ -119,7 +109,7 @@ def pretrained_network(config: TransferConfig, data: TransferData, staging: Path
     saved = {"recipe": recipe, "record": record, "state_dict": {k: v.cpu() for k, v in net.state_dict().items()}}
     for folder in (staging, kept):
         if folder is not None:
-            write_atomically(folder / CACHE_NAME, lambda path: torch.save(saved, path))
+            write_atomically(folder / CACHE_NAME, lambda file: torch.save(saved, file))
     log(f"pre-trained {recipe['network']} on {len(data.X_pretrain):,} images of classes "
         f"{data.pretrain_classes[0]}-{data.pretrain_classes[-1]} in {record['seconds']:.0f} s (held-out accuracy "
         f"{record['accuracy']:.4f})")
@@ -152,24 +142,27 @@ def load_weights(net: torch.nn.Module, weights: Dict[str, torch.Tensor]) -> torc
     return net
 
 
-def head_features(net: torch.nn.Module, X: torch.Tensor, batchnorm_data: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The inputs of ``net.linear`` for ``X``, with every BatchNorm layer's statistics those of ``batchnorm_data``
-    (default ``X``), as :class:`~pyro_flat.nn.BayesianModule` predicts."""
-    net = copy.deepcopy(net)
-    for layer in net.modules():
-        if isinstance(layer, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d)):
-            layer.reset_running_stats()
-            layer.momentum = None  # the cumulative average: one pass gives the statistics of the data
+def head_features(net: torch.nn.Module, batchnorm_data: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``features(X)``: the inputs of ``net.linear`` for ``X``, every BatchNorm layer with its statistics over
+    ``batchnorm_data`` (:func:`~pyro_flat.nn.update_batchnorm`, computed once), as a
+    :class:`~pyro_flat.nn.BayesianModule` of ``net`` predicts."""
+    from ..nn import BayesianModule, update_batchnorm
+
+    model = BayesianModule(net, prior=1.0, sampled=["linear.*"])
+    weights = {k: p.detach()[None] for k, p in net.named_parameters() if k in model.shapes}
+    statistics = update_batchnorm(model, weights, batchnorm_data) if model.batchnorm_layers else {}
+    fixed = copy.deepcopy(net).eval()
+    fixed.load_state_dict({k: v[0] for k, v in statistics.items()}, strict=False)
     captured = []
-    hook = net.linear.register_forward_hook(lambda module, args, out: captured.append(args[0].detach()))
-    with torch.no_grad():
-        net.train()
-        net(X if batchnorm_data is None else batchnorm_data)
-        net.eval()
+    fixed.linear.register_forward_hook(lambda module, args, out: captured.append(args[0].detach()))
+
+    def features(X: torch.Tensor) -> torch.Tensor:
         captured.clear()
-        net(X)
-    hook.remove()
-    return captured[0]
+        with torch.no_grad():
+            fixed(X)
+        return captured[0]
+
+    return features
 
 
-__all__ = ["write_atomically", "pretrained_network", "task_network", "last_stage", "load_weights", "head_features", "CACHE_NAME"]
+__all__ = ["pretrained_network", "task_network", "last_stage", "load_weights", "head_features", "CACHE_NAME"]

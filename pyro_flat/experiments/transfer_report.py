@@ -19,7 +19,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from .compare import mean_and_se, paired_verdict, t_critical
+from .compare import claim_verdict, mean_and_se, paired_verdict, t_critical
 from .transfer_fits import LABELS
 
 #: the methods without flatness that have a model average (SGD keeps one network)
@@ -74,21 +74,8 @@ def claims(rows: Sequence[dict], which=CLAIMS, metrics=METRICS) -> List[dict]:
                           for m in methods}
                 tested = [{"ours": a, "other": b, **paired_verdict(values[a], values[b], lower)} for a, b in present]
                 late = sorted({m for a, b in present for m in (a, b)} & unconverged)
-                verdicts = {p["verdict"] for p in tested}
-                if not tested:
-                    verdict = "not measured"
-                elif late:
-                    verdict = "not tested (not converged)"
-                elif "one seed" in verdicts:
-                    verdict = "not tested (one seed)"
-                elif "against" in verdicts:
-                    verdict = "contradicted"
-                elif verdicts == {"for"}:
-                    verdict = "reproduced"
-                else:
-                    verdict = "tied"
-                out.append({"claim": text, "shots": k, "metric": metric_text, "verdict": verdict, "pairs": tested,
-                            "not_converged": late})
+                out.append({"claim": text, "shots": k, "metric": metric_text, "pairs": tested, "not_converged": late,
+                            "verdict": claim_verdict((p["verdict"] for p in tested), late)})
     return out
 
 

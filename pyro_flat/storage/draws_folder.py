@@ -28,7 +28,7 @@ import os
 import re
 import uuid
 from pathlib import Path
-from typing import Optional, Set
+from typing import BinaryIO, Callable, Optional, Set
 
 from .locks import exclusive_lock
 
@@ -84,18 +84,24 @@ def check_draws_dir(draws_dir, overwrite_draws: bool = False) -> Optional[Path]:
     return path
 
 
-def write_json(path: Path, content: dict) -> None:
-    """``content`` to ``path`` atomically: a temporary file in the same folder, flushed to disk, renamed over."""
+def write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """``write(file)`` into a temporary file in ``path``'s folder, flushed to disk, then renamed over ``path``: a
+    reader finds the whole file or none."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(temporary, "w") as file:
-            json.dump(content, file, indent=1)
+        with open(temporary, "wb") as file:
+            write(file)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)
     finally:
         if temporary.exists():
             temporary.unlink()
+
+
+def write_json(path: Path, content: dict) -> None:
+    """``content`` to ``path`` atomically (:func:`write_atomically`)."""
+    write_atomically(path, lambda file: file.write(json.dumps(content, indent=1).encode()))
 
 
 class DrawsFolder:
@@ -232,4 +238,4 @@ def _remove_if_empty(path: Path) -> None:
         pass
 
 
-__all__ = ["DrawsFolder", "DrawsDirError", "check_draws_dir", "site_file", "MANIFEST"]
+__all__ = ["DrawsFolder", "DrawsDirError", "check_draws_dir", "site_file", "MANIFEST", "write_atomically", "write_json"]
