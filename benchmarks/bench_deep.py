@@ -129,8 +129,6 @@ def main() -> None:
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                         help="bf16: every step's forward and backward under torch.autocast, weights and update fp32")
     args = parser.parse_args()
-    if args.jit and args.precision == "bf16":
-        parser.error("--jit and --precision bf16 together: the kernels do not compile under autocast yet")
     long = args.iterations
     short = max(long // 3, 2)
     device = torch.device(args.device)

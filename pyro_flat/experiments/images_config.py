@@ -161,9 +161,6 @@ class ImagesConfig(StudyConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.precision == "bf16" and self.jit != "off":
-            raise StudyError("--precision bf16 and --jit together: the kernels do not compile under autocast yet; "
-                             "pass one of them")
         if self.preset == "emcmc-cifar":
             given = [f"--{name.replace('_', '-')}" for name in PROTOCOL_OPTIONS if getattr(self, name) is not None]
             if given:

@@ -53,7 +53,9 @@ class StochasticGradientKernel(TargetKernel):
         without one it is required.
 
     :param autocast: ``torch.bfloat16``: the potential's forward and backward under ``torch.autocast``, the state
-        and the update in fp32 (:mod:`~pyro_flat.targets.precision`); ``None`` (default): fp32 throughout.
+        and the update in fp32 (:mod:`~pyro_flat.targets.precision`); ``None`` (default): fp32 throughout. With
+        ``jit_compile`` the trace records autocast's casts, so the compiled and fused graphs run the same mixed
+        precision.
 
     ``model``, ``potential_fn``, ``init_strategy``, ``record_draws`` and ``jit_compile`` are those
     of :class:`TargetKernel`. A step is a divergence when the energy or the state becomes NaN/inf,
@@ -91,9 +93,6 @@ class StochasticGradientKernel(TargetKernel):
         super().__init__(model, potential_fn=potential_fn, init_strategy=init_strategy,
                          record_draws=record_draws, jit_compile=jit_compile)
         self.autocast = check_autocast(autocast)
-        if self.autocast is not None and jit_compile:
-            raise ValueError("autocast= and jit_compile= together are not supported yet (the compiled graph is traced "
-                             "without autocast): pass one of them.")
         self.preconditioner = None if preconditioner is None else Preconditioner(preconditioner)
         if step_size is None and self.preconditioner is None:
             raise ValueError(f"{type(self).__name__} needs step_size= (try a value such that step_size "
