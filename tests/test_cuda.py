@@ -66,9 +66,11 @@ def test_a_bayesian_module_cnn_runs_vectorized_on_cuda_and_its_draws_leave_the_g
                         nn.Flatten(), nn.Linear(8 * 14 * 14, 10)).cuda()
     X, y = torch.randn(512, 1, 28, 28, device="cuda"), torch.randint(0, 10, (512,), device="cuda")
     model = BayesianModule(net)
-    assert model.networks == "vmap"
+    assert model.networks == "measure" and model.memory_format == "channels_last"
     mcmc = MCMC(EntropySGLD(model, eta=0.05, step_size=1e-6), 10, 10, num_chains=4, disable_progbar=True)
     mcmc.run(X, y, batch_size=64)
+    chosen = model.network_choices["sampling"][4]  # timed on the GPU, then kept
+    assert chosen.way in ("vmap", "loop") and set(chosen.seconds) == {"vmap", "loop"}
     samples = mcmc.get_samples()
     assert mcmc.chain_method == "vectorized"
     assert all(not v.is_cuda and bool(torch.isfinite(v).all()) for v in samples.values())

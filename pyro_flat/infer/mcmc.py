@@ -133,7 +133,7 @@ class MCMC(pyro.infer.MCMC):
                  random_streams: str = "shared", overwrite_draws: bool = False, **kwargs):
         check_kernel(kernel)
         self.checkpoint = check_checkpoint_arguments(checkpoint, checkpoint_every)
-        self.checkpoint_every = float(checkpoint_every)
+        self.checkpoint_every = None if self.checkpoint is None else float(checkpoint_every)  # unused without one
         self.draws_dir, self.overwrite_draws = check_draws_dir(draws_dir, overwrite_draws), overwrite_draws
         self._runs = set()  # the runs whose draws_dir files this object wrote: its next run may replace them
         own_loop = self.checkpoint is not None or self.draws_dir is not None

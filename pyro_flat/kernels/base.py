@@ -28,7 +28,7 @@ from ..chains.shard import shard_of
 from ..targets import (CallablePotential, CoupledPotential, ModelPotential, Params, Target, check_minibatches,
                        compile_target)
 from ..validation import check_nonnegative_int, check_positive_int, check_real_tensor, check_thinning
-from .protocol import DataParallelism
+from .protocol import DataParallelism, RunChoices
 from .recording import DrawRecording
 from .vectorization import probe_chains
 
@@ -131,12 +131,17 @@ class TargetKernel(DrawRecording, MCMCKernel):
         # thousands of per-draw tensors pickle slowly one by one: stacked, they are one tensor each
         state["_draws"] = {n: torch.stack([d[n] for d in self._draws]) for n in self._draws[0]} if self._draws else {}
         state["_stats"] = {name: _stacked(values) for name, values in self._stats.items()}
+        if isinstance(self.model, RunChoices):  # what the model measured (a BayesianModule's networks="measure")
+            state["model_choices"] = self.model.run_choices()
         return state
 
     def load_state_dict(self, state: Dict[str, object]) -> None:
         """Put back what :meth:`state_dict` gave, after :meth:`setup` with the same configuration."""
         state = dict(state)
         self.target.batches.load_state_dict(state.pop("minibatches"))
+        choices = state.pop("model_choices", None)
+        if choices is not None:
+            self.model.load_run_choices(choices)
         streams = state.pop("chain_streams", None)
         if streams is not None:
             self.chain_streams.load_state_dict(streams)

@@ -31,6 +31,8 @@ minibatch streams' generators, the per-draw records, the momenta of the momentum
 stochastic-gradient kernels' ``carried`` state), and (for Entropy-MCMC) :math:`\theta_a` as part of
 ``params``. :meth:`~pyro_flat.kernels.base.TargetKernel.state_dict` gives exactly that (each class lists its
 part in ``run_state``), and :mod:`pyro_flat.storage.checkpoint` writes it with the parameters and the random streams.
+A model that makes choices by measurement during a run (a :class:`RunChoices`: a
+:class:`~pyro_flat.nn.BayesianModule` timing ``vmap`` against a loop) has them kept in that state too.
 
 >>> import torch
 >>> from pyro_flat.kernels import SGLD
@@ -45,6 +47,19 @@ from typing import Callable, ContextManager, Dict, List, Optional, Protocol, run
 import torch
 
 from ..targets import Params, Target
+
+
+@runtime_checkable
+class RunChoices(Protocol):
+    """A model that chooses how to run by measuring during a run (timings differ between runs, the ways' numbers
+    only up to round-off): the kernel's :meth:`~pyro_flat.kernels.base.TargetKernel.state_dict` keeps the
+    choices, and a resumed run is handed them back before its first iteration, so it goes on the same way."""
+
+    def run_choices(self) -> dict:
+        """What was chosen so far (plain data)."""
+
+    def load_run_choices(self, choices: dict) -> None:
+        """Make the same choices as the run that gave ``choices``."""
 
 
 @runtime_checkable
@@ -111,4 +126,4 @@ class ChainKernel(Protocol):
         """Release what the run holds (called however the run ends)."""
 
 
-__all__ = ["ChainKernel", "DataParallelism"]
+__all__ = ["ChainKernel", "DataParallelism", "RunChoices"]

@@ -7,7 +7,9 @@ dimensions (vectorized chains, blocks of draws) are flattened into one and mappe
 map runs its networks one after another, after one warning that names the layer where it failed.
 ``networks="loop"`` runs them one after another from the start: on a CPU, where a convolution keeps
 the cores busy, ``vmap``'s grouped convolutions and batched BatchNorm cost more than a loop
-(``benchmarks/bench_deep.py``).
+(``benchmarks/bench_deep.py``); ``"measure"`` times both at the first pass of each number of networks and keeps
+the faster, and ``memory_format="channels_last"`` hands images to the network in NHWC layout
+(:mod:`~pyro_flat.nn.execution`).
 The copy runs in evaluation mode: dropout is off, so the likelihood is a function of the weights.
 
 >>> net = BatchedNetwork(torch.nn.Linear(3, 2))
@@ -26,6 +28,8 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 from torch.func import functional_call, vmap
 
+from .execution import Choice, choose, in_layout
+
 
 class BatchedNetwork:
     """``module``'s computation at given weights, in evaluation mode (dropout off: the likelihood is a
@@ -33,11 +37,14 @@ class BatchedNetwork:
     own statistics (the copy keeps no running statistics: nothing is shared between networks);
     ``"running"`` uses the running statistics passed as buffers (prediction)."""
 
-    def __init__(self, module: torch.nn.Module, batchnorm: str = "batch", networks: str = "vmap"):
+    def __init__(self, module: torch.nn.Module, batchnorm: str = "batch", networks: str = "vmap",
+                 memory_format: str = "contiguous"):
         self.module = copy.deepcopy(module).eval()
         if batchnorm == "batch":
             torch.func.replace_all_batch_norm_modules_(self.module)
-        self.use_vmap = networks == "vmap"  # False from the start with "loop", or once vmap has failed
+        self.networks, self.memory_format = networks, memory_format  # resolved (pyro_flat.nn.execution)
+        self.use_vmap = networks != "loop"  # False once vmap has failed
+        self.choices: Dict[int, Choice] = {}  # networks="measure": the way chosen for each number of networks
 
     def __call__(self, params: Dict[str, torch.Tensor], x: torch.Tensor, *, batch_dims: Tuple[int, ...] = (),
                  per_network_inputs: bool = False, shared: Optional[Dict[str, torch.Tensor]] = None) -> torch.Tensor:
@@ -45,6 +52,7 @@ class BatchedNetwork:
         ``x`` carries the same leading dims when ``per_network_inputs``; ``shared`` (not batched) is the
         same for every network (frozen parameters)."""
         shared = shared or {}
+        x = in_layout(x, self.memory_format)
         if not batch_dims:
             return functional_call(self.module, {**params, **shared}, (x,))
         count = math.prod(batch_dims)
@@ -58,7 +66,20 @@ class BatchedNetwork:
             return functional_call(self.module, {**weights, **shared}, (inputs,))
 
         mapped = vmap(one, in_dims=(0, 0 if per_network_inputs else None), randomness="different")
-        if self.use_vmap:
+
+        def looped() -> torch.Tensor:
+            return torch.stack([one({k: v[i] for k, v in state.items()},
+                                    in_layout(x[i], self.memory_format) if per_network_inputs else x)
+                                for i in range(count)])
+
+        if self.use_vmap and self.networks == "measure" and count not in self.choices:
+            try:
+                mapped(state, x)
+            except Exception:
+                pass  # said below, where the mapped call fails again
+            else:
+                self.choices[count] = choose({"vmap": lambda: mapped(state, x), "loop": looped}, (*state.values(), x))
+        if self.use_vmap and (count not in self.choices or self.choices[count].way == "vmap"):
             try:
                 return mapped(state, x)
             except Exception as err:  # a layer vmap cannot map: run the networks one by one from now on
@@ -66,8 +87,7 @@ class BatchedNetwork:
                 warnings.warn(f"BayesianModule: torch.func.vmap cannot map layer {self._failing_layer(mapped, state, x)} "
                               f"({type(err).__name__}: {str(err).splitlines()[0]}); its {count} networks run one "
                               "after another, which is slower.", RuntimeWarning, stacklevel=4)
-        outs = [one({k: v[i] for k, v in state.items()}, x[i] if per_network_inputs else x) for i in range(count)]
-        return torch.stack(outs)
+        return looped()
 
 
     def _failing_layer(self, mapped, state, x) -> str:

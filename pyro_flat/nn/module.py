@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping
 from contextlib import contextmanager
 from copy import deepcopy
 from typing import Callable, Dict, Iterator, Optional, Union
@@ -53,9 +52,10 @@ from ..models.zoo import take_rows
 from ..validation import check_memory, check_positive_int
 from .batches import Batches, RowMemo
 from .batchnorm import STATISTICS_BATCH, BatchNormStatistics, batchnorm_layers, check_batch_rows, check_batchnorm_inputs
+from .execution import Choice, check_memory_format, networks_way
 from .functional import BatchedNetwork, probe_inputs, split_batch_dims
 from .prior import site_prior
-from .selection import Sampled, sampled_parameters
+from .selection import Sampled, sampled_parameters, state_weights
 
 Prior = Union[float, Callable[[str, torch.Tensor], dist.Distribution]]
 Likelihood = Union[str, Callable[[torch.Tensor], dist.Distribution]]
@@ -88,9 +88,11 @@ class BayesianModule(PyroModule):
         augmented images (SAM's two gradients, the check that chains batch).
     :param networks: how vectorized chains (or blocks of draws) run the network: ``"vmap"`` (one
         ``torch.func.vmap``-ed pass), ``"loop"`` (one network after another, inside the one batched
-        kernel), or ``"auto"``: ``vmap`` on a GPU, where one small network leaves the device idle, and a
-        loop on a CPU, where ``vmap``'s grouped convolutions cost 1.4x a loop on the benchmark's CNN.
-        Either gives every chain its own weights and minibatch; the draws agree up to round-off.
+        kernel), ``"measure"`` (both timed at the first pass, the faster kept: :attr:`network_choices`), or
+        ``"auto"``: measured on a GPU, a loop on a CPU (:mod:`~pyro_flat.nn.execution` says why). Each way
+        gives every chain its own weights and minibatch; the draws agree up to round-off.
+    :param memory_format: ``"channels_last"`` (images in NHWC layout), ``"contiguous"`` or ``"auto"``
+        (channels_last on a GPU for a network with a 2-d convolution).
 
     ``forward`` passes one tensor ``x`` to the module (write a small wrapper for a module of several
     inputs). Chains start, unless ``MCMC`` gets ``initial_params`` or the kernel an ``init_strategy``, from
@@ -104,7 +106,7 @@ class BayesianModule(PyroModule):
 
     def __init__(self, module: torch.nn.Module, *, prior: Prior = 1.0, likelihood: Likelihood = "categorical",
                  transform: Optional[Callable[[torch.Tensor], torch.Tensor]] = None, networks: str = "auto",
-                 sampled: Sampled = None, prior_mean: str = "zero"):
+                 sampled: Sampled = None, prior_mean: str = "zero", memory_format: str = "auto"):
         super().__init__()
         if isinstance(module, type) and issubclass(module, torch.nn.Module):
             raise TypeError(f"module must be a network, got the class {module.__name__}: pass an instance, "
@@ -131,14 +133,14 @@ class BayesianModule(PyroModule):
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be a callable inputs -> inputs, got {type(transform).__name__}.")
         self.transform = transform
-        if networks not in ("auto", "vmap", "loop"):
-            raise ValueError(f"networks must be 'auto', 'vmap' or 'loop', got {networks!r}.")
-        self.networks = ("vmap" if self.device.type == "cuda" else "loop") if networks == "auto" else networks
+        self.networks = networks_way(networks, self.device)
+        self.memory_format = check_memory_format(memory_format, module, self.device)
         self.batchnorm_layers = batchnorm_layers(module)
         self._all_batchnorms = batchnorm_layers(module, every=True)  # those that normalise a minibatch by its own
         # plain objects, not submodules: the copies run at the weights they are given
-        object.__setattr__(self, "_sampling", BatchedNetwork(module, batchnorm="batch", networks=self.networks))
-        object.__setattr__(self, "_predicting", BatchedNetwork(module, batchnorm="running", networks=self.networks)
+        ways = dict(networks=self.networks, memory_format=self.memory_format)
+        object.__setattr__(self, "_sampling", BatchedNetwork(module, batchnorm="batch", **ways))
+        object.__setattr__(self, "_predicting", BatchedNetwork(module, batchnorm="running", **ways)
                            if self.batchnorm_layers else None)
         object.__setattr__(self, "_statistics", BatchNormStatistics(module) if self.batchnorm_layers else None)
         object.__setattr__(self, "_module", module)  # for its state_dict
@@ -272,29 +274,12 @@ class BayesianModule(PyroModule):
             check_memory("num_chains", copies * sum(map(math.prod, self.shapes.values())) * self.dtype.itemsize,
                          what="starting weights", hint=f"num_chains={num_chains:,} copies of the network's weights: "
                                                        "pass fewer chains.")
-        params = self._state_weights(self._module.state_dict() if state_dict is None else state_dict)
+        params = state_weights(self._module.state_dict() if state_dict is None else state_dict, self.shapes, self.device)
         if num_chains is None:
             return params
         if state_dict is not None or num_chains == 1:
             return {n: v.expand(num_chains, *v.shape).clone() for n, v in params.items()}
         return {n: torch.stack(rows) for n, rows in zip(params, zip(*self._reinitialised(params, num_chains)))}
-
-    def _state_weights(self, state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-        """The sampled weights of a state dict, checked against the parameters' shapes (never reshaped)."""
-        if not isinstance(state, Mapping):
-            raise TypeError(f"state_dict must be a dict {{parameter name: tensor}} such as net.state_dict(), got "
-                            f"{type(state).__name__}.")
-        missing = [n for n in self.shapes if n not in state]
-        if missing:
-            raise ValueError(f"state_dict has no entry for the weights {missing}; pass the module's state_dict().")
-        for n, shape in self.shapes.items():
-            if not torch.is_tensor(state[n]):
-                raise TypeError(f"state_dict[{n!r}] must be a tensor, got {type(state[n]).__name__}.")
-            if tuple(state[n].shape) != shape:
-                raise ValueError(f"state_dict[{n!r}] has shape {tuple(state[n].shape)}, but the module's parameter "
-                                 f"{n!r} has shape {shape}: pass the state_dict of this network (a tensor is never "
-                                 "reshaped).")
-        return {n: state[n].detach().to(self.device).clone() for n in self.shapes}
 
     def _reinitialised(self, own: Dict[str, torch.Tensor], num_chains: int) -> list:
         """``own`` (chain 0's weights) and ``num_chains - 1`` networks of PyTorch's initialisation, each a list
@@ -332,6 +317,22 @@ class BayesianModule(PyroModule):
         params = {n: draws[n].reshape(-1, *self.shapes[n]) for n in self.shapes}
         count = next(iter(params.values())).shape[0]
         return self._statistics(params, inputs, (count,), self.fixed, batch_size)
+
+    @property
+    def network_choices(self) -> Dict[str, Dict[int, Choice]]:
+        """``networks="measure"``: for each number of networks run together, the way chosen and the seconds per
+        call measured, while sampling and while predicting (``{}`` until a pass of several networks)."""
+        return {k: dict(n.choices) for k, n in (("sampling", self._sampling), ("predicting", self._predicting)) if n}
+
+    def run_choices(self) -> Dict[str, Dict[int, tuple]]:
+        """:attr:`network_choices` as plain data: a kernel's checkpoint keeps it, and :meth:`load_run_choices` puts it
+        back in a resumed run, which then goes on the same way (:class:`~pyro_flat.kernels.protocol.RunChoices`)."""
+        return {key: {count: tuple(c) for count, c in chosen.items()} for key, chosen in self.network_choices.items()}
+
+    def load_run_choices(self, choices: Dict[str, Dict[int, tuple]]) -> None:
+        for key, chosen in choices.items():
+            network = self._sampling if key == "sampling" else self._predicting
+            network.choices.update({count: Choice(*c) for count, c in chosen.items()})
 
     # ----------------------------------------------------------------- helpers
     def _likelihood(self, out: torch.Tensor) -> dist.Distribution:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import fnmatch
 import warnings
-from typing import Callable, List, Sequence, Union
+from collections.abc import Mapping
+from typing import Callable, Dict, List, Sequence, Union
 
 import torch
 
@@ -72,4 +73,23 @@ def sampled_parameters(module: torch.nn.Module, sampled: Sampled = None) -> List
     return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
 
 
-__all__ = ["sampled_parameters", "Sampled"]
+def state_weights(state: Mapping, shapes: Dict[str, tuple], device: torch.device) -> Dict[str, torch.Tensor]:
+    """The sampled weights (``shapes``: their names and shapes) of a state dict, copied to ``device``; checked against
+    the parameters' shapes, never reshaped."""
+    if not isinstance(state, Mapping):
+        raise TypeError(f"state_dict must be a dict {{parameter name: tensor}} such as net.state_dict(), got "
+                        f"{type(state).__name__}.")
+    missing = [n for n in shapes if n not in state]
+    if missing:
+        raise ValueError(f"state_dict has no entry for the weights {missing}; pass the module's state_dict().")
+    for n, shape in shapes.items():
+        if not torch.is_tensor(state[n]):
+            raise TypeError(f"state_dict[{n!r}] must be a tensor, got {type(state[n]).__name__}.")
+        if tuple(state[n].shape) != shape:
+            raise ValueError(f"state_dict[{n!r}] has shape {tuple(state[n].shape)}, but the module's parameter "
+                             f"{n!r} has shape {shape}: pass the state_dict of this network (a tensor is never "
+                             "reshaped).")
+    return {n: state[n].detach().to(device).clone() for n in shapes}
+
+
+__all__ = ["sampled_parameters", "state_weights", "Sampled"]
