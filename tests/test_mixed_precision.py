@@ -4,6 +4,7 @@ gradient's rounding; a run whose state (and so its update) is bf16 — the mutan
 fails the same tolerances. On the CPU: bf16 autocast runs there too."""
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -174,3 +175,35 @@ def test_the_compiled_and_fused_iterations_run_under_bf16_autocast_to_the_eager_
     assert rounding > 1e-6
     assert float((compiled16 - eager16).abs().max()) < 0.05 * rounding
     assert float((compiled32 - eager32).abs().max()) < 0.05 * rounding
+
+
+def test_flatness_under_bf16_autocast_measures_the_fp32_curvature_up_to_rounding():
+    """The top Hessian eigenvalue and the Hutchinson trace (the same probes) of a CNN's training NLL, forward under
+    bf16 autocast: within 1 % of fp32's (measured 0.05 % and 0.03 %), and not fp32's own numbers (autocast ran)."""
+    from pyro_flat import flatness
+    from pyro_flat.nn import BayesianModule
+
+    for batchnorm in (False, True):  # with BatchNorm the products go reverse-over-reverse (no forward mode in bf16)
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3, padding=1),
+                                  torch.nn.BatchNorm2d(8) if batchnorm else torch.nn.Identity(), torch.nn.ReLU(),
+                                  torch.nn.Conv2d(8, 4, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(4 * 8 * 8, 4))
+        model = BayesianModule(net, prior=1.0)
+        X, y = torch.randn(200, 1, 8, 8), torch.randint(0, 4, (200,))
+        draw = {k: v[None] for k, v in model.initial_params().items()}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the reverse-over-reverse products are not vmap-ed
+            measured = {a: flatness.flatness_at_samples(model, draw, X, y, num_probes=20, likelihood_only=True,
+                                                        autocast=a) for a in (None, "bf16")}
+        for name in ("top_eigenvalues", "trace"):
+            fp32, bf16 = float(measured[None][name].ravel()[0]), float(measured["bf16"][name].ravel()[0])
+            assert fp32 != bf16 and abs(bf16 / fp32 - 1) < 0.01, (batchnorm, name, fp32, bf16)
+    loss = flatness.FlatLoss.from_model(model, {k: v[0] for k, v in draw.items()}, X, y, likelihood_only=True)
+    assert loss.under_autocast(None) is loss
+    forward, backward = flatness.HessianOperator(loss), flatness.HessianOperator(loss)
+    backward.forward_mode = False  # the same products by reverse-over-reverse (fp32: forward mode works)
+    v = torch.randn(loss.dim)
+    torch.testing.assert_close(backward.matvec(v), forward.matvec(v), rtol=1e-4, atol=1e-3)
+    assert forward.forward_mode
+    with pytest.raises(ValueError, match="fp16 gradients underflow"):
+        loss.under_autocast(torch.float16)

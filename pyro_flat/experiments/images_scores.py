@@ -85,7 +85,8 @@ def evaluate(fit: Fit, config: ImagesConfig, data: ImageData, flat_data, seed: i
     probs = {}
     with torch.no_grad():  # each draw's BatchNorm statistics from the flatness images (training images)
         for use in [u for u in fit.uses if u != "both"]:
-            probs[use] = bma_predict(fit.model, _draws(fit, use), images, batchnorm_data=flat_data[0])
+            probs[use] = bma_predict(fit.model, _draws(fit, use), images, batchnorm_data=flat_data[0],
+                                     autocast=_autocast(config))
     if "both" in fit.uses:  # as many θ draws as θa draws: the average of the two averages
         probs["both"] = (probs["theta"] + probs["aux"]) / 2
     rows = {use: _scores(list(p.split(sizes)), data) for use, p in probs.items()}
@@ -95,7 +96,7 @@ def evaluate(fit: Fit, config: ImagesConfig, data: ImageData, flat_data, seed: i
             continue
         last = {k: v[-1:] for k, v in _draws(fit, use).items()}
         measured = flatness.flatness_at_samples(fit.model, last, *flat_data, k=1, num_probes=config.trace_probes,
-                                                seed=seed, likelihood_only=True)
+                                                seed=seed, likelihood_only=True, autocast=_autocast(config))
         rows[use]["top_eigenvalue"] = float(measured["top_eigenvalues"][0, 0]) / len(flat_data[0])
         rows[use]["trace"] = float(measured["trace"][0]) / len(flat_data[0])
         rows[use].update(convergence(fit, use, data, flat_data[0], config.converged_within))
@@ -143,6 +144,11 @@ def travelled(fit: Fit, use: str) -> float:
     return float(squares.sqrt().mean())
 
 
+def _autocast(config: ImagesConfig) -> Optional[str]:
+    """``--precision bf16``: predictions and flatness under the autocast the networks were sampled in."""
+    return "bf16" if config.precision == "bf16" else None
+
+
 def interpolation(fit: Fit, config: ImagesConfig, flat_data, points: int = 11) -> Optional[Dict[str, List[float]]]:
     """The training NLL per image along the straight line from θ at the end of the first cycle to θ at the end of
     the last (``None`` for an ensemble, or a fit of one cycle)."""
@@ -150,7 +156,8 @@ def interpolation(fit: Fit, config: ImagesConfig, flat_data, points: int = 11) -
         return None
     first = {k: fit.cycle_ends[k][0, 0] for k in fit.model.shapes}
     last = {k: fit.cycle_ends[k][0, -1] for k in fit.model.shapes}
-    loss = flatness.FlatLoss.from_model(fit.model, first, *flat_data, likelihood_only=True)
+    loss = flatness.FlatLoss.from_model(fit.model, first, *flat_data, likelihood_only=True).under_autocast(
+        _autocast(config))
     curve = flatness.interpolation_curve(loss, loss.flatten(first), loss.flatten(last), num_points=points)
     return {"t": [float(t) for t in curve.x], "nll": [float(v) / len(flat_data[0]) for v in curve.loss]}
 

@@ -30,6 +30,7 @@ import torch
 from torch.func import functional_call, grad, jvp, vmap
 
 from ..targets import ModelPotential, SiteLayout
+from ..targets.precision import check_autocast
 
 __all__ = ["FlatLoss", "HessianOperator", "as_flat_loss"]
 
@@ -77,6 +78,22 @@ class FlatLoss:
     def at(self, params: torch.Tensor) -> "FlatLoss":
         """The same loss at another point (e.g. another draw, from :meth:`flatten`)."""
         return FlatLoss(self.fn, params, self.blocks, self.model_target)
+
+    def under_autocast(self, autocast: Union[None, str, torch.dtype]) -> "FlatLoss":
+        """The same loss with its forward pass, and so every gradient and Hessian product of it, under
+        ``torch.autocast(dtype=torch.bfloat16)`` (``autocast="bf16"``), its value in fp32 and the point fp32: a
+        flatness measure in the precision a network was sampled in (:mod:`~pyro_flat.targets.precision`);
+        ``None``: this loss."""
+        dtype = check_autocast(autocast)
+        if dtype is None:
+            return self
+        fn, device = self.fn, self.params.device.type
+
+        def mixed(x: torch.Tensor) -> torch.Tensor:
+            with torch.autocast(device, dtype=dtype):
+                return fn(x).float()
+
+        return FlatLoss(mixed, self.params, self.blocks, self.model_target)
 
     def restrict(self, name: str) -> "FlatLoss":
         """The loss as a function of block ``name`` alone, the other blocks held at ``params``.
@@ -253,7 +270,8 @@ def as_flat_loss(loss_fn: Union[FlatLoss, LossFn], params: Optional[torch.Tensor
 class HessianOperator:
     r"""The Hessian :math:`H = \nabla^2 \ell(\theta)` of a :class:`FlatLoss` as a linear operator.
 
-    :meth:`matvec` is one Hessian-vector product (forward-over-reverse, ``torch.func``);
+    :meth:`matvec` is one Hessian-vector product (forward-over-reverse, ``torch.func``; reverse-over-reverse,
+    the same product, for a loss whose forward-mode derivative fails, such as a BatchNorm network under autocast);
     :meth:`matmat` applies :math:`H` to the rows of a matrix, vectorized with ``torch.func.vmap``
     in chunks of ``chunk_size`` rows when the loss allows it (a loss with data-dependent Python
     control flow does not: it falls back to a loop, once, with a warning).
@@ -265,9 +283,15 @@ class HessianOperator:
         self.dim, self.dtype, self.device = loss.dim, loss.params.dtype, loss.params.device
         self.num_hvps = 0
         grad_fn, point = grad(loss.fn), loss.params
+        self.forward_mode = True  # False once forward-over-reverse failed: reverse-over-reverse from then on
 
         def hvp(v: torch.Tensor) -> torch.Tensor:
-            return jvp(grad_fn, (point,), (v,))[1]
+            if self.forward_mode:
+                try:
+                    return jvp(grad_fn, (point,), (v,))[1]
+                except RuntimeError:  # torch 2.13: BatchNorm then a convolution under autocast has no forward mode
+                    self.forward_mode = False
+            return grad(lambda z: torch.dot(grad_fn(z), v))(point)
 
         self._hvp = hvp
         self._batched: Optional[Callable] = vmap(hvp)

@@ -3,7 +3,7 @@ Hessian trace of the full-data potential at each draw (θ or the guiding θa).""
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Mapping, Optional
+from typing import Callable, Dict, Mapping, Optional, Union
 
 import numpy as np
 import torch
@@ -20,7 +20,8 @@ __all__ = ["flatness_at_samples"]
 def flatness_at_samples(model: Callable, samples: Mapping[str, torch.Tensor], *args,
                         use: str = "theta", k: int = 1, num_probes: int = 20,
                         num_draws: Optional[int] = None, suffix: str = "_aux", seed: int = 0,
-                        likelihood_only: bool = False, **kwargs) -> Dict[str, np.ndarray]:
+                        likelihood_only: bool = False, autocast: Union[None, str, torch.dtype] = None,
+                        **kwargs) -> Dict[str, np.ndarray]:
     """Top-``k`` Hessian eigenvalues and Hutchinson traces of ``model``'s potential at draws.
 
     :param model: the original model (a :func:`~pyro_flat.flat_posterior` model is unwrapped).
@@ -30,6 +31,8 @@ def flatness_at_samples(model: Callable, samples: Mapping[str, torch.Tensor], *a
         twins, plugged in as the sites' unconstrained values).
     :param num_draws: measure this many draws, evenly spaced (default: all).
     :param likelihood_only: measure the negative log-likelihood alone (see :meth:`FlatLoss.from_model`).
+    :param autocast: ``"bf16"``: the loss's forward under bf16 autocast (:meth:`FlatLoss.under_autocast`), as a
+        network sampled with the kernels' ``autocast`` was.
     :returns: ``{"draw": (S,), "top_eigenvalues": (S, k), "trace": (S,), "trace_stderr": (S,)}``.
 
     The Hessian is that of the potential :math:`U(z)` in unconstrained coordinates
@@ -56,7 +59,7 @@ def flatness_at_samples(model: Callable, samples: Mapping[str, torch.Tensor], *a
     if use == "aux":
         picked.update({n + suffix: samples[n + suffix][chosen] for n in latents})
     draws = list(iter_draws(picked, use, suffix, latents, supports))
-    loss = FlatLoss.from_model(model, draws[0], *args, likelihood_only=likelihood_only, **kwargs)
+    loss = FlatLoss.from_model(model, draws[0], *args, likelihood_only=likelihood_only, **kwargs).under_autocast(autocast)
     eigs, traces, stderrs = [], [], []
     for draw in draws:
         at = loss.at(loss.flatten(draw))
