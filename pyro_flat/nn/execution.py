@@ -12,18 +12,23 @@ neither of which changes the model, only the speed and the round-off:
   pass), ``"loop"`` (one network after another), or ``"measure"``: at the first pass of ``C`` networks together,
   both ways are timed on that pass's own inputs (:func:`measure`: forward, and backward where a gradient is
   taken), and the faster is kept for every later pass of ``C`` networks. ``"auto"``: ``"measure"`` on a GPU, where
-  whether one network leaves the device idle depends on the network, the minibatch and ``C``; ``"loop"`` on a CPU,
-  where a convolution already keeps the cores busy (``vmap``'s grouped convolutions measured 1.4x a loop on the
-  benchmark's CNN) and where a seeded run then repeats another one's draws bit for bit (a timing can differ
-  between two runs; the ways' draws agree only up to round-off).
+  whether one network leaves the device idle depends on the network, the minibatch and ``C``. On a CPU a fixed
+  way, so that a seeded run repeats another one's draws bit for bit (a timing can differ between two runs; the
+  ways' draws agree only up to round-off), the one measured faster there: a loop for a network with a
+  convolution, which already keeps the cores busy (``vmap``'s grouped convolutions took 1.4x to 2x a loop on
+  ``bench_deep.py``'s CNN), ``vmap`` for one without (measured on 2 cores, one thread: 1.0x to 2.8x faster for
+  MLPs of 59 to 1.8 million weights at 4 and 16 chains, and 10x for 48 networks of 59 weights).
 
 A measured choice is part of a run's state: a :class:`~pyro_flat.nn.BayesianModule` hands its choices to the kernel's
 checkpoint (``run_choices`` / ``load_run_choices``), so that a resumed run continues the same way, to the same draws.
 
 >>> check_memory_format("auto", torch.nn.Conv2d(3, 8, 3), torch.device("cpu"))
 'contiguous'
->>> networks_way("auto", torch.device("cpu")), networks_way("auto", torch.device("cuda"))
+>>> conv = torch.nn.Conv2d(3, 8, 3)
+>>> networks_way("auto", conv, torch.device("cpu")), networks_way("auto", conv, torch.device("cuda"))
 ('loop', 'measure')
+>>> networks_way("auto", torch.nn.Linear(3, 2), torch.device("cpu"))
+'vmap'
 """
 
 from __future__ import annotations
@@ -52,13 +57,15 @@ def check_memory_format(value: str, module: torch.nn.Module, device: torch.devic
     return "channels_last" if device.type == "cuda" and has_conv2d else "contiguous"
 
 
-def networks_way(value: str, device: torch.device) -> str:
-    """``networks=`` as ``"vmap"``, ``"loop"`` or ``"measure"`` (``"auto"`` resolved for ``device``)."""
+def networks_way(value: str, module: torch.nn.Module, device: torch.device) -> str:
+    """``networks=`` as ``"vmap"``, ``"loop"`` or ``"measure"`` (``"auto"`` resolved for ``module`` on ``device``)."""
     if value not in NETWORK_WAYS:
         raise ValueError(f"networks must be one of {NETWORK_WAYS}, got {value!r}.")
     if value != "auto":
         return value
-    return "measure" if device.type == "cuda" else "loop"
+    if device.type == "cuda":
+        return "measure"
+    return "loop" if any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in module.modules()) else "vmap"
 
 
 def in_layout(x: torch.Tensor, memory_format: str) -> torch.Tensor:

@@ -89,7 +89,8 @@ class BayesianModule(PyroModule):
     :param networks: how vectorized chains (or blocks of draws) run the network: ``"vmap"`` (one
         ``torch.func.vmap``-ed pass), ``"loop"`` (one network after another, inside the one batched
         kernel), ``"measure"`` (both timed at the first pass, the faster kept: :attr:`network_choices`), or
-        ``"auto"``: measured on a GPU, a loop on a CPU (:mod:`~pyro_flat.nn.execution` says why). Each way
+        ``"auto"``: measured on a GPU; on a CPU a loop for a network with a convolution, else ``vmap`` (the ways
+        measured faster there: :mod:`~pyro_flat.nn.execution`). Each way
         gives every chain its own weights and minibatch; the draws agree up to round-off.
     :param memory_format: ``"channels_last"`` (images in NHWC layout), ``"contiguous"`` or ``"auto"``
         (channels_last on a GPU for a network with a 2-d convolution).
@@ -133,7 +134,7 @@ class BayesianModule(PyroModule):
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be a callable inputs -> inputs, got {type(transform).__name__}.")
         self.transform = transform
-        self.networks = networks_way(networks, self.device)
+        self.networks = networks_way(networks, module, self.device)
         self.memory_format = check_memory_format(memory_format, module, self.device)
         self.batchnorm_layers = batchnorm_layers(module)
         self._all_batchnorms = batchnorm_layers(module, every=True)  # those that normalise a minibatch by its own
