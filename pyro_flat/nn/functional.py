@@ -72,7 +72,7 @@ class BatchedNetwork:
                                     in_layout(x[i], self.memory_format) if per_network_inputs else x)
                                 for i in range(count)])
 
-        if self.use_vmap and self.networks == "measure" and count not in self.choices:
+        if self.use_vmap and self.networks == "measure" and count > 1 and count not in self.choices:
             try:
                 mapped(state, x)
             except Exception:
