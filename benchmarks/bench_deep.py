@@ -243,8 +243,9 @@ def main() -> None:
                         disable_progbar=True)
             mcmc.run(X, y, batch_size=BATCH)
             assert chains == 1 or mcmc.chain_method == "vectorized"
-            if chains in model.network_choices["sampling"]:
-                chosen[chains] = model.network_choices["sampling"][chains]
+            for kind, choice in model.network_choices["sampling"].items():
+                if kind.networks == chains and kind.backward:  # a step's pass (not the chains' check, no gradient)
+                    chosen[chains] = choice
         return run
 
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{args.threads} CPU thread(s)"

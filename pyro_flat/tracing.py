@@ -21,6 +21,12 @@ import torch
 
 #: how far a traced graph's outputs may differ from the eager ones (relative, float32)
 TOLERANCE = 1e-4
+_depth = [0]  # tracing_context()s entered and not left
+
+
+def is_tracing() -> bool:
+    """Whether a trace is being recorded (inside :func:`tracing_context`): no time measured there is real."""
+    return _depth[0] > 0
 
 
 @contextmanager
@@ -30,10 +36,12 @@ def tracing_context():
     eager setup has run them already."""
     original = torch.distributions.Distribution._validate_sample
     torch.distributions.Distribution._validate_sample = lambda self, value: None
+    _depth[0] += 1
     try:
         with pyro.validation_enabled(False):
             yield
     finally:
+        _depth[0] -= 1
         torch.distributions.Distribution._validate_sample = original
 
 
@@ -127,5 +135,5 @@ def trace_graph(fn, inputs: list):
     return graph
 
 
-__all__ = ["TOLERANCE", "tracing_context", "first_line", "untraceable_reason", "mismatch", "compile_graph", "cuda_graph",
+__all__ = ["TOLERANCE", "tracing_context", "is_tracing", "first_line", "untraceable_reason", "mismatch", "compile_graph", "cuda_graph",
            "trace_graph"]

@@ -16,6 +16,7 @@ from pyro_flat.nn import execution
 from pyro_flat.nn import functional as batched
 
 CHAINS = 48
+SAMPLING = execution.Pass(CHAINS, backward=True, autocast=None)  # the kind of pass a sampler's step makes
 
 
 class FakeClock:
@@ -71,8 +72,10 @@ def _run(networks, path=None, interrupt_at=None, num_samples=12):
 def test_measured_networks_keep_vmap_for_many_small_networks_and_give_vmaps_draws():
     """48 networks of 59 weights: one vmap-ed pass against 48 calls (measured 0.2 ms against 2.2 ms, 10x apart)."""
     model, measured = _run("measure")
-    chosen = model.network_choices["sampling"][CHAINS]
+    chosen = model.network_choices["sampling"][SAMPLING]
     assert chosen.way == "vmap" and chosen.seconds["loop"] > chosen.seconds["vmap"], chosen
+    # the chains' check (no gradient) is a pass of another kind, measured on its own
+    assert set(model.network_choices["sampling"]) == {SAMPLING, SAMPLING._replace(backward=False)}
     _, mapped = _run("vmap")
     _, looped = _run("loop")
     for name in measured:
@@ -80,21 +83,30 @@ def test_measured_networks_keep_vmap_for_many_small_networks_and_give_vmaps_draw
         torch.testing.assert_close(looped[name], mapped[name], rtol=1e-4, atol=1e-5)
 
 
+def _timed(faster, calls=None):
+    """``choose`` as if ``faster`` had been measured faster; ``calls`` records whether each took a gradient."""
+    def choose(ways, inputs):
+        if calls is not None:
+            calls.append(torch.is_grad_enabled())
+        return execution.Choice(faster, {w: 1.0 if w == faster else 2.0 for w in ways})
+    return choose
+
+
 def test_a_resumed_run_goes_on_the_way_its_checkpoint_measured(tmp_path, monkeypatch):
     """The first part of the run measures the loop faster; the resumed process would measure vmap faster, yet it
-    continues with the loop, to the uninterrupted loop run's draws bit for bit (the ways differ in round-off)."""
-    def timed(faster):
-        return lambda ways, inputs: execution.Choice(faster, {w: 1.0 if w == faster else 2.0 for w in ways})
-
-    monkeypatch.setattr(batched, "choose", timed("loop"))
+    continues with the loop, to the uninterrupted loop run's draws bit for bit (the ways differ in round-off).
+    The choice is back before the set-up (where EntropyHMC traces its graph): no step's pass is measured again."""
+    monkeypatch.setattr(batched, "choose", _timed("loop"))
     _, reference = _run("measure", tmp_path / "reference.ckpt")
     _, mapped = _run("vmap")
     assert any(not torch.equal(reference[n], mapped[n]) for n in reference)  # the test can tell the ways apart
     with pytest.raises(KeyboardInterrupt):
         _run("measure", tmp_path / "run.ckpt", interrupt_at=9)
-    monkeypatch.setattr(batched, "choose", timed("vmap"))
+    calls = []
+    monkeypatch.setattr(batched, "choose", _timed("vmap", calls))
     model, resumed = _run("measure", tmp_path / "run.ckpt")
-    assert model.network_choices["sampling"][CHAINS].way == "loop"
+    assert model.network_choices["sampling"][SAMPLING].way == "loop"
+    assert calls == [False]  # only the chains' check (no gradient, before the checkpoint is read) measured
     for name, value in reference.items():
         assert torch.equal(resumed[name], value), name
 
@@ -141,6 +153,28 @@ def test_channels_last_hands_nhwc_images_to_the_network_and_keeps_its_numbers(ne
             assert None in passes and set(passes) <= {None, True}, SEEN
     for name, value in results["contiguous"].items():
         torch.testing.assert_close(results["channels_last"][name], value, rtol=1e-4, atol=1e-5)
+
+
+class Viewing(nn.Module):
+    """A CNN whose forward flattens with .view, which NHWC activations cannot take."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.head = nn.Conv2d(3, 4, 3, padding=1), nn.Linear(4 * 6 * 6, 2)
+
+    def forward(self, x):
+        h = self.conv(x)
+        return self.head(h.view(h.shape[0], -1))
+
+
+def test_a_network_that_cannot_take_nhwc_is_refused_by_name_or_runs_nchw_under_auto():
+    X, y = torch.randn(32, 3, 6, 6), torch.randint(0, 2, (32,))
+    model = BayesianModule(Viewing(), memory_format="channels_last")
+    with pytest.raises(ValueError, match=r"memory_format='channels_last'.*\.reshape\(\).*memory_format='contiguous'"):
+        MCMC(SGLD(model, step_size=1e-4), num_samples=2, warmup_steps=1, disable_progbar=True).run(X, y, batch_size=8)
+    with pytest.warns(RuntimeWarning, match="runs in NCHW"):  # "auto" chose channels_last (a GPU's choice)
+        assert execution.checked_layout(Viewing(), X[:2], "channels_last", "auto") == "contiguous"
+    assert execution.checked_layout(nn.Conv2d(3, 4, 3), X[:2], "channels_last", "auto") == "channels_last"
 
 
 def test_auto_layout_and_ways_follow_the_device_and_bad_values_are_refused():

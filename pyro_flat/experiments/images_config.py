@@ -138,7 +138,8 @@ class ImagesConfig(StudyConfig):
                              "replayed as one CUDA graph on a GPU, where it pays) or inductor; the same fits up to "
                              "round-off", choices=("off", "fx", "inductor"))
     precision: str = option("fp32", "bf16: each fit's forward and backward under torch.autocast (the kernels' autocast; "
-                                    "the weights and the update fp32, prediction fp32)", choices=("fp32", "bf16"))
+                                    "the weights and the update fp32; predictions and losses scored the same way, curvature in fp32)",
+                            choices=("fp32", "bf16"))
 
     COMMAND: ClassVar[str] = "images"
     #: a tiny ResNet, a few hundred images, 2 seeds, 2 short epochs (lr 0.05: with N = 320 the step lr / N must stay

@@ -271,7 +271,8 @@ class HessianOperator:
     r"""The Hessian :math:`H = \nabla^2 \ell(\theta)` of a :class:`FlatLoss` as a linear operator.
 
     :meth:`matvec` is one Hessian-vector product (forward-over-reverse, ``torch.func``; reverse-over-reverse,
-    the same product, for a loss whose forward-mode derivative fails, such as a BatchNorm network under autocast);
+    the same product, for a loss whose forward-mode derivative fails, such as a BatchNorm network under bf16
+    autocast, said once in a warning; those products then also fail under ``vmap``, so :meth:`matmat` loops);
     :meth:`matmat` applies :math:`H` to the rows of a matrix, vectorized with ``torch.func.vmap``
     in chunks of ``chunk_size`` rows when the loss allows it (a loss with data-dependent Python
     control flow does not: it falls back to a loop, once, with a warning).
@@ -289,8 +290,14 @@ class HessianOperator:
             if self.forward_mode:
                 try:
                     return jvp(grad_fn, (point,), (v,))[1]
-                except RuntimeError:  # torch 2.13: BatchNorm then a convolution under autocast has no forward mode
+                except RuntimeError as err:  # torch 2.13: BatchNorm then a convolution under autocast
+                    if isinstance(err, torch.OutOfMemoryError):
+                        raise
                     self.forward_mode = False
+                    warnings.warn(f"Hessian-vector products: forward-over-reverse differentiation fails for this loss "
+                                  f"({str(err).splitlines()[0][:120]}); they run reverse-over-reverse, the same "
+                                  "products at about twice the memory, and unvectorized where vmap cannot map them.",
+                                  RuntimeWarning, stacklevel=4)
             return grad(lambda z: torch.dot(grad_fn(z), v))(point)
 
         self._hvp = hvp

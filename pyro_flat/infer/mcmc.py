@@ -328,7 +328,7 @@ class MCMC(pyro.infer.MCMC):
             kernel.record_draws = False
         resumed = saver is not None and saver.saved is not None
         steps = run_chains(kernel, warmup, num_samples, args, kwargs,
-                           resume=(lambda: saver.restore(kernel)) if resumed else None)
+                           resume=saver if resumed else None)
         store = folder = None
         try:
             if self.draws_dir is not None:  # locked for this run, and checked: before any draw

@@ -28,7 +28,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 from torch.func import functional_call, vmap
 
-from .execution import Choice, choose, in_layout
+from .execution import Choice, Pass, choose, current_pass, in_layout
 
 
 class BatchedNetwork:
@@ -44,7 +44,7 @@ class BatchedNetwork:
             torch.func.replace_all_batch_norm_modules_(self.module)
         self.networks, self.memory_format = networks, memory_format  # resolved (pyro_flat.nn.execution)
         self.use_vmap = networks != "loop"  # False once vmap has failed
-        self.choices: Dict[int, Choice] = {}  # networks="measure": the way chosen for each number of networks
+        self.choices: Dict[Pass, Choice] = {}  # networks="measure": the way chosen for each kind of pass
 
     def __call__(self, params: Dict[str, torch.Tensor], x: torch.Tensor, *, batch_dims: Tuple[int, ...] = (),
                  per_network_inputs: bool = False, shared: Optional[Dict[str, torch.Tensor]] = None) -> torch.Tensor:
@@ -58,6 +58,8 @@ class BatchedNetwork:
         count = math.prod(batch_dims)
         flat = {k: v.reshape(count, *v.shape[len(batch_dims):]) for k, v in params.items()}
         inputs = x.reshape(count, *x.shape[len(batch_dims):]) if per_network_inputs else x
+        if per_network_inputs:
+            inputs = in_layout(inputs, self.memory_format, per_network=True)
         out = self._mapped(flat, shared, inputs, per_network_inputs, count)
         return out.reshape(*batch_dims, *out.shape[1:])
 
@@ -72,14 +74,20 @@ class BatchedNetwork:
                                     in_layout(x[i], self.memory_format) if per_network_inputs else x)
                                 for i in range(count)])
 
-        if self.use_vmap and self.networks == "measure" and count > 1 and count not in self.choices:
+        kind = current_pass(count, x.device)
+        if self.use_vmap and self.networks == "measure" and count > 1 and kind not in self.choices:
             try:
-                mapped(state, x)
-            except Exception:
-                pass  # said below, where the mapped call fails again
-            else:
-                self.choices[count] = choose({"vmap": lambda: mapped(state, x), "loop": looped}, (*state.values(), x))
-        if self.use_vmap and (count not in self.choices or self.choices[count].way == "vmap"):
+                chosen = choose({"vmap": lambda: mapped(state, x), "loop": looped}, (*state.values(), x))
+            except Exception as err:  # vmap (or its backward) fails: the loop, as where vmap cannot map a layer
+                if isinstance(err, torch.OutOfMemoryError):
+                    raise
+                chosen = Choice("loop", {})
+                warnings.warn(f"BayesianModule: timing torch.func.vmap against a loop failed ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0]}); its {count} networks run one after another.",
+                              RuntimeWarning, stacklevel=4)
+            if chosen is not None:  # None inside a trace: vmap, nothing recorded
+                self.choices[kind] = chosen
+        if self.use_vmap and (kind not in self.choices or self.choices[kind].way == "vmap"):
             try:
                 return mapped(state, x)
             except Exception as err:  # a layer vmap cannot map: run the networks one by one from now on

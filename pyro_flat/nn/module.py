@@ -52,7 +52,7 @@ from ..models.zoo import take_rows
 from ..validation import check_memory, check_positive_int
 from .batches import Batches, RowMemo
 from .batchnorm import STATISTICS_BATCH, BatchNormStatistics, batchnorm_layers, check_batch_rows, check_batchnorm_inputs
-from .execution import Choice, check_memory_format, networks_way
+from .execution import MeasuredNetworks, check_memory_format, networks_way
 from .functional import BatchedNetwork, probe_inputs, split_batch_dims
 from .prior import site_prior
 from .selection import Sampled, sampled_parameters, state_weights
@@ -62,7 +62,7 @@ Likelihood = Union[str, Callable[[torch.Tensor], dist.Distribution]]
 LIKELIHOODS = ("categorical", "bernoulli")
 
 
-class BayesianModule(PyroModule):
+class BayesianModule(MeasuredNetworks, PyroModule):
     """A Pyro model made from ``module``, callable as ``model(x, y=None, batch_size=None)``.
 
     :param module: any ``torch.nn.Module`` (it is copied, not changed). Its parameters become the
@@ -88,7 +88,7 @@ class BayesianModule(PyroModule):
         augmented images (SAM's two gradients, the check that chains batch).
     :param networks: how vectorized chains (or blocks of draws) run the network: ``"vmap"`` (one
         ``torch.func.vmap``-ed pass), ``"loop"`` (one network after another, inside the one batched
-        kernel), ``"measure"`` (both timed at the first pass, the faster kept: :attr:`network_choices`), or
+        kernel), ``"measure"`` (both timed at the first pass of each kind, the faster kept: ``network_choices``), or
         ``"auto"``: measured on a GPU; on a CPU a loop for a network with a convolution, else ``vmap`` (the ways
         measured faster there: :mod:`~pyro_flat.nn.execution`). Each way
         gives every chain its own weights and minibatch; the draws agree up to round-off.
@@ -136,6 +136,7 @@ class BayesianModule(PyroModule):
         self.transform = transform
         self.networks = networks_way(networks, module, self.device)
         self.memory_format = check_memory_format(memory_format, module, self.device)
+        self._memory_format_requested = memory_format
         self.batchnorm_layers = batchnorm_layers(module)
         self._all_batchnorms = batchnorm_layers(module, every=True)  # those that normalise a minibatch by its own
         # plain objects, not submodules: the copies run at the weights they are given
@@ -319,22 +320,6 @@ class BayesianModule(PyroModule):
         count = next(iter(params.values())).shape[0]
         return self._statistics(params, inputs, (count,), self.fixed, batch_size)
 
-    @property
-    def network_choices(self) -> Dict[str, Dict[int, Choice]]:
-        """``networks="measure"``: for each number of networks run together, the way chosen and the seconds per
-        call measured, while sampling and while predicting (``{}`` until a pass of several networks)."""
-        return {k: dict(n.choices) for k, n in (("sampling", self._sampling), ("predicting", self._predicting)) if n}
-
-    def run_choices(self) -> Dict[str, Dict[int, tuple]]:
-        """:attr:`network_choices` as plain data: a kernel's checkpoint keeps it, and :meth:`load_run_choices` puts it
-        back in a resumed run, which then goes on the same way (:class:`~pyro_flat.kernels.protocol.RunChoices`)."""
-        return {key: {count: tuple(c) for count, c in chosen.items()} for key, chosen in self.network_choices.items()}
-
-    def load_run_choices(self, choices: Dict[str, Dict[int, tuple]]) -> None:
-        for key, chosen in choices.items():
-            network = self._sampling if key == "sampling" else self._predicting
-            network.choices.update({count: Choice(*c) for count, c in chosen.items()})
-
     # ----------------------------------------------------------------- helpers
     def _likelihood(self, out: torch.Tensor) -> dist.Distribution:
         out = out.float() if out.dtype in (torch.bfloat16, torch.float16) else out  # autocast: the loss in fp32
@@ -371,6 +356,7 @@ class BayesianModule(PyroModule):
         key = (name, tuple(x.shape[lead:]), x.dtype)
         if key not in self._probed:
             probe_inputs((self._predicting or self._sampling).module, name, x, lead)
+            self._check_layout(x, lead)
             self._probed.add(key)
 
     def _check_labels(self, y: torch.Tensor, out: torch.Tensor) -> None:

@@ -292,6 +292,13 @@ class Checkpointer:
             self._lock.close(remove=True)
             self._lock = None
 
+    def prepare(self, kernel) -> None:
+        """Before the kernel's set-up: the choices its model made by measurement in the run that wrote the
+        checkpoint (a :class:`~pyro_flat.kernels.protocol.RunChoices`), so that the set-up (and a graph traced
+        there) goes the same way."""
+        if self.saved["kernel"].get("model_choices") is not None:
+            kernel.model.load_run_choices(self.saved["kernel"]["model_choices"])
+
     def restore(self, kernel) -> Tuple[Params, int]:
         """After the kernel's set-up: its state, the random streams and the parameters of the checkpoint."""
         saved = self.saved
@@ -388,6 +395,6 @@ def run_fingerprint(kernel, *, num_chains: int, num_samples: int, warmup_steps: 
             "random start": describe(torch.get_rng_state())}
 
 
-__all__ = ["Checkpointer", "StopAfterIteration", "run_fingerprint", "resumable_data", "rank_checkpoint_paths", "CheckpointError", "check_checkpoint_arguments",
-           "write_checkpoint", "read_checkpoint", "random_state", "set_random_state", "describe", "differences",
-           "FORMAT_VERSION"]
+__all__ = ["Checkpointer", "StopAfterIteration", "run_fingerprint", "resumable_data", "rank_checkpoint_paths",
+           "CheckpointError", "check_checkpoint_arguments", "write_checkpoint", "read_checkpoint", "random_state",
+           "set_random_state", "describe", "differences", "FORMAT_VERSION"]
