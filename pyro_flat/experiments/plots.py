@@ -26,7 +26,7 @@ def plot_bma_curves(curves: Mapping[str, Mapping[str, np.ndarray]], *, title: st
     over the test points (``accuracy_se``, ``nll_se``: the same for every curve, so no band per curve); the y axes
     span the curves from their second tenth on (the first draws' averages are noisy)."""
     plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(12.5, 4))
     for i, (label, c) in enumerate(curves.items()):
         for ax, key in zip(axes, ("accuracy", "nll")):
             ax.plot(c.get("x", c.get("iteration")), c[key], label=label, color=f"C{i}", lw=1.5, ls=("-", "--", ":")[i % 3])
@@ -38,12 +38,12 @@ def plot_bma_curves(curves: Mapping[str, Mapping[str, np.ndarray]], *, title: st
         ax.set(xlabel=xlabel, ylabel=what, ylim=(late.min() - pad, late.max() + pad),
                title=what.split(" (")[0].replace("test ", "") + (f" (±1 s.e. {np.median(ses):.3f})" if ses else ""))
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8, loc="lower right")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="center right", fontsize=8)  # beside: it hides no curve
     if title:
         fig.suptitle(title)
     fig.text(0.01, 0.01, "y axes: the curves after their first tenth. The s.e. is over the test points, shared by "
                          "every curve: differences well below it are noise.", fontsize=8, color="grey")
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.tight_layout(rect=(0, 0.04, 0.85, 1), w_pad=2)
     return fig
 
 
