@@ -95,6 +95,15 @@ def mean_and_se(values) -> Tuple[float, float]:
     return mean, sd / math.sqrt(n)
 
 
+def seed_summary(rows, key: str) -> dict:
+    """``{"mean", "se", "n"}`` of ``key`` over the rows that have it (one per seed), or ``{}`` where none has."""
+    values = [r[key] for r in rows if r.get(key) is not None]
+    if not values:
+        return {}
+    mean, se = mean_and_se(values)
+    return {"mean": mean, "se": se, "n": len(values)}
+
+
 def differ(a: float, se_a: float, b: float, se_b: float, *, n: Optional[int] = None) -> bool:
     """Whether ``a`` and ``b`` differ by more than :func:`t_critical` ``(n)`` combined standard errors."""
     return abs(a - b) > t_critical(n) * math.hypot(se_a, se_b)

@@ -15,35 +15,29 @@ of θa's top Hessian eigenvalue and trace, and how many of its fits converged; :
 
 from __future__ import annotations
 
-from typing import Dict, Sequence
+from typing import Sequence
 
-from .compare import mean_and_se, t_critical
+from .compare import seed_summary, t_critical
 
 #: the sweep's measures: (row key, the use whose rows carry it, its axis label)
 MEASURES = (("accuracy", "both", "test accuracy"), ("nll", "both", "test NLL"),
             ("top_eigenvalue", "aux", "θa's top Hessian eigenvalue"))
 
 
-def _stats(rows: Sequence[dict], key: str) -> Dict[str, float]:
-    values = [r[key] for r in rows if r.get(key) is not None]
-    if not values:
-        return {}
-    mean, se = mean_and_se(values)
-    return {"mean": mean, "se": se, "n": len(values)}
 
 
 def sweep_table(rows: Sequence[dict]) -> dict:
     """``{"sgd": {measure: stats}, "emcmc": [{"eta", measure: stats, "converged", "fits"}, ...]}`` by η."""
     sgd = [r for r in rows if r["method"] == "sgd"]
-    out = {"sgd": {key: _stats(sgd, key) for key in ("accuracy", "nll", "top_eigenvalue", "trace")},
+    out = {"sgd": {key: seed_summary(sgd, key) for key in ("accuracy", "nll", "top_eigenvalue", "trace")},
            "emcmc": []}
     out["sgd"]["converged"] = sum(bool(r.get("converged")) for r in sgd)
     out["sgd"]["fits"] = len(sgd)
     for eta in sorted({r["eta"] for r in rows if r["method"] == "emcmc"}):
         mine = [r for r in rows if r["method"] == "emcmc" and r["eta"] == eta]
         by_use = {use: [r for r in mine if r["use"] == use] for use in ("theta", "aux", "both")}
-        entry = {"eta": eta, **{key: _stats(by_use[use], key) for key, use, _ in MEASURES},
-                 "trace": _stats(by_use["aux"], "trace")}
+        entry = {"eta": eta, **{key: seed_summary(by_use[use], key) for key, use, _ in MEASURES},
+                 "trace": seed_summary(by_use["aux"], "trace")}
         fits = by_use["theta"] + by_use["aux"]
         entry["converged"], entry["fits"] = sum(bool(r.get("converged")) for r in fits), len(fits)
         out["emcmc"].append(entry)

@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .compare import claim_verdict, mean_and_se, paired_verdict, t_critical
+from .compare import claim_verdict, paired_verdict, seed_summary, t_critical
 
 EMCMC = "Entropy-MCMC (both)"
 EMCMC_FLAT = "Entropy-MCMC (θa)"
@@ -63,12 +63,7 @@ def summarize(rows: Sequence[dict]) -> Dict[str, Dict[str, dict]]:
     out: Dict[str, Dict[str, dict]] = {}
     for label in dict.fromkeys(r["label"] for r in rows):
         mine = [r for r in rows if r["label"] == label]
-        entry = {}
-        for name in METRICS:
-            values = [r[name] for r in mine if r.get(name) is not None]
-            if values:
-                mean, se = mean_and_se(values)
-                entry[name] = {"mean": mean, "se": se, "n": len(values)}
+        entry = {name: summary for name in METRICS if (summary := seed_summary(mine, name))}
         verdicts = [r["converged"] for r in mine if r.get("converged") is not None]
         if verdicts:
             entry["converged"] = {"count": sum(verdicts), "n": len(verdicts)}

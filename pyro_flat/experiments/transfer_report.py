@@ -19,7 +19,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from .compare import claim_verdict, mean_and_se, paired_verdict, t_critical
+from .compare import claim_verdict, paired_verdict, seed_summary, t_critical
 from .transfer_fits import LABELS
 
 #: the methods without flatness that have a model average (SGD keeps one network)
@@ -48,12 +48,7 @@ def summarize(rows: Sequence[dict]) -> Dict[str, Dict[str, Dict[str, dict]]]:
             mine = [r for r in rows if r["shots"] == k and r["method"] == method]
             if not mine:
                 continue
-            entry = {}
-            for name in SUMMARISED:
-                values = [r[name] for r in mine if r.get(name) is not None]
-                if values:
-                    mean, se = mean_and_se(values)
-                    entry[name] = {"mean": mean, "se": se, "n": len(values)}
+            entry = {name: summary for name in SUMMARISED if (summary := seed_summary(mine, name))}
             entry["converged"] = {"count": sum(bool(r.get("converged")) for r in mine), "n": len(mine)}
             out.setdefault(str(k), {})[method] = entry
     return out

@@ -74,8 +74,9 @@ class BatchedNetwork:
                                     in_layout(x[i], self.memory_format) if per_network_inputs else x)
                                 for i in range(count)])
 
-        kind = current_pass(count, x.device)
-        if self.use_vmap and self.networks == "measure" and count > 1 and kind not in self.choices:
+        measuring = self.networks == "measure" and count > 1
+        kind = current_pass(count, x.device) if measuring else None  # the other ways check nothing per pass
+        if self.use_vmap and measuring and kind not in self.choices:
             try:
                 chosen = choose({"vmap": lambda: mapped(state, x), "loop": looped}, (*state.values(), x))
             except Exception as err:  # vmap (or its backward) fails: the loop, as where vmap cannot map a layer
@@ -87,7 +88,7 @@ class BatchedNetwork:
                               RuntimeWarning, stacklevel=4)
             if chosen is not None:  # None inside a trace: vmap, nothing recorded
                 self.choices[kind] = chosen
-        if self.use_vmap and (kind not in self.choices or self.choices[kind].way == "vmap"):
+        if self.use_vmap and self.choices.get(kind, Choice("vmap", {})).way == "vmap":
             try:
                 return mapped(state, x)
             except Exception as err:  # a layer vmap cannot map: run the networks one by one from now on

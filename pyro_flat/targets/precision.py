@@ -49,6 +49,8 @@ class AutocastTarget:
     """``target`` with its energy and gradient evaluated under ``torch.autocast(dtype)`` on the parameters' device;
     the energy returned in fp32, the gradient in the parameters' dtype. Every other attribute is ``target``'s."""
 
+    _device: Optional[str] = None  # the parameters' device type, looked up at the first evaluation
+
     def __init__(self, target: Target, dtype: torch.dtype):
         self.inner = target
         self.dtype = dtype
@@ -65,8 +67,9 @@ class AutocastTarget:
         return value
 
     def _autocast(self, params: Params) -> torch.autocast:
-        device = next(iter(params.values())).device.type
-        return torch.autocast(device_type=device, dtype=self.dtype)
+        if self._device is None:  # the parameters stay on one device for a run: looked up once
+            self._device = next(iter(params.values())).device.type
+        return torch.autocast(device_type=self._device, dtype=self.dtype)
 
     @staticmethod
     def _fp32(energy: torch.Tensor) -> torch.Tensor:
