@@ -71,7 +71,7 @@ def test_a_bayesian_module_cnn_runs_vectorized_on_cuda_and_its_draws_leave_the_g
     mcmc.run(X, y, batch_size=64)
     from pyro_flat.nn.execution import Pass
 
-    chosen = model.network_choices["sampling"][Pass(4, backward=True, autocast=None)]  # timed on the GPU, then kept
+    chosen = model.network_choices["sampling"][Pass(4, backward=True, autocast=None, inputs=(4, 64, 1, 28, 28))]  # timed on the GPU, then kept
     assert chosen.way in ("vmap", "loop") and set(chosen.seconds) == {"vmap", "loop"}
     samples = mcmc.get_samples()
     assert mcmc.chain_method == "vectorized"

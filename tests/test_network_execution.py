@@ -16,7 +16,8 @@ from pyro_flat.nn import execution
 from pyro_flat.nn import functional as batched
 
 CHAINS = 48
-SAMPLING = execution.Pass(CHAINS, backward=True, autocast=None)  # the kind of pass a sampler's step makes
+# the kind of pass a sampler's step makes: 48 networks, each on its own 16 rows of 4 inputs
+SAMPLING = execution.Pass(CHAINS, backward=True, autocast=None, inputs=(CHAINS, 16, 4))
 
 
 class FakeClock:
@@ -153,6 +154,41 @@ def test_channels_last_hands_nhwc_images_to_the_network_and_keeps_its_numbers(ne
             assert None in passes and set(passes) <= {None, True}, SEEN
     for name, value in results["contiguous"].items():
         torch.testing.assert_close(results["channels_last"][name], value, rtol=1e-4, atol=1e-5)
+
+
+class AsksItsLayout(nn.BatchNorm2d):
+    """A BatchNorm that asks its input's layout where the input has channels-last strides, as cuDNN's does on a GPU:
+    inside ``vmap`` that question fails ("NYI: querying is_contiguous inside of vmap")."""
+
+    def forward(self, x):
+        if x.dim() == 4 and x.stride(1) == 1 and x.shape[1] > 1:
+            x.is_contiguous(memory_format=torch.channels_last)
+        return super().forward(x)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("networks", ["vmap", "measure"])
+def test_a_batchnorm_that_cannot_ask_its_layout_in_vmap_runs_vmap_in_nchw_not_a_loop(networks):
+    """What the H200 found (tests/test_cuda.py): cuDNN's BatchNorm under vmap on NHWC images fails, which made every
+    vmap-ed pass of a BatchNorm CNN fall back to the loop on a GPU. vmap now runs NCHW there, without a warning, with
+    the loop's numbers; the loop keeps NHWC."""
+    X, y = torch.randn(64, 3, 6, 6), torch.randint(0, 4, (64,))
+    torch.manual_seed(0)
+    net = nn.Sequential(AsksItsLayout(3), nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(288, 4))
+    draws = {}
+    for way in (networks, "loop"):
+        model = BayesianModule(net, memory_format="channels_last", networks=way)
+        pyro.set_rng_seed(0)
+        mcmc = MCMC(SGLD(model, step_size=1e-4), num_samples=4, warmup_steps=2, num_chains=3, disable_progbar=True)
+        mcmc.run(X, y, batch_size=16)
+        draws[way] = mcmc.get_samples()
+        if way != "loop":
+            assert model._sampling.use_vmap and model._sampling.vmap_memory_format == "contiguous"
+            if way == "measure":
+                chosen = model.network_choices["sampling"][execution.Pass(3, True, None, (3, 16, 3, 6, 6))]
+                assert set(chosen.seconds) == {"vmap", "loop"}, chosen  # both ways ran and were timed
+    for name, value in draws["loop"].items():  # a 288-long sum is the longest reduction
+        torch.testing.assert_close(draws[networks][name], value, rtol=1e-4, atol=1e-5)
 
 
 class Viewing(nn.Module):

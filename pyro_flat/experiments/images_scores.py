@@ -142,7 +142,7 @@ def travelled(fit: Fit, use: str) -> float:
     else:  # an ensemble's samples are its networks' ends; a single network's last draw is its end
         end = {k: fit.samples[k + twin] if fit.method == "sgd-ensemble" else fit.samples[k + twin][-1:]
                for k in fit.model.shapes}
-    squares = sum((end[k] - fit.initial[k]).flatten(1).square().sum(1) for k in fit.model.shapes)
+    squares = sum((end[k] - fit.initial[k].to(end[k].device)).flatten(1).square().sum(1) for k in fit.model.shapes)
     return float(squares.sqrt().mean())
 
 

@@ -15,7 +15,7 @@ neither of which changes the model, only the speed and the round-off:
   pass), ``"loop"`` (one network after another), or ``"measure"``: at the first pass of ``C`` networks together,
   both ways are timed on that pass's own inputs (:func:`measure`: forward, and backward where a gradient is
   taken), and the faster is kept for every later pass of its kind (a :class:`Pass`: ``C``, whether a gradient is
-  taken, the autocast dtype). ``"auto"``: ``"measure"`` on a GPU, where
+  taken, the autocast dtype, the inputs' shape). ``"auto"``: ``"measure"`` on a GPU, where
   whether one network leaves the device idle depends on the network, the minibatch and ``C``. On a CPU a fixed
   way, so that a seeded run repeats another one's draws bit for bit (a timing can differ between two runs; the
   ways' draws agree only up to round-off), the one measured faster there: a loop for a network with a
@@ -111,17 +111,21 @@ def checked_layout(module: torch.nn.Module, rows: torch.Tensor, memory_format: s
 
 class Pass(NamedTuple):
     """The kind of pass a measured choice is for: how many ``networks`` run together, whether a gradient is taken
-    (``backward``), and the autocast dtype's name (``None`` without autocast)."""
+    (``backward``), the autocast dtype's name (``None`` without autocast) and the ``inputs``' shape (a choice timed
+    on a few rows does not hold for a minibatch: a GPU left idle by one small network is busy with a large one)."""
 
     networks: int
     backward: bool
     autocast: Optional[str]
+    inputs: Tuple[int, ...] = ()
 
 
-def current_pass(networks: int, device: torch.device) -> Pass:
-    """The kind of pass ``networks`` networks make now on ``device``."""
+def current_pass(networks: int, inputs: torch.Tensor) -> Pass:
+    """The kind of pass ``networks`` networks make now on ``inputs``."""
+    device = inputs.device
     autocast = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
-    return Pass(networks, torch.is_grad_enabled(), None if autocast is None else str(autocast).split(".")[-1])
+    return Pass(networks, torch.is_grad_enabled(), None if autocast is None else str(autocast).split(".")[-1],
+                tuple(inputs.shape))
 
 
 def _synchronise(device: torch.device) -> None:
@@ -191,7 +195,8 @@ class MeasuredNetworks:
         for key, chosen in choices.items():
             network = self._sampling if key == "sampling" else self._predicting
             if network is not None:
-                network.choices.update({Pass(*p): Choice(*c) for p, c in chosen})
+                network.choices.update({Pass(*p[:3], tuple(p[3]) if len(p) > 3 else ()): Choice(*c)
+                                        for p, c in chosen})
 
     def _check_layout(self, x: torch.Tensor, lead: int) -> None:
         """:func:`checked_layout` on two rows of ``x`` (``lead`` leading dims before a row), for both networks."""

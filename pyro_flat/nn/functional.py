@@ -44,6 +44,8 @@ class BatchedNetwork:
             torch.func.replace_all_batch_norm_modules_(self.module)
         self.networks, self.memory_format = networks, memory_format  # resolved (pyro_flat.nn.execution)
         self.use_vmap = networks != "loop"  # False once vmap has failed
+        # vmap's layout: memory_format, or NCHW where a layer cannot ask a channels_last input its layout in vmap
+        self.vmap_memory_format = memory_format
         self.choices: Dict[Pass, Choice] = {}  # networks="measure": the way chosen for each kind of pass
 
     def __call__(self, params: Dict[str, torch.Tensor], x: torch.Tensor, *, batch_dims: Tuple[int, ...] = (),
@@ -75,10 +77,10 @@ class BatchedNetwork:
                                 for i in range(count)])
 
         measuring = self.networks == "measure" and count > 1
-        kind = current_pass(count, x.device) if measuring else None  # the other ways check nothing per pass
+        kind = current_pass(count, x) if measuring else None  # the other ways check nothing per pass
         if self.use_vmap and measuring and kind not in self.choices:
             try:
-                chosen = choose({"vmap": lambda: mapped(state, x), "loop": looped}, (*state.values(), x))
+                chosen = choose({"vmap": lambda: self._vmapped(mapped, state, x), "loop": looped}, (*state.values(), x))
             except Exception as err:  # vmap (or its backward) fails: the loop, as where vmap cannot map a layer
                 if isinstance(err, torch.OutOfMemoryError):
                     raise
@@ -90,14 +92,30 @@ class BatchedNetwork:
                 self.choices[kind] = chosen
         if self.use_vmap and self.choices.get(kind, Choice("vmap", {})).way == "vmap":
             try:
-                return mapped(state, x)
+                return self._vmapped(mapped, state, x)
             except Exception as err:  # a layer vmap cannot map: run the networks one by one from now on
+                if isinstance(err, torch.OutOfMemoryError):
+                    raise
                 self.use_vmap = False
                 warnings.warn(f"BayesianModule: torch.func.vmap cannot map layer {self._failing_layer(mapped, state, x)} "
                               f"({type(err).__name__}: {str(err).splitlines()[0]}); its {count} networks run one "
                               "after another, which is slower.", RuntimeWarning, stacklevel=4)
         return looped()
 
+    def _vmapped(self, mapped, state, x: torch.Tensor) -> torch.Tensor:
+        """The ``vmap``-ed pass, in :attr:`vmap_memory_format`. Under channels_last, a layer that asks its input's
+        layout inside ``vmap`` fails there (BatchNorm on cuDNN: "querying is_contiguous inside of vmap"): the pass
+        is tried again in NCHW and, where that runs, ``vmap`` runs in NCHW from then on (the loop keeps NHWC)."""
+        if self.vmap_memory_format == "contiguous":
+            return mapped(state, x.contiguous())
+        try:
+            return mapped(state, x)
+        except RuntimeError as err:
+            if isinstance(err, torch.OutOfMemoryError) or "inside of vmap" not in str(err):
+                raise
+            out = mapped(state, x.contiguous())  # raises where vmap cannot map the layer in NCHW either
+            self.vmap_memory_format = "contiguous"
+            return out
 
     def _failing_layer(self, mapped, state, x) -> str:
         """The leaf layer the failed ``vmap`` call was in: the call again, with each leaf saying when it starts."""
