@@ -374,8 +374,11 @@ class CompiledSteps:
         for fn in (step, graph):
             torch.random.default_generator.manual_seed(seed)  # the devices in use only (fork_rng restores them)
             if inputs[0].device.type == "cuda":
-                torch.cuda.manual_seed(seed)
-            outputs.append(fn(*inputs))
+                with torch.cuda.device(inputs[0].device):  # the inputs' device, not the current one
+                    torch.cuda.manual_seed(seed)
+            # fresh copies: what the model made for a minibatch (its augmentation, nn.batches.RowMemo) is known by
+            # the tensor, so each call makes it anew, drawing its random numbers, as a step of the run does
+            outputs.append(fn(*(x.clone() for x in inputs)))
         labels = ["the new value"] * n + ["the carried state"] * carried + ["the energy"]
         labels += ["the gradient"] * (n if length is None else 0)
         labels += ["a statistic"] * (len(outputs[0]) - len(labels) - (length is not None))

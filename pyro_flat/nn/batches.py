@@ -30,31 +30,44 @@ import torch
 class RowMemo:
     """What was made for each row of minibatch indices, so that the same row gets the same back: a
     kernel that evaluates one minibatch twice (SAM's two gradients, the check that chains batch
-    correctly) sees the same data. Only the rows of the last ``calls`` calls are kept."""
+    correctly, which takes chain ``c``'s row of the chains' indices) sees the same data.
+
+    A row is known by where it lies in memory (its tensor's storage and offset), never by its values: reading
+    them would wait on the device at every step, and inside a trace (``jit_compile``) would turn what was made
+    into a constant of the graph. The sampler draws each minibatch as a new tensor, so a new step makes anew.
+    The indices of the last ``calls`` calls are held, so that no new tensor can take their memory."""
 
     def __init__(self, calls: int = 2):
-        self._calls: "deque[dict]" = deque(maxlen=calls)
+        self._calls: "deque[tuple]" = deque(maxlen=calls)  # (the indices, {row's place: what was made})
 
     def rows(self, indices: torch.Tensor, make: Callable[[int], object]) -> List[object]:
         """For each row ``r`` of ``indices`` (``(B,)`` or ``(R, B)``): what ``make(r)`` gave the last time
-        this row of values came, or ``make(r)`` now."""
-        rows = indices.reshape(-1, indices.shape[-1]).detach().cpu().numpy()
+        this row of this tensor (or of a view of it) came, or ``make(r)`` now."""
+        rows = indices.reshape(-1, indices.shape[-1])
         current, out = {}, []
-        for r, row in enumerate(rows):
-            key = row.tobytes()
+        for r, key in enumerate(_row_places(rows)):
             if key not in current:
-                current[key] = next((c[key] for c in reversed(self._calls) if key in c), None)
+                current[key] = next((c[key] for _, c in reversed(self._calls) if key in c), None)
                 if current[key] is None:
                     current[key] = make(r)
             out.append(current[key])
-        self._calls.append(current)
+        self._calls.append((indices, current))
         return out
 
     def state_dict(self) -> list:
-        return list(self._calls)
+        """Nothing: a row's place in memory means nothing to another process, and a checkpoint falls between
+        steps, after which every minibatch is a new tensor."""
+        return []
 
     def load_state_dict(self, calls: list) -> None:
-        self._calls = deque(calls, maxlen=self._calls.maxlen)
+        self._calls.clear()
+
+
+def _row_places(rows: torch.Tensor) -> List[tuple]:
+    """Where each row of the 2-d ``rows`` lies: its storage's address, offset, stride and length (metadata only)."""
+    address, offset = rows.untyped_storage().data_ptr(), rows.storage_offset()
+    step, stride = rows.stride()
+    return [(rows.device, address, offset + r * step, stride, rows.shape[1]) for r in range(rows.shape[0])]
 
 
 class Batches:
