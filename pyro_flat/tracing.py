@@ -101,22 +101,26 @@ def cuda_graph(fn, inputs: list):
     copies of the outputs (the next replay overwrites them). A network's iteration is otherwise bound
     by the host's launches, one per kernel. Random operations draw from the device's generator at
     the replay's offset, so a seeded replay gives the numbers of the uncaptured call. Call it under
-    ``torch.random.fork_rng``: the warm-up and the capture draw random numbers."""
-    static = [x.clone() for x in inputs]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # lazy initialisations (cuBLAS, cuDNN) happen outside the capture
-        fn(*static)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outputs = fn(*static)
+    ``torch.random.fork_rng``: the warm-up and the capture draw random numbers. The streams and the capture
+    are the inputs' device's (``cuda:1`` under torchrun's second rank), whichever device is current."""
+    device = next(x.device for x in inputs if x.device.type == "cuda")
+    with torch.cuda.device(device):
+        static = [x.clone() for x in inputs]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # lazy initialisations (cuBLAS, cuDNN) happen outside the capture
+            fn(*static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs = fn(*static)
 
     def replay(*xs):  # multi-tensor copies: a network's hundreds of tensors in a few launches, not one each
-        torch._foreach_copy_(static, list(xs))
-        graph.replay()
-        fresh = [torch.empty_like(out) for out in outputs]
-        torch._foreach_copy_(fresh, outputs)
+        with torch.cuda.device(device):
+            torch._foreach_copy_(static, list(xs))
+            graph.replay()
+            fresh = [torch.empty_like(out) for out in outputs]
+            torch._foreach_copy_(fresh, outputs)
         return fresh
 
     return replay
