@@ -103,6 +103,10 @@ class Batches:
         if batch_size > num_data:
             raise ValueError(f"batch_size={batch_size} is larger than num_data={num_data}.")
         self.loader, self.num_data, self.batch_size, self.device = loader, num_data, batch_size, device
+        #: a check of each ``(x, y)`` the loader yields, on the host before it moves to ``device`` (a
+        #: :class:`~pyro_flat.nn.BayesianModule` sets it at its first batch to check the labels): no step waits
+        #: on the device for it
+        self.check_pairs: Optional[Callable[[torch.Tensor, torch.Tensor], None]] = None
         self._memo = RowMemo()
         self._iterator: Optional[Iterator] = None
         self._pass_start: Optional[dict] = None  # the random streams when the current pass began
@@ -168,6 +172,8 @@ class Batches:
             if t.is_floating_point() and not bool(torch.isfinite(t).all()):
                 raise ValueError(f"the loader yielded a batch whose {name} holds NaN or infinite values (item "
                                  f"{self._taken} of its pass); clean the dataset or the transform that makes them.")
+        if self.check_pairs is not None:
+            self.check_pairs(x, y)
         return x, y
 
     def _no_batch_message(self) -> str:

@@ -187,7 +187,13 @@ class BayesianModule(MeasuredNetworks, PyroModule):
             x, y = data.take(idx)
             self._check_inputs(x, y, idx.dim())
             out = self.output(weights, self._augment(x, idx), batch, idx.dim() > 1)
-            return self._observe(out, y, y)
+            if data.check_pairs is None and self.likelihood in LIKELIHOODS:
+                # these batches' labels here, once; every later batch's on the host as the loader yields it, before
+                # it moves to the device: no step waits on the device for a check
+                self._check_label_values(y, out.shape[-1])
+                outputs = out.shape[-1]
+                data.check_pairs = lambda x, y: self._check_label_values(y, outputs)
+            return self._observe(out, y, None)
 
     def _augment(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """``transform`` of each minibatch row, drawn once per row of indices: a kernel that evaluates a
@@ -361,8 +367,13 @@ class BayesianModule(MeasuredNetworks, PyroModule):
 
     def _check_labels(self, y: torch.Tensor, out: torch.Tensor) -> None:
         if self.likelihood not in LIKELIHOODS or self._checked_labels is y:
-            return  # checked once per labels tensor (a loader's: every batch)
-        bound = out.shape[-1] if self.likelihood == "categorical" else 2
+            return  # checked once per labels tensor
+        self._check_label_values(y, out.shape[-1])
+        self._checked_labels = y
+
+    def _check_label_values(self, y: torch.Tensor, outputs: int) -> None:
+        """``y``'s values against the likelihood of an output of ``outputs`` values (a host sync on a GPU)."""
+        bound = outputs if self.likelihood == "categorical" else 2
         if y.is_floating_point() and self.likelihood == "categorical":
             raise ValueError(f"categorical labels must be integer class indices, got y of dtype {y.dtype}: pass y.long().")
         if self.likelihood == "bernoulli" and not bool(((y == 0) | (y == 1)).all()):
@@ -371,8 +382,7 @@ class BayesianModule(MeasuredNetworks, PyroModule):
                              "or pass a callable likelihood for other values.")
         if bool((y < 0).any() | (y >= bound).any()):
             raise ValueError(f"y holds labels outside 0..{bound - 1} (the {self.likelihood} likelihood of an output "
-                             f"with {out.shape[-1]} values): min {y.min().item()}, max {y.max().item()}, dtype {y.dtype}.")
-        self._checked_labels = y
+                             f"with {outputs} values): min {y.min().item()}, max {y.max().item()}, dtype {y.dtype}.")
 
 
 def _common_batch_dims(weights: Dict[str, torch.Tensor], shapes: Dict[str, tuple]) -> tuple:
