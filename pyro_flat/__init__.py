@@ -26,8 +26,9 @@ The package is built in layers of folders; a module imports only from its own la
 points up or closes a cycle, or on a module at the root that :data:`LAYERS` does not name). From the
 ground up (:data:`LAYERS`, drawn in ``docs/layout.md``):
 
-1. foundations: the errors that cross layers, argument checks, tracing helpers, step-size schedules, and
-   random numbers that do not depend on the split of the chains over ranks (:mod:`pyro_flat.chains`);
+1. foundations: the errors that cross layers, argument checks, tracing helpers, step-size schedules,
+   round-off tolerances (:mod:`pyro_flat.roundoff`), and random numbers that do not depend on the split of
+   the chains over ranks (:mod:`pyro_flat.chains`);
 2. targets: a model or potential as the energy a kernel samples (:mod:`pyro_flat.targets`);
 3. models (the Entropy-MCMC joint, SAM's perturbation, the mixtures, the ready-made models), any
    ``nn.Module`` as a model (:mod:`pyro_flat.nn`), the data (:mod:`pyro_flat.data`), and what measures a
@@ -55,7 +56,7 @@ from typing import TYPE_CHECKING, Any, List
 #: The layers of the package, from the ground up (see the module docstring): each module or subpackage
 #: imports only from its own layer and those below.
 LAYERS = (
-    ("errors", "validation", "tracing", "schedules", "chains"),
+    ("errors", "validation", "tracing", "schedules", "roundoff", "chains"),
     ("targets",),
     ("models", "nn", "data", "evaluation"),
     ("kernels",),

@@ -205,3 +205,33 @@ def test_reliability_curve_is_the_calibration_behind_the_ece():
     wrong = (torch.arange(1000) % 5 == 0).float()  # a fifth of the labels are 0: the top class (1) is right 80 %
     over = metrics.reliability_curve(sure, 1 - wrong, n_bins=5)
     assert over["confidence"] == pytest.approx([0.99]) and over["accuracy"] == pytest.approx([0.8])
+
+
+def _rounded_when_batched(X, y=None):
+    """Broadcasts, and a block of draws rounds its logits as bf16 would (another precision's round-off, as a GPU's
+    TF32 or autocast gives a block against one draw)."""
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    logits = (X * w.unsqueeze(-2)).sum(-1)
+    if w.dim() > 1:
+        logits = logits.to(torch.bfloat16).float()
+    with pyro.plate("data", X.shape[0]):
+        pyro.sample("y", dist.Bernoulli(logits=logits), obs=y)
+
+
+
+
+@pytest.mark.parametrize("model, blocks", [(_rounded_when_batched, True), (_mixing, False)])
+def test_blocks_of_draws_allow_the_round_off_of_the_precision_they_run_in(model, blocks, monkeypatch):
+    """Under bf16 autocast a block's probabilities differ from one draw's by bf16's round-off: still blocks (a
+    float32 tolerance sent it one draw at a time); a model that mixes the draws still goes one at a time."""
+    import pyro_flat.predictive as predictive
+
+    g = torch.Generator().manual_seed(0)
+    X, draws = torch.randn(20, 3, generator=g), {"w": torch.randn(11, 3, generator=g)}
+    monkeypatch.setattr(predictive, "BLOCK_ELEMENTS", 4 * 20)
+    counted = []
+    wrapped = lambda X, y=None: counted.append(1) or model(X, y)  # noqa: E731
+    probs = bma_predict(wrapped, draws, X, autocast="bf16")
+    assert (len(counted) < 11) == blocks, len(counted)  # 3 blocks, or each of the 11 draws alone
+    shift = draws["w"].mean(-1, keepdim=True) if model is _mixing else 0.0
+    assert torch.allclose(probs, torch.sigmoid(draws["w"] @ X.T + shift).mean(0), atol=1e-2)

@@ -13,6 +13,7 @@ import pyro
 from pyro_flat import MCMC, SGHMC, EntropySGLD
 from pyro_flat.chains.streams import ChainStreams, drawing_from
 from pyro_flat.chains import chain_rand_like, chain_randn_like, chain_randn_like_each
+from pyro_flat.roundoff import assert_close_roundoff
 
 from moments import assert_moments, sgld_stationary_covariance
 
@@ -151,8 +152,8 @@ def test_a_compiled_kernel_takes_the_per_chain_streams_numbers_as_inputs_and_rep
 
     (eager, _), (compiled, is_compiled) = run(False), run("fx")
     assert is_compiled
-    for site, value in eager.items():
-        torch.testing.assert_close(compiled[site], value, rtol=1e-6, atol=1e-6, msg=site)
+    for site, value in eager.items():  # 34 iterations, each a gradient over 50 rows' products with 5 weights
+        assert_close_roundoff(compiled[site], value, length=34 * 50 * 5, msg=site)
 
 
 @pytest.mark.parametrize("value, hint", [("chain", ""), (None, ""), ("Per-Chain", " Did you mean 'per_chain'?")])

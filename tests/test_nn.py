@@ -441,8 +441,8 @@ def test_an_augmentation_is_drawn_inside_the_compiled_step_as_in_the_eager_one(k
     eager = _augmented_run(False, thinning, kernel=kernel)
     compiled = _augmented_run("fx", thinning, kernel=kernel)
     other = _augmented_run(False, thinning, seed=1, kernel=kernel)
-    for name, want in eager.items():
-        torch.testing.assert_close(compiled[name], want, rtol=1e-4, atol=1e-5)
+    for name, want in eager.items():  # 34 iterations of up to 2 gradients, each convolution's over 16 * 6 * 6 pixels
+        assert_close_roundoff(compiled[name], want, length=34 * 2 * 16 * 36, msg=name)
         assert (other[name] - want).abs().max() > 1e-3, name
 
 

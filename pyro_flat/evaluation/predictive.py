@@ -11,13 +11,14 @@ Entropy-MCMC's evaluation.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Callable, Dict, Optional, Union
+from typing import Callable, Dict, Optional, Tuple, Union
 
 import torch
 from pyro import poutine
 from pyro.poutine.messenger import Messenger
 
 from ..nn.batches import Batches
+from ..roundoff import roundoff_tolerance
 from ..targets import check_finite_inputs, is_subsample_site, support_transform
 from ..targets.precision import check_autocast
 from ..validation import check_tensor
@@ -246,7 +247,25 @@ def _block_size(model, args, kwargs, draws, plates, site, first: torch.Tensor, d
         return 1
     if both.shape != (2, *first.shape):
         return 1
-    return block if torch.allclose(both, torch.stack([first, second]), rtol=1e-5, atol=1e-6) else 1
+    rtol, atol = _roundoff(draws, both, device)
+    return block if torch.allclose(both, torch.stack([first, second]), rtol=rtol, atol=atol) else 1
+
+
+#: the most two ways of computing a probability may differ and be taken as round-off: a model that mixes up draws
+#: (a leading dimension taken for data) differs by far more
+MOST_ROUNDOFF = 1e-2
+
+
+def _roundoff(draws: Dict[str, torch.Tensor], probs: torch.Tensor, device: torch.device) -> Tuple[float, float]:
+    """How far one draw's probabilities, computed alone and beside another, may differ: round-off of a reduction as
+    long as a draw's weights (:func:`~pyro_flat.roundoff.roundoff_tolerance`) in the precision that computed them
+    (autocast's, or TF32 on a GPU), at most :data:`MOST_ROUNDOFF`."""
+    weights = sum(v[0].numel() for v in draws.values())
+    dtype = probs.dtype
+    if torch.is_autocast_enabled(device.type):
+        dtype = max(dtype, torch.get_autocast_dtype(device.type), key=lambda d: torch.finfo(d).eps)
+    rtol, atol = roundoff_tolerance(dtype, max(1, weights), 1.0, device)
+    return min(rtol, MOST_ROUNDOFF), min(atol, MOST_ROUNDOFF)
 
 
 def _as_tensors(samples, latents, suffix, tr) -> dict:
