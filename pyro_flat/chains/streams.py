@@ -94,9 +94,10 @@ class ChainStreams:
         return found
 
     def state_dict(self) -> dict:
-        """The seed, the chains and every generator's state: what a checkpoint needs to draw on exactly."""
+        """The seed, the chains and every generator's state: what a checkpoint needs to draw on exactly (by
+        ``torch.device``, which a checkpoint read on another GPU maps to that one)."""
         return {"seed": self.seed, "chains": (self.chains.start, self.chains.stop),
-                "states": {str(d): [g.get_state() for g in gens] for d, gens in self._generators.items()}}
+                "states": {d: [g.get_state() for g in gens] for d, gens in self._generators.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         if (state["seed"], tuple(state["chains"])) != (self.seed, (self.chains.start, self.chains.stop)):

@@ -169,21 +169,22 @@ def checked(steps: Iterator[Tuple[str, int, Params]], run: Optional[RankRun],
 
 
 def open_checkpoints(path: Path, every: float, fingerprint: dict, run: Optional[RankRun],
-                     data: list = ()) -> Tuple[Checkpointer, Optional[CheckpointClock]]:
+                     data: list = (), devices: list = ()) -> Tuple[Checkpointer, Optional[CheckpointClock]]:
     """A run's :class:`~pyro_flat.storage.checkpoint.Checkpointer` at ``path``, and across ranks each rank's own file
     (:func:`~pyro_flat.storage.checkpoint.rank_checkpoint_paths`, which keeps the previous one), agreed on by every
     rank (:func:`agree_on_checkpoints`), with the :class:`CheckpointClock` that times the writes. ``data``:
-    the arguments whose position the checkpoints hold (:func:`~pyro_flat.storage.checkpoint.resumable_data`)."""
+    the arguments whose position the checkpoints hold (:func:`~pyro_flat.storage.checkpoint.resumable_data`);
+    ``devices``: the run's CUDA devices, where the checkpoints' CUDA tensors go."""
     if run is None or not run.ranks.distributed:
         refuse_other_world_sizes(path, 1)
-        return Checkpointer(path, every, fingerprint, data=data), None
+        return Checkpointer(path, every, fingerprint, data=data, devices=devices), None
     ranks = run.ranks
     fingerprint = {**fingerprint, "rank": ranks.rank, "world_size": ranks.world_size}
     mine, previous = rank_checkpoint_paths(path, ranks.rank)
 
     def open_mine() -> Checkpointer:
         refuse_other_world_sizes(path, ranks.world_size)
-        return Checkpointer(mine, every, fingerprint, previous, data)
+        return Checkpointer(mine, every, fingerprint, previous, data, devices)
 
     saver = agree_on_checkpoints(ranks, open_mine)
     return saver, CheckpointClock(ranks, every)

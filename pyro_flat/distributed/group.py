@@ -54,7 +54,8 @@ def init_from_env(backend: Optional[str] = None, timeout: Optional[float] = None
     :param backend: ``"gloo"`` or ``"nccl"``; default :func:`default_backend` of ``device``.
     :param timeout: seconds a collective waits for the other ranks (default: the environment's
         ``PYRO_FLAT_DIST_TIMEOUT``, else :data:`DEFAULT_TIMEOUT`).
-    :param device: with nccl, each rank's GPU is ``cuda:LOCAL_RANK`` unless given.
+    :param device: the run's device (where its tensors are). With nccl, or a CUDA ``device``, this rank's
+        GPU is set before the group starts (:func:`rank_cuda_device`): ``cuda:LOCAL_RANK`` under torchrun.
 
     Without torchrun's variables and without a group this is a world of one process.
     """
@@ -68,12 +69,43 @@ def init_from_env(backend: Optional[str] = None, timeout: Optional[float] = None
         "timeout", timeout, hint="It is the seconds a collective waits for the other ranks.")
     if not dist.is_initialized():
         backend = backend or default_backend(device)
-        if backend == "nccl":
-            torch.cuda.set_device(device if device is not None else int(os.environ.get("LOCAL_RANK", 0)))
+        if backend == "nccl" or (device is not None and torch.device(device).type == "cuda"):
+            index = rank_cuda_device(device)
+            if index is not None:  # before nccl starts: its communicator binds to the current device
+                torch.cuda.set_device(index)
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
         atexit.register(_leave_group)  # a script that never calls Ranks.finish(): the group ends before exit
         return Ranks(dist.get_rank(), dist.get_world_size(), None, dist.get_backend(), timeout, owns_group=True)
     return Ranks(dist.get_rank(), dist.get_world_size(), None, dist.get_backend(), timeout)
+
+
+def rank_cuda_device(device: Optional[torch.device] = None) -> Optional[int]:
+    """The index of this rank's GPU, set before a group on it starts: ``LOCAL_RANK`` (torchrun's number of the
+    process on its machine), as PyTorch scripts do, when ``device`` (the run's device) has no index or that one;
+    else ``device``'s index, or ``None`` (the current device stays) when neither is known. A ``device`` of another
+    index is refused while this machine has a GPU ``cuda:LOCAL_RANK``: every rank would share one GPU (nccl
+    refuses that). Where it has none (a GPU made visible per process), ``device``'s index is the rank's."""
+    index = None if device is None else torch.device(device).index
+    text = os.environ.get("LOCAL_RANK", "").strip()
+    if not text:
+        return index
+    try:
+        local_rank = int(text)
+    except ValueError:
+        local_rank = -1
+    if local_rank < 0:
+        raise ValueError(f"the environment variable LOCAL_RANK={text!r} is not a process number (torchrun sets it "
+                         "to 0, 1, ... on each machine); unset it, or launch the script with torchrun.")
+    if index is None or index == local_rank:
+        return local_rank
+    if local_rank < torch.cuda.device_count():
+        rank = os.environ.get("RANK", "?")
+        raise ValueError(
+            f"rank {rank}: the run's tensors are on {torch.device(device)}, but torchrun started this process as "
+            f"LOCAL_RANK={local_rank}, whose GPU is cuda:{local_rank}; nccl cannot run two ranks on one GPU. "
+            "Put each rank's data on its own GPU: call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) at the "
+            f"start of the script and move the data with .cuda() (or .to('cuda:{local_rank}')).")
+    return index
 
 
 def _leave_group() -> None:
@@ -322,5 +354,5 @@ def _rebuild(rank: int, report: tuple) -> BaseException:
     return RuntimeError(f"{message} ({module}.{name})")
 
 
-__all__ = ["init_from_env", "launched_by_torchrun", "default_backend", "Ranks", "RankLost", "OtherRankFailed",
-           "fingerprint", "shard_fingerprint", "DEFAULT_TIMEOUT", "env_timeout"]
+__all__ = ["init_from_env", "launched_by_torchrun", "default_backend", "rank_cuda_device", "Ranks", "RankLost",
+           "OtherRankFailed", "fingerprint", "shard_fingerprint", "DEFAULT_TIMEOUT", "env_timeout"]

@@ -76,6 +76,9 @@ def projected_dynamics(path: EnergyPath, gradient_fn: GradientFn, *, start: floa
     kept in :math:`[0, L]` (:math:`\tau` the direction of the segment): they feel the loss along the
     path but no curvature across it.
 
+    :param seed: the seed of the chains' noise (default 0); ``None``: one drawn from torch's global random stream,
+        which that draw advances as any draw does, never reseeding it (a script seeded with ``torch.manual_seed``
+        gives the same run again).
     :param vectorized: ``gradient_fn`` takes all chains at once, ``(C, d) -> (C, d)``; otherwise it
         is called once per chain with ``(d,)``.
     :param record_every: record every this many iterations (and the first and last).
@@ -99,7 +102,9 @@ def projected_dynamics(path: EnergyPath, gradient_fn: GradientFn, *, start: floa
     seed = check_seed(seed)
     points = path.points
     generator = torch.Generator(device=points.device)
-    generator.manual_seed(torch.seed() if seed is None else seed)
+    # seed=None: a seed drawn from the global stream, which advances it as any draw does (torch.seed() would
+    # reseed the global CPU and CUDA streams under the caller): a script seeded with torch.manual_seed repeats
+    generator.manual_seed(int(torch.randint(0, 2**62, ())) if seed is None else seed)
     noise_scale = math.sqrt(2 * step_size * temperature)
     finite_gradient = [True]  # whether the last gradient was finite: says why a chain diverged
 

@@ -16,6 +16,11 @@ which is flushed to disk and renamed over the old one, so a kill during the writ
 checkpoint whole. The bytes carry a SHA-256 checksum: a truncated or corrupt file is refused by name,
 never silently replaced by a new run. It is a pickle (``torch.save``): load only checkpoints you wrote.
 
+A checkpoint continues on another GPU of the machine, or on another machine's: its CUDA tensors (and the
+devices and random streams it names) go to the device of the run that reads it (:func:`checkpoint_location`), so a
+run written on ``cuda:1`` continues on ``cuda:0`` when its data are there. A CUDA run's checkpoint read by a
+run whose data are not on a GPU, where the GPU it was written on does not exist, is refused by name.
+
 >>> import tempfile, os
 >>> path = os.path.join(tempfile.mkdtemp(), "run.ckpt")
 >>> write_checkpoint(path, {"done": 3})
@@ -29,13 +34,15 @@ import functools
 import hashlib
 import io
 import os
+import pickle
 import random
 import signal
 import threading
 import time
+import types
 import warnings
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -106,9 +113,10 @@ def write_checkpoint(path: Union[str, os.PathLike], payload: dict, previous: Opt
         pass
 
 
-def read_checkpoint(path: Union[str, os.PathLike]) -> dict:
+def read_checkpoint(path: Union[str, os.PathLike], devices: Sequence[torch.device] = ()) -> dict:
     """The payload of a checkpoint written by :func:`write_checkpoint`; a :class:`CheckpointError` that
-    names the file if it is not one, is truncated, or fails its checksum."""
+    names the file if it is not one, is truncated, or fails its checksum. ``devices``: the CUDA devices of the
+    run that reads it, where its CUDA tensors and the devices it names go (:func:`checkpoint_location`)."""
     path = Path(path)
     data = path.read_bytes()
     fix = "delete it to start a new run, or pass another checkpoint= path"
@@ -132,23 +140,103 @@ def read_checkpoint(path: Union[str, os.PathLike]) -> dict:
                               f"says; {fix}.")
     if hashlib.sha256(body).hexdigest() != digest:
         raise CheckpointError(f"checkpoint {str(path)!r} is corrupt (its checksum does not match); {fix}.")
-    return torch.load(io.BytesIO(body), weights_only=False)
+
+    def storage_location(storage, location: str):
+        return torch.serialization.default_restore_location(storage, checkpoint_location(location, devices, path))
+
+    def device(*args) -> torch.device:  # a torch.device the checkpoint names (a kernel's, the streams' keys)
+        named = torch.device(*args)
+        return named if named.type != "cuda" else torch.device(checkpoint_location(str(named), devices, path))
+
+    return torch.load(io.BytesIO(body), map_location=storage_location, pickle_module=_pickle_with_devices(device),
+                      weights_only=False)
 
 
-def random_state() -> dict:
-    """Every random generator a run draws from: torch's (CPU, and CUDA's where it is in use), Python's, numpy's."""
+def checkpoint_location(location: str, devices: Sequence[torch.device] = (),
+                        path: Union[str, os.PathLike, None] = None) -> str:
+    """Where a checkpoint's tensor (or device) saved at ``location`` (torch's tag: ``"cpu"``, ``"cuda:1"``) goes in
+    a run whose CUDA devices are ``devices`` (:class:`pyro_flat.MCMC` finds them in the model's data, a
+    :class:`~pyro_flat.nn.Batches` loader's device, ``initial_params`` and an ``nn.Module`` model's weights).
+
+    - a CPU location stays (random states, draws kept in host memory);
+    - a run on a CUDA device: a CUDA location among ``devices`` stays, any other goes to ``devices[0]``
+      (``cuda:1`` to ``cuda:0`` for a run on ``cuda:0``);
+    - a run whose data are not on a GPU: a CUDA location this machine has stays (the model may hold its
+      tensors there); one it lacks is refused, a :class:`CheckpointError` that names ``path``, the device the
+      checkpoint was written on and what to do.
+
+    >>> checkpoint_location("cuda:1", [torch.device("cuda", 0)]), checkpoint_location("cpu", [torch.device("cuda", 0)])
+    ('cuda:0', 'cpu')
+    """
+    if not location.startswith("cuda"):
+        return location
+    saved = torch.device(location)
+    run = [_with_index(d) for d in devices if torch.device(d).type == "cuda"]
+    if run:
+        return location if saved in run else str(run[0])
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count and (saved.index is None or saved.index < count):
+        return location
+    here = ("this machine has no CUDA device" if not count else
+            f"this machine has {count} CUDA device{'s' if count > 1 else ''} (cuda:0 to cuda:{count - 1})")
+    go_on = ("continue it on a machine with a CUDA device, with the run's data there" if not count else
+             "give the run its data (or initial_params) on a CUDA device, e.g. .to('cuda'): the checkpoint's "
+             "tensors go to that device")
+    raise CheckpointError(f"checkpoint {str(path)!r} was written by a run on {location}, and {here} and this run's "
+                          f"data are not on a GPU. To {go_on}; or delete the file (or pass another checkpoint= path) "
+                          "to start a new run here.")
+
+
+def _with_index(device) -> torch.device:
+    """``device`` with its index where CUDA can say it (``cuda`` is the current CUDA device)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _pickle_with_devices(device: Callable[..., torch.device]) -> types.ModuleType:
+    """A ``pickle_module`` for ``torch.load`` that makes the ``torch.device`` objects of the file with
+    ``device(*args)``: ``map_location`` moves tensors only, not the devices a state names."""
+
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module, name):
+            if module == "torch" and name == "device":
+                return device
+            return super().find_class(module, name)
+
+    module = types.ModuleType("pyro_flat_checkpoint_pickle")
+    module.Unpickler = Unpickler
+    module.load = lambda file, **kwargs: Unpickler(file, **kwargs).load()
+    return module
+
+
+def random_state(devices: Sequence[torch.device] = ()) -> dict:
+    """Every random generator a run draws from: torch's CPU one, Python's, numpy's, and CUDA's where it is in
+    use: those of the run's CUDA ``devices``, ``{device: state}`` (a run that reads the checkpoint elsewhere
+    gets them on its own device, as the tensors: :func:`checkpoint_location`), else every device's, in order."""
     state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        cuda = [_with_index(d) for d in devices if torch.device(d).type == "cuda"]
+        state["cuda"] = {d: torch.cuda.get_rng_state(d) for d in cuda} if cuda else torch.cuda.get_rng_state_all()
     return state
 
 
 def set_random_state(state: dict) -> None:
+    """Put back :func:`random_state`'s streams. CUDA's are set on the devices this machine has; the others are
+    left out: a run whose tensors were on a GPU this machine lacks is refused when its checkpoint is read
+    (:func:`checkpoint_location`), so they are the streams of GPUs the run did not compute on (a CPU run where CUDA
+    was in use, read on a machine without it, or with fewer GPUs)."""
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
-    if "cuda" in state:
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        for device, saved in (cuda.items() if isinstance(cuda, dict) else enumerate(cuda)):
+            index = device if isinstance(device, int) else torch.device(device).index
+            if index is None or index < count:
+                torch.cuda.set_rng_state(saved, "cuda" if index is None else index)
 
 
 def describe(value) -> object:
@@ -249,11 +337,14 @@ class Checkpointer:
 
     With ``previous`` (a second path) each write keeps the checkpoint it replaces there, and both are
     read back (``found``, by iterations done): a run across ranks continues from the latest checkpoint
-    that every rank holds (:meth:`continue_from`), even when a kill stopped one rank's write halfway."""
+    that every rank holds (:meth:`continue_from`), even when a kill stopped one rank's write halfway.
+    ``devices``: the run's CUDA devices, where a checkpoint's CUDA tensors go (:func:`checkpoint_location`)."""
 
-    def __init__(self, path, every: float, fingerprint: dict, previous: Optional[Path] = None, data: list = ()):
+    def __init__(self, path, every: float, fingerprint: dict, previous: Optional[Path] = None, data: list = (),
+                 devices: Sequence[torch.device] = ()):
         self.path, self.every, self.fingerprint, self.previous = path, every, fingerprint, previous
         self.data = list(data)  # arguments whose position is part of the state (resumable_data)
+        self.devices = list(devices)
         self._lock = _lock(path)  # one run per checkpoint file: another would overwrite this one's state
         try:
             for stale in path.parent.glob(f".{path.name}.*.tmp"):  # a write killed halfway (the lock is ours)
@@ -261,7 +352,7 @@ class Checkpointer:
             self.found = {}
             for source in (path, previous):
                 if source is not None and source.exists():
-                    saved = self._check(source, read_checkpoint(source))
+                    saved = self._check(source, read_checkpoint(source, self.devices))
                     self.found.setdefault(saved["done"], saved)
             self.saved = self.found[max(self.found)] if self.found else None
         except BaseException:
@@ -318,7 +409,7 @@ class Checkpointer:
         try:
             write_checkpoint(self.path, {
                 "fingerprint": self.fingerprint, "done": done, "params": params, "kernel": kernel.state_dict(),
-                "random": random_state(), "data": [value.state_dict() for value in self.data],
+                "random": random_state(self.devices), "data": [value.state_dict() for value in self.data],
                 "draws": draws.for_checkpoint(max(kept, 0))}, previous=self.previous)
         except OSError as err:  # a full disk must not end the run: its draws are in memory (or draws_dir)
             warnings.warn(f"checkpoint {str(self.path)!r} could not be written ({err}); the run goes on and the "
@@ -396,5 +487,6 @@ def run_fingerprint(kernel, *, num_chains: int, num_samples: int, warmup_steps: 
 
 
 __all__ = ["Checkpointer", "StopAfterIteration", "run_fingerprint", "resumable_data", "rank_checkpoint_paths",
-           "CheckpointError", "check_checkpoint_arguments", "write_checkpoint", "read_checkpoint", "random_state",
+           "CheckpointError", "check_checkpoint_arguments", "write_checkpoint", "read_checkpoint", "checkpoint_location",
+           "random_state",
            "set_random_state", "describe", "differences", "FORMAT_VERSION"]
