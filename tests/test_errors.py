@@ -227,3 +227,27 @@ def test_make_kernel_refuses_a_setting_the_kernel_does_not_take_and_names_it():
     assert "model" not in kernel_settings("sgld") and "potential_fn" not in kernel_settings("sgld")
     kernel = make_kernel("sasgld", potential_fn=potential, step_size=0.01, rho=0.3, temperature=0.5)
     assert (kernel.rho, kernel.temperature) == (0.3, 0.5)
+
+
+def test_a_divergence_read_a_step_late_is_named_before_the_next_steps_own_error():
+    """The eager divergence check is read one step late (no host wait per step on a GPU). The step after a diverged
+    one can fail on its own (as Pyro's check of a NaN location does), and within a draw of 7 iterations it has run by
+    the time the check is read: the error is still the divergence, at its iteration, and no diverged state is kept."""
+    def potential(p):
+        x = p["x"]
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError("the model's own error at a non-finite x")
+        tails = torch.where(x.abs() > 2.5, float("nan"), 0.0)  # NaN, and a NaN gradient, out in the tails
+        return (0.5 * x ** 2 + x * tails).sum()
+
+    from pyro_flat import MCMC as FlatMCMC
+
+    pyro.set_rng_seed(0)
+    mcmc = FlatMCMC(SGLD(potential_fn=potential, step_size=0.1), num_samples=100, warmup_steps=0, thinning=7,
+                    initial_params={"x": torch.zeros(2)}, disable_progbar=True)
+    with pytest.raises(DivergenceError) as info:
+        mcmc.run()
+    err = info.value
+    assert f"diverged at iteration {err.iteration}" in str(err) and err.iteration > 7
+    assert err.samples["x"].shape[0] == err.iteration // 7 and torch.isfinite(err.samples["x"]).all()
+    assert err.iteration % 7 != 6, "the diverged step must not be the draw's last: the next step has to run"

@@ -43,6 +43,20 @@ def fused_blow_up(norms: torch.Tensor, norm_before: float, max_growth: Optional[
     return None, norm_before
 
 
+def step_norms(energy: torch.Tensor, new_params: Params) -> torch.Tensor:
+    """``[energy inf-norm, new state inf-norm]`` of a step, on the device (no host sync): what
+    :func:`blow_up_of` reads."""
+    norms = torch.stack(torch._foreach_norm([energy.reshape(-1), *new_params.values()], math.inf))
+    return torch.stack([norms[0], norms[1:].amax()])
+
+
+def blow_up_of(norms: torch.Tensor, norm_before: float, max_growth: Optional[float]) -> Tuple[Optional[str], float]:
+    """``(why the step is a divergence or None, the new state's largest |coordinate|)`` from its
+    :func:`step_norms`; one host read."""
+    energy_norm, norm_after = norms.tolist()
+    return _blow_up(energy_norm, norm_after, norm_before, max_growth), norm_after
+
+
 def step_blow_up(energy: torch.Tensor, new_params: Params, norm_before: float,
                  max_growth: Optional[float]) -> Tuple[Optional[str], float]:
     """``(why the step is a divergence or None, the new state's largest |coordinate|)``; one host sync.
@@ -54,10 +68,7 @@ def step_blow_up(energy: torch.Tensor, new_params: Params, norm_before: float,
     step's second value. The largest absolute value of each tensor (an inf-norm, which keeps NaN)
     is finite exactly when the tensor is: unlike a sum, it cannot overflow while every entry is finite.
     """
-    norms = torch.stack(torch._foreach_norm([energy.reshape(-1), *new_params.values()], math.inf))
-    energy_norm, norm_after = torch.stack([norms[0], norms[1:].amax()]).tolist()
-    return _blow_up(energy_norm, norm_after, norm_before, max_growth), norm_after
-
+    return blow_up_of(step_norms(energy, new_params), norm_before, max_growth)
 
 
 def _growth(params: Params, new_params: Params, num_chains: Optional[int], max_growth: float
@@ -131,4 +142,4 @@ def divergence_error(kernel_name: str, problem: str, *, params: Params, grads: P
     )
 
 
-__all__ = ["divergence_error", "step_blow_up", "fused_blow_up", "inf_norm"]
+__all__ = ["divergence_error", "step_blow_up", "step_norms", "blow_up_of", "fused_blow_up", "inf_norm"]

@@ -4,7 +4,7 @@ r"""The stochastic-gradient loop shared by SGLD, SGD, EntropySGLD and their rela
 potential per iteration and applies the subclass's :meth:`~StochasticGradientKernel.update`
 (SGLD: :math:`z \leftarrow z - \alpha\nabla\tilde U(z) + \sqrt{2\alpha T}\,\xi`). The loop
 handles schedules (cyclical ones included), thinning inside the kernel, the preconditioner's
-warm-up, the compiled iteration (``jit_compile``) and divergences (:func:`~pyro_flat.kernels.divergence.step_blow_up`, reported by
+warm-up, the compiled iteration (``jit_compile``) and divergences (:func:`~pyro_flat.kernels.divergence.blow_up_of`, read one step late, reported by
 :func:`~pyro_flat.kernels.divergence.divergence_error`).
 """
 
@@ -23,7 +23,7 @@ from ..targets.precision import AutocastTarget, check_autocast
 from ..validation import check_positive
 from .base import TargetKernel
 from .compiled_step import MAX_FUSED_STEPS, CompiledSteps
-from .divergence import divergence_error, fused_blow_up, inf_norm, step_blow_up
+from .divergence import blow_up_of, divergence_error, fused_blow_up, inf_norm, step_norms
 from .integrators import StepSize, Transition, langevin_step
 from .preconditioning import DEFAULT_STEP_SIZE, Preconditioner
 
@@ -73,7 +73,7 @@ class StochasticGradientKernel(TargetKernel):
 
     allow_zero_temperature = False
     #: a step whose state's largest absolute coordinate grows more than this many times (from at
-    #: least 1) is a divergence, like a NaN; ``None`` checks only for NaN/inf (see :func:`step_blow_up`)
+    #: least 1) is a divergence, like a NaN; ``None`` checks only for NaN/inf (see :func:`~pyro_flat.kernels.divergence.step_blow_up`)
     max_growth: Optional[float] = 1e4
 
     def __init__(
@@ -268,24 +268,27 @@ class StochasticGradientKernel(TargetKernel):
                  eager: bool = False) -> Params:
         """The iterations of :meth:`sample` one at a time (``steps`` of them, default a draw's)."""
         needed, j, noisy_exploration = (steps or self.steps_per_draw) if sampling else 1, 0, self.exploration_noise
+        unchecked = None  # the last step, its divergence check not yet read (see _check_step)
         while needed:
             k = self._iteration
-            if self.preconditioner is not None and not sampling:
-                self.num_grad_evals += 2 * self.preconditioner.adapt(k, params)
-            explore = not self.in_sampling_phase(k)
-            temperature = 0.0 if explore and not noisy_exploration else self.temperature
-            step_size = self.step_size * self._schedule_factor(k)
-            if eager:
-                new_params, energy, grads, target_stats = self.transition(params, step_size, temperature)
-            else:
-                new_params, energy, grads, target_stats = self._transition(params, step_size, temperature)
+            try:
+                if self.preconditioner is not None and not sampling:
+                    self.num_grad_evals += 2 * self.preconditioner.adapt(k, params)
+                explore = not self.in_sampling_phase(k)
+                temperature = 0.0 if explore and not noisy_exploration else self.temperature
+                step_size = self.step_size * self._schedule_factor(k)
+                if eager:
+                    new_params, energy, grads, target_stats = self.transition(params, step_size, temperature)
+                else:
+                    new_params, energy, grads, target_stats = self._transition(params, step_size, temperature)
+            except Exception:
+                if unchecked is not None:  # a step from a diverged state may fail: the divergence is the cause
+                    self._check_step(*unchecked)
+                raise
             self.num_grad_evals += self.grads_per_iteration
-            # the state's norm: the previous step's result, computed only for a state it did not make
-            before = self._state_norm if params is self._normed_state else inf_norm(params)
-            problem, self._state_norm = step_blow_up(energy, new_params, before, self.max_growth)
-            self._normed_state = new_params
-            if problem is not None:
-                self._raise_divergence(params, grads, new_params, energy, step_size, problem)
+            if unchecked is not None:
+                self._check_step(*unchecked)
+            unchecked = (k, params, grads, new_params, energy, step_size, step_norms(energy, new_params))
             self._iteration += 1
             state_stats = {"potential_energy": energy, **target_stats}
             if record and j == 0 and k > self._warmup_steps:
@@ -302,6 +305,7 @@ class StochasticGradientKernel(TargetKernel):
                                  f"a row (up to k = {k}): a run that never reaches a sampling phase makes no draw. "
                                  "Give the schedule sampling iterations (e.g. cyclical_cosine with exploration < 1 - "
                                  "1/cycle length).")
+        self._check_step(*unchecked)  # before the draw: a diverged state is never kept
         if sampling and steps is None:
             self._stats["step_size"].append(self._last_stats["step_size"])  # one for all chains
             self._stats["grad_evals"].append(self.num_grad_evals)
@@ -382,12 +386,27 @@ class StochasticGradientKernel(TargetKernel):
     def update(self, params: Params, grads: Params, step_size: StepSize, temperature: float) -> Params:
         raise NotImplementedError
 
-    def _raise_divergence(self, params, grads, new_params, energy, step_size, problem="non-finite") -> None:
+    def _check_step(self, k: int, params: Params, grads: Params, new_params: Params, energy: torch.Tensor,
+                    step_size: float, norms: torch.Tensor) -> None:
+        r"""Iteration ``k``'s divergence check (:func:`~pyro_flat.kernels.divergence.blow_up_of`), read one step
+        late: a step's check is read on the host after the next step is queued, so that on a GPU the host does not
+        wait for a step before queueing the next (the read waits only for the step before); the last step of a draw
+        is read before the draw is kept. The error names iteration ``k`` and keeps the draws made before it."""
+        # the state's norm: the previous step's result, computed only for a state it did not make
+        before = self._state_norm if params is self._normed_state else inf_norm(params)
+        problem, self._state_norm = blow_up_of(norms, before, self.max_growth)
+        self._normed_state = new_params
+        if problem is not None:
+            self._raise_divergence(params, grads, new_params, energy, step_size, problem, iteration=k)
+
+    def _raise_divergence(self, params, grads, new_params, energy, step_size, problem="non-finite",
+                          iteration: Optional[int] = None) -> None:
         draws = self._stack_draws(self._draws) if self._draws else []
+        iteration = self._iteration if iteration is None else iteration
         raise divergence_error(
             type(self).__name__, problem, params=params, grads=grads, new_params=new_params, energy=energy,
-            step_size=step_size, base_step_size=self.step_size, iteration=self._iteration,
-            warming_up=self._iteration < self._warmup_steps, chain=self._chain, num_chains=self.num_chains,
+            step_size=step_size, base_step_size=self.step_size, iteration=iteration,
+            warming_up=iteration < self._warmup_steps, chain=self._chain, num_chains=self.num_chains,
             max_growth=self.max_growth, num_draws=len(self._draws), draws=draws,
             completed_chains=self._completed_draws)
 
