@@ -8,7 +8,7 @@ iteration, the site and a smaller step size, and which carries the draws made be
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 
@@ -50,7 +50,28 @@ def step_norms(energy: torch.Tensor, new_params: Params) -> torch.Tensor:
     return torch.stack([norms[0], norms[1:].amax()])
 
 
-def blow_up_of(norms: torch.Tensor, norm_before: float, max_growth: Optional[float]) -> Tuple[Optional[str], float]:
+class PendingRead:
+    """A small tensor's values on their way to the host. On a GPU they are copied into pinned memory behind the work
+    queued so far, and reading them (:meth:`tolist`) waits for that work only, not for steps queued after it (a
+    plain ``.tolist()`` would wait for the whole stream). On a CPU, the tensor itself."""
+
+    def __init__(self, values: torch.Tensor):
+        self._event = None
+        if values.device.type == "cuda":
+            self._host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            self._host.copy_(values, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record(torch.cuda.current_stream(values.device))
+        else:
+            self._host = values
+
+    def tolist(self) -> list:
+        if self._event is not None:
+            self._event.synchronize()
+        return self._host.tolist()
+
+
+def blow_up_of(norms: Union[torch.Tensor, PendingRead], norm_before: float, max_growth: Optional[float]) -> Tuple[Optional[str], float]:
     """``(why the step is a divergence or None, the new state's largest |coordinate|)`` from its
     :func:`step_norms`; one host read."""
     energy_norm, norm_after = norms.tolist()
@@ -142,4 +163,4 @@ def divergence_error(kernel_name: str, problem: str, *, params: Params, grads: P
     )
 
 
-__all__ = ["divergence_error", "step_blow_up", "step_norms", "blow_up_of", "fused_blow_up", "inf_norm"]
+__all__ = ["divergence_error", "step_blow_up", "step_norms", "blow_up_of", "PendingRead", "fused_blow_up", "inf_norm"]

@@ -23,7 +23,7 @@ from ..targets.precision import AutocastTarget, check_autocast
 from ..validation import check_positive
 from .base import TargetKernel
 from .compiled_step import MAX_FUSED_STEPS, CompiledSteps
-from .divergence import blow_up_of, divergence_error, fused_blow_up, inf_norm, step_norms
+from .divergence import PendingRead, blow_up_of, divergence_error, fused_blow_up, inf_norm, step_norms
 from .integrators import StepSize, Transition, langevin_step
 from .preconditioning import DEFAULT_STEP_SIZE, Preconditioner
 
@@ -288,7 +288,7 @@ class StochasticGradientKernel(TargetKernel):
             self.num_grad_evals += self.grads_per_iteration
             if unchecked is not None:
                 self._check_step(*unchecked)
-            unchecked = (k, params, grads, new_params, energy, step_size, step_norms(energy, new_params))
+            unchecked = (k, params, grads, new_params, energy, step_size, PendingRead(step_norms(energy, new_params)))
             self._iteration += 1
             state_stats = {"potential_energy": energy, **target_stats}
             if record and j == 0 and k > self._warmup_steps:
@@ -387,7 +387,7 @@ class StochasticGradientKernel(TargetKernel):
         raise NotImplementedError
 
     def _check_step(self, k: int, params: Params, grads: Params, new_params: Params, energy: torch.Tensor,
-                    step_size: float, norms: torch.Tensor) -> None:
+                    step_size: float, norms: PendingRead) -> None:
         r"""Iteration ``k``'s divergence check (:func:`~pyro_flat.kernels.divergence.blow_up_of`), read one step
         late: a step's check is read on the host after the next step is queued, so that on a GPU the host does not
         wait for a step before queueing the next (the read waits only for the step before); the last step of a draw
