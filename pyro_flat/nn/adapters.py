@@ -83,12 +83,10 @@ def low_rank_adapters(module: torch.nn.Module, *, rank: int, targets: Optional[U
         alpha = float(rank)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (0 < alpha < math.inf):
         raise ValueError(f"alpha must be a positive number (the update is scaled by alpha / rank), got {alpha!r}.")
+    patterns = _target_patterns(targets)
     adapted = copy.deepcopy(module)
     layers = {n: m for n, m in adapted.named_modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d)) and n}
-    patterns = None if targets is None else [targets] if isinstance(targets, str) else list(targets)
     if patterns is not None:
-        if not all(isinstance(p, str) for p in patterns):
-            raise TypeError(f"targets must be layer names or patterns (str), got {targets!r}.")
         unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(n, p) for n in layers)]
         if unmatched:
             raise ValueError(f"targets {unmatched} match no Linear or Conv2d layer of {type(module).__name__}; its "
@@ -111,6 +109,27 @@ def low_rank_adapters(module: torch.nn.Module, *, rank: int, targets: Optional[U
         parent, _, child = name.rpartition(".")
         setattr(adapted.get_submodule(parent) if parent else adapted, child, LowRankAdapter(layer, rank, alpha))
     return adapted
+
+
+def _target_patterns(targets) -> Optional[list]:
+    """``targets`` as a list of layer names or patterns (``None``: every ``Linear`` and ``Conv2d``), else a
+    ``TypeError`` (or, for an empty list, a ``ValueError``) naming ``targets=`` and what it takes."""
+    if targets is None:
+        return None
+    takes = ("targets= takes the layers to adapt: a layer name or fnmatch pattern (str) from module.named_modules(), "
+             "a list of them (e.g. targets=['layer4.*', 'fc']), or None (the default) for every Linear and Conv2d "
+             "layer")
+    if isinstance(targets, str):
+        return [targets]
+    if not isinstance(targets, (list, tuple, set, frozenset)):
+        raise TypeError(f"{takes}; got {type(targets).__name__} {targets!r}.")
+    patterns = list(targets)
+    if not patterns:
+        raise ValueError(f"{takes}; got an empty {type(targets).__name__}, which adapts no layer.")
+    wrong = [p for p in patterns if not isinstance(p, str)]
+    if wrong:
+        raise TypeError(f"{takes}; got {targets!r}, whose {wrong[0]!r} is of type {type(wrong[0]).__name__}, not str.")
+    return patterns
 
 
 def frozen_by_adapters(module: torch.nn.Module) -> set:

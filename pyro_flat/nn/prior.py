@@ -26,6 +26,8 @@ import torch
 import pyro.distributions as dist
 from pyro.distributions import TorchDistribution, constraints
 
+from ..targets.sites import nonfinite_parameter
+
 
 class _ScaledSquaredNorm(torch.autograd.Function):
     r""":math:`a\lVert x\rVert^2 + b` over the last dim, whose gradient :math:`2a\,x\,g` is one scaled copy of
@@ -130,7 +132,7 @@ def site_prior(prior, name: str, parameter: torch.Tensor, *, centred: bool = Fal
                              "scale).") from err
         if not isinstance(d, dist.Distribution):
             raise TypeError(f"prior({name!r}, parameter) must return a pyro distribution, got {type(d).__name__}.")
-        bad = _nonfinite_parameter(d)
+        bad = nonfinite_parameter(d)
         if bad is not None:
             raise ValueError(f"prior({name!r}, parameter) returned a distribution whose {bad} holds NaN or inf: "
                              "give the prior finite parameters (a positive scale), e.g. dist.Normal(0., 1.).")
@@ -144,15 +146,6 @@ def site_prior(prior, name: str, parameter: torch.Tensor, *, centred: bool = Fal
                          f"(name, parameter) -> distribution, got {prior!r}.")
     return IsotropicNormal(float(prior), shape, dtype=parameter.dtype, device=parameter.device,
                            loc=parameter.detach().clone() if centred else None)
-
-
-def _nonfinite_parameter(d: dist.Distribution) -> Optional[str]:
-    """``"Normal's loc"``: a parameter of ``d`` (or of the distribution it wraps) that holds NaN or inf, else ``None``."""
-    while hasattr(d, "base_dist"):
-        d = d.base_dist
-    values = {k: d.__dict__.get(k) for k in getattr(d, "arg_constraints", {})}
-    return next((f"{type(d).__name__}'s {k}" for k, v in values.items() if torch.is_tensor(v) and v.is_floating_point()
-                 and not bool(torch.isfinite(v).all())), None)
 
 
 __all__ = ["IsotropicNormal", "site_prior"]

@@ -27,7 +27,7 @@ from typing import Callable, Dict, List, Sequence, Union
 
 import torch
 
-from .adapters import frozen_by_adapters, preview_names
+from .adapters import LowRankAdapter, frozen_by_adapters, preview_names
 
 Sampled = Union[None, str, Sequence[str], Callable[[str, torch.nn.Parameter], bool]]
 
@@ -53,7 +53,14 @@ def sampled_parameters(module: torch.nn.Module, sampled: Sampled = None) -> List
     if callable(sampled):
         chosen = []
         for n, p in named:
-            verdict = sampled(n, p)
+            try:
+                verdict = sampled(n, p)
+            except Exception as err:  # noqa: BLE001 - the user's predicate: said to come from sampled=
+                raise ValueError(
+                    f"sampled=, the predicate (name, parameter) -> bool, raised {type(err).__name__} ({err}) when "
+                    f"called on parameter {n!r} (shape {tuple(p.shape)}): fix the predicate so that it returns True or "
+                    "False for every parameter of module.named_parameters(), or pass names or patterns instead "
+                    "(sampled='fc.*').") from err
             if not isinstance(verdict, bool):
                 raise TypeError(f"sampled({n!r}, parameter) must return True or False, got {verdict!r}.")
             if verdict:
@@ -61,6 +68,7 @@ def sampled_parameters(module: torch.nn.Module, sampled: Sampled = None) -> List
         if not chosen:
             raise ValueError(f"sampled chose none of the parameters of {type(module).__name__} ({preview_names(names)}): "
                              "there is nothing to sample.")
+        _warn_frozen_base(module, chosen, "sampled= (the predicate)")
         return chosen
     patterns = [sampled] if isinstance(sampled, str) else list(sampled) if isinstance(sampled, (list, tuple)) else None
     if not patterns or not all(isinstance(p, str) for p in patterns):
@@ -70,7 +78,30 @@ def sampled_parameters(module: torch.nn.Module, sampled: Sampled = None) -> List
     if unmatched:
         raise ValueError(f"sampled: {unmatched} match no parameter of {type(module).__name__}, whose parameters are "
                          f"{preview_names(names)} (names from module.named_parameters(); patterns such as 'fc.*').")
-    return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+    chosen = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+    by_pattern = [n for n in chosen if any(fnmatch.fnmatchcase(n, p) for p in patterns if p != n and "base" not in p)]
+    _warn_frozen_base(module, by_pattern, f"sampled={sampled!r}")
+    return chosen
+
+
+def _warn_frozen_base(module: torch.nn.Module, chosen: List[str], by: str) -> None:
+    """A warning when a pattern or predicate (``by``) chose the frozen base weights of a layer that
+    :func:`~pyro_flat.nn.low_rank_adapters` adapted (``"0.base.weight"``): they are sampled, as chosen, but were meant
+    to stay at their pre-trained values; it names them and how to choose the adapters alone."""
+    bases = tuple(f"{n}.base." for n, m in module.named_modules() if isinstance(m, LowRankAdapter))
+    frozen = [n for n in chosen if n.startswith(bases)] if bases else []
+    if not frozen:
+        return
+    order = [n.rpartition(".")[0] for n, _ in module.named_parameters()]
+    layers = sorted({n.rpartition(".")[0] for n in chosen if n.rpartition(".")[2] in ("lora_A", "lora_B")},
+                    key=order.index)
+    only = [f"{layer}.lora_*" for layer in layers] or ["*.lora_*"]
+    warnings.warn(f"BayesianModule: {by} also chose {len(frozen)} frozen base weight(s) of the layers "
+                  f"low_rank_adapters adapted ({preview_names(frozen, limit=4)}): they are sampled, not kept at their "
+                  "pre-trained values. To sample only the adapters (the factors '<layer>.lora_A' and "
+                  f"'<layer>.lora_B'), pass sampled={only[0] if len(only) == 1 else only!r}, or sampled=None for every "
+                  "adapter; to sample these weights too, name them exactly (or with a pattern that says 'base').",
+                  UserWarning, stacklevel=4)
 
 
 def state_weights(state: Mapping, shapes: Dict[str, tuple], device: torch.device) -> Dict[str, torch.Tensor]:

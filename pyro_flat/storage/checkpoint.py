@@ -70,8 +70,11 @@ def check_checkpoint_arguments(checkpoint, checkpoint_every) -> Optional[Path]:
             or not 0 < checkpoint_every < float("inf"):
         raise ValueError(f"checkpoint_every must be a positive number of seconds, got {checkpoint_every!r} (e.g. 60: "
                          "a checkpoint at the first draw after every minute).")
+    if str(checkpoint) == "":  # Path("") is the current folder
+        raise ValueError("checkpoint='' is an empty path; pass the file the run keeps its checkpoint in (e.g. "
+                         "checkpoint='run.ckpt'), or checkpoint=None for no checkpoints.")
     path = Path(checkpoint).expanduser()
-    if path.is_dir() or str(checkpoint) == "":
+    if path.is_dir():
         raise ValueError(f"checkpoint={str(checkpoint)!r} is a folder; pass a file path in it (e.g. "
                          f"{str(path / 'run.ckpt')!r}).")
     folder = path.parent if str(path.parent) else Path(".")
@@ -244,6 +247,8 @@ def describe(value) -> object:
     are, tensors by shape, dtype and a hash of their bytes, functions by name, other objects by type."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
+    if isinstance(value, torch.dtype):  # 'torch.bfloat16' (checkpoints written before said 'dtype': _same)
+        return str(value)
     if torch.is_tensor(value):
         data = value.detach().cpu().contiguous()
         digest = hashlib.sha256(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"").hexdigest()[:16]
@@ -326,9 +331,30 @@ def differences(saved: Dict[str, object], current: Dict[str, object]) -> List[st
         return [f"kernel: {current.get('kernel')!r} here, {saved.get('kernel')!r} in the checkpoint"]
     lines = []
     for name in sorted((set(saved) | set(current)) - {"random start"}):
-        if saved.get(name) != current.get(name):
-            lines.append(f"{name}: {current.get(name)!r} here, {saved.get(name)!r} in the checkpoint")
+        if not _same(saved.get(name), current.get(name)):
+            lines.append(f"{name}: {_shown(current.get(name))} here, {_shown(saved.get(name))} in the checkpoint")
     return lines
+
+
+#: how :func:`describe` writes a dtype: ``str(torch.bfloat16)``, ``'torch.bfloat16'``
+DTYPE_NAMES = frozenset(str(v) for v in vars(torch).values() if isinstance(v, torch.dtype))
+
+
+def _same(saved: object, current: object) -> bool:
+    """Whether two described values agree; a dtype that a checkpoint written before dtypes were named holds as
+    ``'dtype'`` agrees with any dtype (that checkpoint's run did not tell them apart), so it still continues."""
+    if saved == "dtype" and current in DTYPE_NAMES:
+        return True
+    if isinstance(saved, list) and isinstance(current, list):
+        return len(saved) == len(current) and all(map(_same, saved, current))
+    if isinstance(saved, dict) and isinstance(current, dict):
+        return saved.keys() == current.keys() and all(_same(saved[k], current[k]) for k in saved)
+    return saved == current
+
+
+def _shown(value: object) -> str:
+    """A described value in a message: a dtype as ``torch.bfloat16``, anything else as its ``repr``."""
+    return value if isinstance(value, str) and value in DTYPE_NAMES else repr(value)
 
 
 class Checkpointer:

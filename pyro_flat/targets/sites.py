@@ -8,6 +8,7 @@ tensor(1.)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
 
 import torch
 from pyro.distributions.transforms import biject_to
@@ -56,3 +57,34 @@ def support_transform(site_name: str, support) -> torch.distributions.Transform:
         ) from err
 
 
+def distribution_parameters(d) -> List[Tuple[str, torch.Tensor]]:
+    """``[("Normal's loc", tensor), ...]``: the floating-point parameters of ``d``, or of the distribution it wraps
+    (``.to_event``, ``.expand``, ``.mask``, a transformed distribution's base)."""
+    while hasattr(d, "base_dist"):
+        d = d.base_dist
+    values = {k: d.__dict__.get(k) for k in getattr(d, "arg_constraints", {})}
+    return [(f"{type(d).__name__}'s {k}", v) for k, v in values.items()
+            if torch.is_tensor(v) and v.is_floating_point()]
+
+
+def nonfinite_parameter(d) -> Optional[str]:
+    """``"Normal's loc"``: a parameter of ``d`` (or of the distribution it wraps) that holds NaN or inf, else
+    ``None``."""
+    return next((label for label, v in distribution_parameters(d) if not bool(torch.isfinite(v).all())), None)
+
+
+def nonfinite_prior(trace) -> Optional[Tuple[str, str, List[str]]]:
+    """``(site, "Normal's loc", earlier)``: the first latent site of a Pyro trace whose distribution has a parameter
+    that holds NaN or inf, and the latent sites traced before it (whose values it may be computed from), else
+    ``None``. Made for a set-up check: all the sites' parameters are tested on the device and read back once (one
+    host sync), the culprit looked for only when there is one."""
+    latent = [(name, site["fn"]) for name, site in trace.nodes.items()
+              if site["type"] == "sample" and not site["is_observed"] and not is_subsample_site(site)]
+    flags = [torch.isfinite(v).all() for _, d in latent for _, v in distribution_parameters(d)]
+    if not flags or bool(torch.stack([f.to(flags[0].device) for f in flags]).all()):
+        return None
+    for i, (name, d) in enumerate(latent):
+        bad = nonfinite_parameter(d)
+        if bad is not None:
+            return name, bad, [n for n, _ in latent[:i]]
+    return None
