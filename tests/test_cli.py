@@ -220,6 +220,36 @@ def test_every_bad_option_is_one_line_with_exit_2(tmp_path, capsys, args, needle
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("coupling", ["2", "5"])
+def test_pyro_flat_transfer_coupling_2_and_5_are_refused_before_any_fit(tmp_path, capsys, monkeypatch, coupling):
+    """Issue 72: ``pyro-flat transfer --coupling 2`` ran to chance accuracy (exit 0), ``--coupling 5`` stopped later with
+    "diverged ... Use a smaller step_size", which named another option. Both are refused before any work, with exit 2
+    and one line naming --coupling, what it is, its range and the paper's value: the check ``images`` makes, shared."""
+    from pyro_flat.experiments import transfer
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the study ran before --coupling was checked")
+
+    for name in ("load_transfer_data", "pretrained_network", "fit_method"):
+        monkeypatch.setattr(transfer, name, no_work)
+    out = tmp_path / "o"
+    assert main(["transfer", "--coupling", coupling, "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    said = (f"--coupling {coupling} is Entropy-MCMC's per-step coupling lr / (N·η), the fraction of the gap θ − θa that "
+            "θa closes per step: it must lie strictly between 0 and 1 (at 1 or more θa overshoots θ); the paper's is 0.025")
+    assert said in err and err.count("\n") == 1 and "Traceback" not in err and "step_size" not in err, err
+    assert sorted(tmp_path.iterdir()) == []  # nothing written, not even beside --out
+    assert main(["images", "--coupling", coupling, "--out", str(out), "--no-progress"]) == 2  # the same rule, said alike
+    assert said in capsys.readouterr().err
+    from pyro_flat.experiments.output import StudyError
+    from pyro_flat.experiments.transfer_config import TransferConfig
+
+    with pytest.raises(StudyError, match="--coupling"):  # the library's entry too, before the data are read
+        transfer.run_transfer_study(TransferConfig.reduced(coupling=float(coupling), out=str(out)))
+    for accepted in (0.025, 0.5):  # inside the range: accepted
+        TransferConfig.reduced(coupling=accepted).validate()
+
+
 def test_out_of_other_files_is_refused_and_kept(tmp_path, capsys):
     out = tmp_path / "mine"
     out.mkdir()
@@ -248,7 +278,10 @@ def test_rerun_replaces_the_whole_folder_and_a_failed_run_keeps_the_old_one(tmp_
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".run.")] == [".run.checkpoints"]  # no staging
     # left; the failed run's checkpoints stay, for --resume (its sampler had finished)
     monkeypatch.undo()
-    assert main(["mnist79", *TINY, "--baseline", "none", "--seed", "1", "--out", str(out)]) == 0
+    # they are not thrown away unasked (issue 72): a rerun needs --resume (or --overwrite, which discards them)
+    assert main(["mnist79", *TINY, "--baseline", "none", "--seed", "1", "--out", str(out)]) == 2
+    assert json.loads((out / "report.json").read_text()) == first
+    assert main(["mnist79", *TINY, "--baseline", "none", "--seed", "1", "--resume", "--out", str(out)]) == 0
     assert json.loads((out / "report.json").read_text())["config"]["seed"] == 1
     assert not (out / "stale.png").exists()  # one run's files only
 

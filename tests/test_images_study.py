@@ -171,7 +171,8 @@ def test_cifar10_runs_from_generated_files_of_the_official_layout_and_resumes(tm
      "SGD would make 4 steps in 4 cycles: raise --epochs"),
     (["--batch-size", "100000"], "--batch-size 100000 exceeds the training set size, 1,000 images"),
     (["--eta", "0.01", "--coupling", "0.05"], "both set η (the coupling is lr / (N η)): give one of them"),
-    (["--coupling", "1.5"], "--coupling 1.5 is the fraction of the gap θ − θa that θa closes per step: it must be below 1"),
+    (["--coupling", "1.5"], "--coupling 1.5 is Entropy-MCMC's per-step coupling lr / (N·η), the fraction of the gap θ − θa "
+                            "that θa closes per step: it must lie strictly between 0 and 1"),
     (["--temperature", "0"], "--temperature must be a positive number, got 0.0 (a temperature T > 0 scales the noise"),
     (["--temperature", "inf"], "--temperature must be a positive number, got inf"),
     (["--converged-within", "0"], "--converged-within"),

@@ -107,20 +107,110 @@ def test_a_second_run_is_refused_while_one_runs_and_a_killed_runs_lock_does_not_
     assert not study_lock_file(out).exists()  # released, and its file gone
 
 
-def test_a_new_run_that_clears_an_earlier_runs_checkpoints_does_not_speak_of_resume(tmp_path):
+def test_overwrite_discards_an_earlier_runs_checkpoints_and_says_so_without_speaking_of_resume(tmp_path):
     out = str(tmp_path / "run")
     folder = checkpoint_folder(out)
     folder.mkdir()
     (folder / "sgld.ckpt").write_bytes(b"an earlier run's state")
     said = []
-    with study_lock(Config(out, seed=1)):
-        assert study_checkpoints(Config(out, seed=1), False, said.append) == folder
+    with study_lock(Config(out, seed=1, overwrite=True)):
+        assert study_checkpoints(Config(out, seed=1, overwrite=True), False, said.append) == folder
     assert [p.name for p in folder.iterdir()] == ["options.json"]
-    assert len(said) == 1 and not said[0].startswith("--resume") and str(folder) in said[0], said
+    assert len(said) == 1 and said[0].startswith("--overwrite: discarded") and str(folder) in said[0], said
     said.clear()
-    with study_lock(Config(out)):  # nothing to clear: nothing said
-        study_checkpoints(Config(out), False, said.append)
+    with study_lock(Config(out)):  # options.json alone (a run stopped before its first checkpoint): nothing to
+        study_checkpoints(Config(out), False, said.append)  # continue, so no refusal, and nothing said
     assert said == []
+
+
+def _tree(folder: Path) -> Dict[str, tuple]:
+    """Every file and folder under ``folder``: its bytes (a file's) and its modification time, by path."""
+    return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*"))}
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+#: the mnist79 run of the test below: seconds, one sampler, a checkpoint at almost every iteration
+TINY = ["--chains", "2", "--warmup", "50", "--num-samples", "50", "--thin", "1", "--no-progress", "--reference", "none",
+        "--baseline", "none", "--checkpoint-every", "0.001"]
+
+
+def test_pyro_flat_mnist79_killed_after_its_first_checkpoint_then_seed_1_without_resume_or_overwrite_is_refused(
+        tmp_path, interrupt_study_at, monkeypatch, capsys):
+    """Issue 72: the killed run's checkpoints were deleted, said in one line afterwards. Now the run is refused
+    (exit 2) before it deletes or writes anything, saying where the unfinished run's checkpoints are, that --resume
+    continues it and that --overwrite discards it; so is the same command with the same seed and no flag (it would
+    have deleted them too). --resume then continues the run."""
+    from pyro_flat.experiments import mnist79
+    from pyro_flat.experiments.cli import main
+
+    out = tmp_path / "X"
+    interrupt_study_at(40)  # stopped in its warm-up, after its first checkpoints: --out never written
+    assert main(["mnist79", *TINY, "--out", str(out)]) == 130
+    folder = checkpoint_folder(str(out))
+    assert (folder / "entropy-sgld.ckpt").is_file() and not out.exists()
+    # what a SIGKILL leaves beside them: its lock file and its staging folder (its process gone)
+    study_lock_file(str(out)).write_text("")
+    staging = tmp_path / f".X.partial-{_dead_pid()}-abc"
+    staging.mkdir()
+    (staging / "half.png").write_bytes(b"half written")
+    before = _tree(tmp_path)
+    assert {".X.checkpoints.lock", ".X.checkpoints/entropy-sgld.ckpt", ".X.checkpoints/options.json"} <= set(before)
+    capsys.readouterr()
+    work = mnist79.across_ranks
+    monkeypatch.setattr(mnist79, "across_ranks", lambda *a, **k: pytest.fail("the refused run started its work"))
+    for seed, differs in ((["--seed", "1"], "(this command differs: --seed 1 here, 0 in the killed run)"),
+                          ([], "the same command with --resume continues that run")):
+        assert main(["mnist79", *TINY, *seed, "--out", str(out)]) == 2
+        captured = capsys.readouterr()
+        err = captured.err
+        assert err.count("\n") == 1 and "Traceback" not in err and captured.out == "", err
+        assert f"--out {out}: an unfinished run's checkpoints are in {folder} (entropy-sgld.ckpt)" in err, err
+        assert differs in err and "--resume" in err, err
+        assert "--overwrite discards its checkpoints and starts this run. Nothing was deleted or written" in err, err
+        assert _tree(tmp_path) == before  # every file as it was: bytes and modification times
+    monkeypatch.setattr(mnist79, "across_ranks", work)
+    interrupt_study_at(10 ** 9)  # the same kernel (its class is in the checkpoint), never stopped now
+    assert main(["mnist79", *TINY, "--resume", "--out", str(out)]) == 0
+    assert f"--resume: continuing from {folder} (entropy-sgld.ckpt)" in capsys.readouterr().out
+    assert (out / "report.json").is_file() and not folder.exists()
+
+
+@pytest.mark.parametrize("command", ["mnist79", "images", "images-eta", "transfer"])
+def test_every_study_refuses_a_new_run_over_an_unfinished_runs_checkpoints(tmp_path, monkeypatch, capsys, command):
+    """The rule of the test above in every study that keeps checkpoints, before any work; --overwrite lets the run
+    through (it discards them)."""
+    from pyro_flat.experiments import mnist79, output, transfer
+    from pyro_flat.experiments.cli import main
+    from pyro_flat.experiments.registry import STUDIES
+    from pyro_flat.experiments.resume import _run_options
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the refused run started its work")
+
+    for module, name in ((mnist79, "across_ranks"), (output, "across_ranks"), (transfer, "study_output"),
+                         (transfer, "pretrained_network")):  # images imports output's across_ranks when it runs
+        monkeypatch.setattr(module, name, no_work)
+    monkeypatch.setattr(transfer, "load_transfer_data", lambda config: None)  # read before the lock: not needed here
+    out = tmp_path / "run"
+    folder = checkpoint_folder(str(out))
+    folder.mkdir()
+    (folder / "options.json").write_text(json.dumps(_run_options(STUDIES[command].config(seed=0))))  # the study's
+    (folder / "seed0-sgd.ckpt").write_bytes(b"an unfinished run's state")
+    before = _tree(tmp_path)
+    assert main([command, "--seed", "1", "--no-progress", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"an unfinished run's checkpoints are in {folder} (seed0-sgd.ckpt)" in err
+    assert "(this command differs: --seed 1 here, 0 in the killed run)" in err, err  # the only difference
+    assert "--resume" in err and "--overwrite discards" in err and err.count("\n") == 1, err
+    assert _tree(tmp_path) == before
+    with pytest.raises(AssertionError, match="the refused run started its work"):  # --overwrite: past the rule
+        main([command, "--seed", "1", "--no-progress", "--overwrite", "--out", str(out)])
 
 
 @pytest.mark.parametrize("stop", [RuntimeError("a failed run"), KeyboardInterrupt()])

@@ -32,6 +32,26 @@ DATASETS = ("digits", "cifar10", "cifar100")
 NETWORKS = ("tiny-resnet", "small-resnet", "resnet18")
 #: the paper's per-step coupling lr / (N η) on CIFAR-10: 0.5 / (50,000 x 4e-4)
 PAPER_COUPLING = 0.025
+
+
+def require_coupling(value: float) -> None:
+    """A ``StudyError`` naming ``--coupling`` unless ``value`` lies strictly between 0 and 1: Entropy-MCMC's per-step
+    coupling lr / (N·η) is the fraction of the gap θ − θa that θa closes per step, and at 1 or more θa overshoots θ
+    (the fit ends at chance, or diverges). Every study with ``--coupling`` (``images``, ``images-eta``, ``transfer``)
+    checks it here, before any fit.
+
+    >>> require_coupling(2)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    pyro_flat.experiments.output.StudyError: --coupling 2 is ... lr / (N·η), ...: it must lie strictly between 0 and 1 ...
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        shown = f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else repr(value)
+        raise StudyError(f"--coupling {shown} is Entropy-MCMC's per-step coupling lr / (N·η), the fraction of the gap "
+                         "θ − θa that θa closes per step: it must lie strictly between 0 and 1 (at 1 or more θa "
+                         f"overshoots θ); the paper's is {PAPER_COUPLING:g}")
+
+
 #: the protocol each preset fixes (the paper's values in its own scale: learning rate on the mean loss,
 #: weight decay, temperature and η as published; the study maps them to pyro-flat's, see images.py). ``eta``
 #: ``None``: η follows from ``coupling``, the fraction lr / (N η) of the gap θ − θa that θa closes per step.
@@ -86,7 +106,8 @@ class ImagesConfig(StudyConfig):
                                         "‖θ − θa‖²/(2η) on the log posterior's scale); replaces --coupling",
                                   type=float, default_text="the preset's, or from --coupling")
     coupling: Optional[float] = option(None, "the per-step coupling lr / (N η), the fraction of the gap θ − θa that "
-                                             "θa closes per step (the paper's: 0.025); sets η for the data's N",
+                                             "θa closes per step, between 0 and 1 (the paper's: 0.025); sets η for "
+                                             "the data's N",
                                        type=float, default_text="the preset's")
     exploration_noise: Optional[bool] = option(None, "the samplers' cosine cycles run noise-free in their exploration "
                                                      "phase (cSGMCMC's rule; the paper keeps the noise at every step)",
@@ -197,12 +218,11 @@ class ImagesConfig(StudyConfig):
                 raise StudyError(f"--{name.replace('_', '-')} must be a positive number, got {value!r}"
                                  + (" (a temperature T > 0 scales the noise √(2 α T); 1e-4 is the paper's)"
                                     if name == "temperature" else ""))
+        if protocol["coupling"] is not None:
+            require_coupling(protocol["coupling"])
         self._check_scale(protocol)
         if protocol["train_size"] is not None:
             self.check_batch_size(protocol["train_size"])
-        if protocol["coupling"] is not None and not protocol["coupling"] < 1:
-            raise StudyError(f"--coupling {protocol['coupling']:g} is the fraction of the gap θ − θa that θa closes per "
-                             "step: it must be below 1 (θa would overshoot θ); the paper's is 0.025")
         if self.ensemble_size is not None:
             self.require_int(1, "ensemble_size")
         self.require_positive("converged_within")

@@ -2,7 +2,10 @@
 
 Each sampler of a study writes its checkpoints (:mod:`pyro_flat.storage.checkpoint`) into ``.NAME.checkpoints/``
 beside ``--out``, with the study's options in ``options.json``; ``--resume`` continues a killed run from
-them and refuses other options; a run without it starts them afresh.
+them and refuses other options. A run with neither ``--resume`` nor ``--overwrite`` into an ``--out`` whose
+unfinished run left checkpoints there (a run killed, stopped or failed after its first checkpoint; with this
+run's options or others) is refused before it deletes or writes anything (:func:`refuse_unfinished_run`):
+``--resume`` continues that run, ``--overwrite`` discards its checkpoints. The same rule for every study, here.
 
 One run at a time: a study runs inside :func:`study_lock`, which holds ``.NAME.checkpoints.lock`` beside
 ``--out`` (:func:`pyro_flat.storage.locks.exclusive_lock`) from before it touches the checkpoints until it
@@ -19,7 +22,7 @@ import os
 import shutil
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Set
+from typing import Callable, Iterator, List, Optional, Set
 
 from ..storage.locks import exclusive_lock
 from .output import StudyError, check_output_dir
@@ -58,7 +61,9 @@ def study_lock(config) -> Iterator[None]:
     """Hold ``config.out``'s checkpoints for this run, from before :func:`study_checkpoints` until the run has
     removed them (or kept them for ``--resume``): a ``StudyError`` naming ``--out``, and nothing removed, when
     another run holds them. Released however the block ends (an error, Ctrl-C); a killed run's lock dies with it.
-    ``--out`` is checked first (:func:`~.output.check_output_dir`), so an unusable one is said as before."""
+    ``--out`` is checked first (:func:`~.output.check_output_dir`), so an unusable one is said as before; once the
+    lock is held, an unfinished run's checkpoints without ``--resume`` or ``--overwrite`` are refused
+    (:func:`refuse_unfinished_run`), the folder and the lock file left as they were."""
     if _other_rank():
         yield
         return
@@ -68,10 +73,17 @@ def study_lock(config) -> Iterator[None]:
             "left as they are): wait until it ends, or pass another --out")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        kept = path.exists()  # a killed run's lock file: a refused run leaves it as it found it
         lock = exclusive_lock(path, busy, StudyError)
     except OSError as err:
         raise StudyError(f"--out {config.out}: cannot create {path.name} beside it ({err.strerror or err}); "
                          "pass an --out you can write") from err
+    try:  # under the lock: a running run's checkpoints are the busy message's, not an unfinished run's
+        refuse_unfinished_run(config)
+    except StudyError:
+        if lock is not None:
+            lock.close(remove=not kept)
+        raise
     _HELD.add(path)
     try:
         yield
@@ -83,7 +95,8 @@ def study_lock(config) -> Iterator[None]:
 
 def study_checkpoints(config, distributed: bool, log: Callable[[str], None] = print) -> Optional[Path]:
     """The folder for this run's checkpoints (``None`` across ranks): with ``--resume`` the killed run's, kept;
-    otherwise emptied, so that an old run's checkpoints never continue into a new one. Runs inside
+    otherwise emptied (an unfinished run's checkpoints only with ``--overwrite``: :func:`study_lock` refused the
+    run without it), so that an old run's checkpoints never continue into a new one. Runs inside
     :func:`study_lock` (``with study_lock(config):``), so that it never touches a running run's checkpoints."""
     folder = checkpoint_folder(config.out)
     if distributed:
@@ -94,29 +107,80 @@ def study_checkpoints(config, distributed: bool, log: Callable[[str], None] = pr
     if study_lock_file(config.out) not in _HELD:
         raise RuntimeError("study_checkpoints(config) runs inside `with study_lock(config):`, which keeps other "
                            "runs away from the checkpoints")
-    # as JSON has them (a tuple of --methods reads back as a list)
-    options = json.loads(json.dumps({k: v for k, v in asdict(config).items() if k not in RUN_ONLY_OPTIONS}, default=str))
-    record = folder / "options.json"
+    options = _run_options(config)
+    record = folder / OPTIONS_FILE
     if config.resume:
-        found = sorted(p.name for p in folder.iterdir() if p.name != record.name) if folder.is_dir() else []
+        found = unfinished_checkpoints(folder)
         if found and record.exists():
-            saved = json.loads(record.read_text())
-            changed = [f"--{k.replace('_', '-')} {options.get(k)!r} here, {saved.get(k)!r} in the killed run"
-                       for k in sorted(set(saved) | set(options)) if saved.get(k) != options.get(k)]
+            changed = _changed_options(json.loads(record.read_text()), options)
             if changed:
                 raise StudyError(f"--resume: the killed run had other options: {'; '.join(changed)}. Run it again with "
-                                 "its options, or without --resume to start a new run")
+                                 "its options, or with --overwrite instead of --resume to discard it and start a new run")
         log(f"--resume: continuing from {folder} ({', '.join(found)})" if found else
             f"--resume: no checkpoints in {folder} (the last run completed, or stopped before its first checkpoint): "
             "starting from the beginning")
     elif folder.exists():
-        if any(p.name != record.name for p in folder.iterdir()):  # options.json alone: nothing to continue
-            log(f"starting a new run: removed the checkpoints an earlier, unfinished run left in {folder} "
-                "(the same command with --resume would have continued it)")
+        found = unfinished_checkpoints(folder)  # options.json alone: nothing to continue
+        if found:  # --overwrite (refuse_unfinished_run let it through)
+            log(f"--overwrite: discarded the checkpoints an earlier, unfinished run left in {folder} "
+                f"({_names(found)})")
         shutil.rmtree(folder)
     folder.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps(options, default=str))
     return folder
+
+
+#: the file of a study's options in its checkpoint folder (written by :func:`study_checkpoints`)
+OPTIONS_FILE = "options.json"
+
+
+def _run_options(config) -> dict:
+    """The options of ``config`` that change a study's results, as JSON has them (a tuple reads back as a list)."""
+    return json.loads(json.dumps({k: v for k, v in asdict(config).items() if k not in RUN_ONLY_OPTIONS}, default=str))
+
+
+def _changed_options(saved: dict, options: dict) -> List[str]:
+    """``--seed 1 here, 0 in the killed run`` for each option of ``options`` other than in ``saved``."""
+    return [f"--{k.replace('_', '-')} {options.get(k)!r} here, {saved.get(k)!r} in the killed run"
+            for k in sorted(set(saved) | set(options)) if saved.get(k) != options.get(k)]
+
+
+def _names(found: List[str], shown: int = 6) -> str:
+    return ", ".join(found[:shown]) + (f" and {len(found) - shown} more" if len(found) > shown else "")
+
+
+def unfinished_checkpoints(folder: Path) -> List[str]:
+    """The names of the files an unfinished run left in its checkpoint ``folder`` (sorted; ``options.json``,
+    written before any work, is not one: alone it holds nothing to continue)."""
+    if not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.iterdir() if p.name != OPTIONS_FILE)
+
+
+def refuse_unfinished_run(config) -> None:
+    """A ``StudyError`` when ``config.out``'s checkpoint folder holds an unfinished run's checkpoints (a run killed,
+    stopped or failed after its first checkpoint) and ``config`` has neither ``resume`` nor ``overwrite``: a new run
+    would otherwise delete them. It says where they are, that ``--resume`` continues that run (with that run's
+    options, named when they differ) and that ``--overwrite`` discards them. Every study's rule, checked by
+    :func:`study_lock` before the run deletes or writes anything."""
+    if getattr(config, "resume", False) or getattr(config, "overwrite", False):
+        return
+    folder = checkpoint_folder(config.out)
+    found = unfinished_checkpoints(folder)
+    if not found:
+        return
+    try:
+        changed = _changed_options(json.loads((folder / OPTIONS_FILE).read_text()), _run_options(config))
+    except (OSError, ValueError, AttributeError):  # no options.json, or not one of ours: nothing to compare
+        changed = None
+    if changed:
+        shown = "; ".join(changed[:4]) + (f"; and {len(changed) - 4} more" if len(changed) > 4 else "")
+        resume = f"--resume with that run's options continues it (this command differs: {shown})"
+    else:
+        resume = "the same command with --resume continues that run"
+    raise StudyError(f"--out {config.out}: an unfinished run's checkpoints are in {folder} ({_names(found)}): it was "
+                     f"killed, stopped or failed before its end; {resume}, and --overwrite discards its checkpoints "
+                     "and starts this run. Nothing was deleted or written")
 
 
 def checkpoint_study_error(config, err: Exception) -> StudyError:
@@ -126,4 +190,4 @@ def checkpoint_study_error(config, err: Exception) -> StudyError:
 
 
 __all__ = ["checkpoint_folder", "study_checkpoints", "study_lock", "study_lock_file", "checkpoint_study_error",
-           "RUN_ONLY_OPTIONS"]
+           "refuse_unfinished_run", "unfinished_checkpoints", "RUN_ONLY_OPTIONS"]

@@ -63,7 +63,9 @@ class StudyConfig:
     REDUCED: ClassVar[Dict[str, object]] = {}
 
     seed: int = option(0, "random seed of every sampler; one seed gives the same run again")
-    overwrite: bool = option(False, "replace --out even if it holds other files", action="store_true",
+    overwrite: bool = option(False, "replace --out even if it holds other files, and discard the checkpoints an "
+                                    "unfinished run left beside it (--resume continues that run instead)",
+                             action="store_true",
                              default_text="")
     progress: bool = option(True, "no progress bars", flag="--no-progress", action="store_false", default_text="")
     threads: Optional[int] = threads_option(None)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Dict, Optional, Tuple
 
-from .images_config import DEVICE_PATTERN, PAPER_COUPLING
+from .images_config import DEVICE_PATTERN, PAPER_COUPLING, require_coupling
 from .output import StudyError
 from .study_config import StudyConfig, option, out_option, threads_option
 
@@ -75,7 +75,8 @@ class TransferConfig(StudyConfig):
                                        "pre-trained weights")
     temperature: float = option(1e-4, "the posterior's temperature, of the samplers and the variational fits (the "
                                       "Entropy-MCMC paper's cold posterior; Laplace keeps 1)")
-    coupling: float = option(PAPER_COUPLING, "Entropy-MCMC's per-step coupling lr / (N η) (the paper's: 0.025)")
+    coupling: float = option(PAPER_COUPLING, "Entropy-MCMC's per-step coupling lr / (N η), the fraction of the gap "
+                                             "θ − θa that θa closes per step: between 0 and 1 (the paper's: 0.025)")
     cycles: int = option(2, "cosine cycles of every fine-tuning (the convergence rule compares their ends)")
     draws_per_cycle: int = option(4, "draws a sampler keeps from the last quarter of each cycle")
     rank: int = option(4, "the low-rank adapters' rank")
@@ -115,7 +116,8 @@ class TransferConfig(StudyConfig):
                 self.require_int(1, name)
         if self.batch_size is not None:
             self.require_int(2, "batch_size")  # BatchNorm normalises a minibatch by its own statistics
-        self.require_positive("weight_decay", "temperature", "coupling", "svi_lr", "sabma_gamma", "converged_within")
+        self.require_positive("weight_decay", "temperature", "svi_lr", "sabma_gamma", "converged_within")
+        require_coupling(self.coupling)  # images' rule: θa closes a fraction below 1 of the gap θ − θa per step
         if self.lr is not None:
             self.require_positive("lr")
         if not self.shots or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in self.shots):
