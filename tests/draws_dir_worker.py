@@ -1,9 +1,10 @@
 """A run that ``tests/test_draws_dir.py`` starts in a process of its own, to share a ``draws_dir`` with another.
 
-``python tests/draws_dir_worker.py DRAWS_DIR CHECKPOINT|none GO OUT OVERWRITE(0|1) SEED``: 3 chains of SGLD on a
-2-D standard normal, 60 draws, seeded with ``SEED``, streamed to ``DRAWS_DIR`` (checkpoints every 20 ms to
-``CHECKPOINT`` unless ``none``). Each draw takes 5 ms, and from draw 40 on the run waits for the file ``GO`` to
-exist (60 s at most): the test decides when it ends. Its draws are saved to ``OUT``.
+``python tests/draws_dir_worker.py DRAWS_DIR CHECKPOINT|none GO OUT OVERWRITE(0|1) SEED [BLOCK_BYTES]``: 3 chains of
+SGLD on a 2-D standard normal, 60 draws, seeded with ``SEED``, streamed to ``DRAWS_DIR`` (checkpoints every 20 ms to
+``CHECKPOINT`` unless ``none``; blocks of ``BLOCK_BYTES``, a row being 24 bytes, if given). Each draw takes 5 ms,
+and from draw 40 on the run waits for the file ``GO`` to exist (60 s at most): the test decides when it ends. Its
+draws are saved to ``OUT``.
 """
 
 import os
@@ -36,5 +37,9 @@ def run(draws_dir, checkpoint=None, go=None, seed: int = 1, overwrite: bool = Fa
 
 if __name__ == "__main__":
     folder, checkpoint, go, out, overwrite, seed = sys.argv[1:7]
+    if len(sys.argv) > 7:
+        from pyro_flat.infer import draws as streamed
+
+        streamed.BLOCK_BYTES = int(sys.argv[7])
     draws = run(folder, None if checkpoint == "none" else checkpoint, go, int(seed), overwrite == "1")
     torch.save(draws, out)

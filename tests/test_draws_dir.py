@@ -3,8 +3,10 @@ alone, and resident memory that does not grow with the draws; and (issue 61) a f
 checkpoint: names that stay inside it, no file replaced that the run did not write, one run at a time, a
 checkpoint that continues only its own files, and a manifest that counts the complete rows."""
 
+import hashlib
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -186,9 +188,9 @@ def test_the_users_own_file_is_never_replaced(tmp_path):
     assert list(_manifest(earlier)["sites"]) == ["nu"] and replaced.get_samples()["nu"].shape == (16, 3)
 
 
-def _worker(folder, checkpoint, go, out, overwrite=False, seed=1):
+def _worker(folder, checkpoint, go, out, overwrite=False, seed=1, block_bytes=None):
     return [sys.executable, WORKER, str(folder), str(checkpoint or "none"), str(go), str(out), str(int(overwrite)),
-            str(seed)]
+            str(seed)] + ([] if block_bytes is None else [str(block_bytes)])
 
 
 def _wait_for(condition, process, seconds=120):
@@ -340,3 +342,129 @@ def test_an_empty_a_file_or_a_read_only_draws_dir_is_refused_up_front(tmp_path, 
             run(tmp_path / "d", tmp_path / "run.ckpt")
     finally:
         locked.chmod(0o700)
+
+
+# ------------------------------------------------------------------ issue 72: checksums of the streamed rows
+def _flip(path, row: int, byte: int) -> None:
+    """One byte of row ``row`` of a .npy file of (draw, ...) rows, inverted in place (as a bad disk would)."""
+    x = np.load(path, mmap_mode="r")
+    at = x.offset + row * x[0].nbytes + byte
+    data = bytearray(Path(path).read_bytes())
+    data[at] ^= 0xFF
+    Path(path).write_bytes(bytes(data))
+
+
+def _files(*paths) -> dict:
+    return {str(p): Path(p).read_bytes() for p in paths}
+
+
+def test_damaged_rows_of_a_killed_runs_draws_dir_are_refused_by_name(tmp_path, monkeypatch):
+    """Issue 72: a run with checkpoint= and draws_dir= killed (SIGKILL) mid-run; one byte of a random complete
+    row of x.npy damaged on disk; the same run again is refused, naming the site, the file, the damaged rows and
+    the fix, with every file's bytes as they were (a manifest whose checksums were edited too). The byte put
+    back, the same run again equals the uninterrupted run bit for bit, and its manifest's checksums hold."""
+    import draws_dir_worker
+    from pyro_flat.infer import draws
+
+    block = 5 * 24  # blocks of 5 rows (a row: 3 chains x 2 float32)
+    monkeypatch.setattr(draws, "BLOCK_BYTES", block)
+    folder, checkpoint, go = tmp_path / "d", tmp_path / "run.ckpt", tmp_path / "go"
+    killed = subprocess.Popen(_worker(folder, checkpoint, go, tmp_path / "killed.pt", block_bytes=block))
+    try:  # it waits at draw 40 for `go`: killed between draws 30 and 41
+        _wait_for(lambda: checkpoint.exists() and (folder / "draws.json").exists()
+                  and _manifest(folder)["rows"] >= 30, killed)
+    finally:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(timeout=30)
+    manifest, x = _manifest(folder), folder / "x.npy"
+    assert manifest["version"] == 2 and not manifest["complete"]
+    blocks = manifest["sites"]["x"]["sha256"]
+    assert blocks[0][0] == 0 and blocks[-1][1] == manifest["rows"] and len(blocks) >= 4  # blocks of 5 to 9 rows
+    rng = random.Random(72)
+    row, byte = rng.randrange(manifest["rows"]), rng.randrange(24)
+    start, stop = next(b[:2] for b in blocks if b[0] <= row < b[1])
+    _flip(x, row, byte)
+    before = _files(folder / "draws.json", x, checkpoint)
+    with pytest.raises(DrawsDirError) as refused:
+        draws_dir_worker.run(folder, checkpoint)
+    said = str(refused.value)
+    assert f"{str(x)!r} (site 'x'): rows {start} to {stop - 1} are not the bytes this run wrote" in said, said
+    assert "restore the file" in said and f"delete the folder and the checkpoint {str(checkpoint.resolve())!r}" in said
+    assert _files(folder / "draws.json", x, checkpoint) == before  # the refusal changed nothing
+    assert sorted(p.name for p in folder.iterdir()) == ["draws.json", "x.npy"]
+
+    edited = json.loads(before[str(folder / "draws.json")])  # a checksum taken out by hand: not checkable
+    edited["sites"]["x"]["sha256"].pop(1)
+    (folder / "draws.json").write_text(json.dumps(edited))
+    with pytest.raises(DrawsDirError, match="checksums of site 'x' in .*draws.json' are not those pyro-flat writes"):
+        draws_dir_worker.run(folder, checkpoint)
+    (folder / "draws.json").write_bytes(before[str(folder / "draws.json")])
+
+    _flip(x, row, byte)  # restored: the run continues to the uninterrupted run's draws
+    resumed = draws_dir_worker.run(folder, checkpoint)["x"]
+    assert torch.equal(resumed, draws_dir_worker.run(None)["x"])
+    manifest = _manifest(folder)
+    assert (manifest["rows"], manifest["complete"]) == (60, True)
+    on_disk = np.load(x, mmap_mode="r")
+    for begin, end, sha256 in manifest["sites"]["x"]["sha256"]:
+        assert hashlib.sha256(on_disk[begin:end].tobytes()).hexdigest() == sha256
+
+
+def _docs_reader() -> str:
+    """The reader's lines of docs/api.md's draws-folder example (after its "# a reader's check" line)."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "api.md").read_text()
+    block = text[text.index("**Checking a draws folder with numpy and json alone.**"):]
+    block = block[block.index("```python\n") + len("```python\n"):]
+    block = block[: block.index("```")]
+    return block[block.index("# a reader's check of the checksums:"):]
+
+
+def test_a_reader_with_numpy_and_json_alone_checks_a_finished_draws_dir(tmp_path, monkeypatch):
+    """Issue 72: the format page's reader (numpy, json and hashlib, in a process without torch or pyro-flat)
+    checks every block of a finished run's folder (5 sites, blocks of 3 rows), and stops at a damaged byte."""
+    from pyro_flat.infer import draws
+
+    monkeypatch.setattr(draws, "BLOCK_BYTES", 3 * 5 * 24)  # blocks of 3 rows: 8 = 3 + 3 + 2
+    folder = tmp_path / "draws"
+    sites = ["../outside", "layer/w", "%2F", ".hidden", "fc.weight"]
+    _points(sites, draws_dir=folder)
+    manifest = _manifest(folder)
+    assert manifest["version"] == 2
+    assert all([b[:2] for b in manifest["sites"][s]["sha256"]] == [[0, 3], [3, 6], [6, 8]] for s in sites)
+    reader = _docs_reader()
+    assert len(reader.strip().splitlines()) == 6  # the comment and five lines
+    script = ("import hashlib, json, os, sys\nimport numpy as np\nfolder = sys.argv[1]\n" + reader
+              + "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'pyro', 'pyro_flat')))\n")
+    checked = subprocess.run([sys.executable, "-c", script, str(folder)], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0 and checked.stdout.strip() == "[]", checked.stderr[-2000:]
+    _flip(folder / "layer%2Fw.npy", 4, 7)
+    damaged = subprocess.run([sys.executable, "-c", script, str(folder)], capture_output=True, text=True, timeout=60)
+    assert damaged.returncode != 0 and "AssertionError: layer/w: rows 3-5 damaged" in damaged.stderr, damaged.stderr
+
+
+def test_a_version_1_draws_dir_without_checksums_is_continued_unchecked_with_a_warning(tmp_path):
+    """Issue 72: a folder of pyro-flat before the checksums (manifest version 1, no "sha256"), of a run stopped by
+    a Ctrl-C: continued to the uninterrupted run's draws, with a warning that its rows are not checked; it stays
+    version 1."""
+    from draws_dir_worker import run
+
+    def interrupt(kernel, params, phase, i):
+        time.sleep(0.005)  # checkpoints every 20 ms: some before the interruption
+        if phase == "Sample" and i == 20:
+            raise KeyboardInterrupt
+
+    folder, checkpoint = tmp_path / "d", tmp_path / "run.ckpt"
+    with pytest.raises(KeyboardInterrupt):
+        run(folder, checkpoint, hook_fn=interrupt)
+    manifest = _manifest(folder)
+    manifest["version"] = 1
+    for entry in manifest["sites"].values():
+        del entry["sha256"]
+    (folder / "draws.json").write_text(json.dumps(manifest, indent=1))
+    with pytest.warns(UserWarning, match=r"manifest version 1\), which kept no checksums: its first \d+ rows are "
+                                         r"continued unchecked"):
+        resumed = run(folder, checkpoint)["x"]
+    assert torch.equal(resumed, run(None)["x"])
+    manifest = _manifest(folder)
+    assert (manifest["version"], manifest["rows"], manifest["complete"]) == (1, 60, True)
+    assert all("sha256" not in entry for entry in manifest["sites"].values())

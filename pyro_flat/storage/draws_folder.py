@@ -18,6 +18,11 @@ and whose files it holds. The files' format is :mod:`pyro_flat.infer.draws`'s.
   to start over, or the run was killed before its first checkpoint), or ``overwrite_draws=True``. Then the
   earlier run's files (those its manifest lists) are removed and new ones written. A run that continues
   a checkpoint continues only its own files: those of the run id the checkpoint holds, all present.
+- **What it reads back is what it wrote.** The manifest (version 2) keeps the SHA-256 of every block of rows
+  written; a run that continues a checkpoint checks every block of every site before it goes on, and
+  refuses a file whose rows changed on disk by name, changing nothing
+  (:meth:`pyro_flat.infer.draws.DrawFiles._verify`). A version-1 folder (no checksums) is continued
+  unchecked, with a warning.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from .locks import exclusive_lock
 
 #: the manifest of a draws folder, and its lock (hidden: no site's file starts with a dot)
 MANIFEST, LOCK = "draws.json", ".draws.lock"
-FORMAT, VERSION = "pyro-flat draws", 1
+FORMAT, VERSION = "pyro-flat draws", 2
 _SAFE = re.compile(r"[A-Za-z0-9._-]")
 
 
