@@ -16,7 +16,8 @@ memory does not grow with the draws), and what it compares agrees (up to round-o
 ``pyro_flat/roundoff.py``, or bit for bit where the library promises it); a ``jit_compile`` warning (a
 graph that falls back to eager, an inductor build that fails) fails the check with its text. The table gives
 the time per iteration (per step, per measure) after the first. ``--device cpu`` runs the same checks on the
-CPU (the test suite does, with ``--quick``); ``--list`` prints the checks' names. Exit status 1 if any check
+CPU (the test suite does, with ``--quick``); ``--list`` prints the checks' names, ``--only TEXT ...`` runs those whose
+names contain a text (a short rerun). Exit status 1 if any check
 failed.
 """
 
