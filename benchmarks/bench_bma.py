@@ -1,7 +1,7 @@
 """Bayesian model averaging over many draws: ``bma_predict`` in blocks of draws against one draw at a
 time, in one run.
 
-The README's model (a 5-feature logistic regression with a subsampled plate), θ and θa draws, 1,000
+The tour's model (docs/tour.md: a 5-feature logistic regression with a subsampled plate), θ and θa draws, 1,000
 test points, one thread. ``bma_predict`` runs a model that broadcasts over a leading dimension of its
 latents on blocks of draws (``pyro_flat.predictive.BLOCK_ELEMENTS`` probabilities a block); setting
 that to 1 gives the one-draw-at-a-time loop it replaced. Target: >= 20x, the same averages within
