@@ -385,7 +385,8 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None], r
     }
     if main.has_aux:
         w, w_aux = (main.samples[k].reshape(-1, 784) for k in ("w", "w_aux"))
-        figures["weights"] = ("weights.png", plot_weight_comparison(w, w_aux, pixel=CENTRE_PIXEL))
+        figures["weights"] = ("weights.png", plot_weight_comparison(w, w_aux, pixel=CENTRE_PIXEL,
+                                                                    sampler=config.sampler))
     save_figures(dict(figures.values()), out, dpi=100)
     files.update({key: name for key, (name, _) in figures.items()})
     report["convergence"] = ("not part of this job: `python benchmarks/bench_convergence.py` runs the "

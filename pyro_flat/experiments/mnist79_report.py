@@ -82,7 +82,7 @@ def reference_worth(report: dict) -> str:
     total = sum(d["coordinates"] for d in groups.values())
     return (f"**The reference did not converge by the same rule** ({above} of {total} coordinates have R-hat "
             f"above {MAX_R_HAT}; min bulk ESS {ess:.0f}): {error}, and its chains disagree in those coordinates, "
-            "so differences of that size, and the worst coordinates, are within the reference's own error.")
+            "so in those coordinates a sampler's difference from the reference may be the reference's own error.")
 
 
 def comparison_text(c: dict) -> str:
@@ -163,8 +163,8 @@ def report_markdown(report: dict, config: MNIST79Config) -> str:
             md.append(f"| {name} | {use} | {m['accuracy']:.4f} | {m['nll']:.4f} | {m['ece']:.4f} | "
                       f"{m['ece_mass']:.4f} | {m['brier']:.4f} |")
     md += ["", f"The test set has {report['data']['n_test']} images: one image is "
-           f"{1 / report['data']['n_test']:.3f} of accuracy, and the bands of the running curves are ±1 "
-           "standard error over the test points. Their x axis counts gradient evaluations per chain: "
+           f"{1 / report['data']['n_test']:.3f} of accuracy, and each panel's title gives the standard error over "
+           "the test points of its final value, shared by the curves. The curves' x axis counts gradient evaluations per chain: "
            f"EntropyHMC's and the preconditioner's Hessian-vector products (two each) are on all "
            f"{report['data']['n_train']} training images, the stochastic-gradient steps' on minibatches of "
            f"{report['batch_size_used']}. The reliability diagram bins the test images into {RELIABILITY_BINS} bins of "

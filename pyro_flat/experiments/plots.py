@@ -97,10 +97,12 @@ def plot_reliability(curves: Mapping[str, Mapping[str, np.ndarray]], *, title: s
     return fig
 
 
-def plot_weight_comparison(theta: torch.Tensor, aux: torch.Tensor, *, image_shape=(28, 28), pixel: int = 406):
+def plot_weight_comparison(theta: torch.Tensor, aux: torch.Tensor, *, image_shape=(28, 28), pixel: int = 406,
+                           sampler: Optional[str] = None):
     """θ against θa for a weight vector: one weight's draws, per-weight posterior sds, mean images.
 
-    ``theta``/``aux`` are draws of shape ``(num_draws, d)``; ``pixel`` picks the weight shown.
+    ``theta``/``aux`` are draws of shape ``(num_draws, d)``; ``pixel`` picks the weight shown; ``sampler`` names
+    the sampler that drew them in the figure's title.
     """
     plt = _plt()
     theta, aux = np.asarray(theta, dtype=float), np.asarray(aux, dtype=float)
@@ -121,6 +123,8 @@ def plot_weight_comparison(theta: torch.Tensor, aux: torch.Tensor, *, image_shap
         im = ax.imshow(draws.mean(0).reshape(image_shape), cmap="RdBu_r", vmin=-limit, vmax=limit)
         ax.set(title=f"posterior mean of {name}", xticks=[], yticks=[])
     fig.colorbar(im, ax=axes[2:], shrink=0.8, label="weight (red: votes for a nine)")
+    if sampler is not None:
+        fig.suptitle(f"{sampler}: θ and its guiding twin θa")
     return fig
 
 
