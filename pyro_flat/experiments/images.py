@@ -51,7 +51,7 @@ from ..nn import BayesianModule, ResNet, random_crop_flip, resnet18
 from .images_config import OPTIMISERS, ImagesConfig
 from .images_data import ImageData, first_of_each_class, load_image_data, study_device
 # the scores of a fit (convergence: a re-export, for the tests)
-from .images_scores import Fit, _draws, convergence, evaluate, interpolation  # noqa: F401
+from .images_scores import Fit, convergence, draws_for, evaluate, interpolation  # noqa: F401
 from .output import StudyError, hold_signals, seeds_over_ranks, threads_record
 from .resume import checkpoint_folder, checkpoint_study_error, study_checkpoints, study_lock
 
@@ -240,7 +240,7 @@ def _fit_seeds(config: ImagesConfig, ranks, data: ImageData, log: Callable[[str]
                                 {"theta": " (θ)", "aux": " (θa)", "both": " (both)"}[use])
                 row = {"label": label, "method": job.method, "use": use, "seed": seed, "seconds": fit.seconds,
                        "compiled": fit.compiled, "eta": scaled_protocol(job.config, len(data.X_train))["eta"],
-                       "grad_evals": fit.grad_evals, "draws": int(next(iter(_draws(fit, use).values())).shape[0]),
+                       "grad_evals": fit.grad_evals, "draws": int(next(iter(draws_for(fit, use).values())).shape[0]),
                        **scores}
                 rows.append(row)
                 log(f"seed {seed} {label}: accuracy {row['accuracy']:.4f}, NLL {row['nll']:.4f}, corrupted "

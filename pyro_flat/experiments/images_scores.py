@@ -46,7 +46,7 @@ class Fit:
         return ("theta", "aux", "both") if self.method == "emcmc" else ("theta",)
 
 
-def _draws(fit: Fit, use: str) -> Dict[str, torch.Tensor]:
+def draws_for(fit: Fit, use: str) -> Dict[str, torch.Tensor]:
     """The θ draws of ``use`` under the model's site names (θa's twins renamed; both: θ's then θa's)."""
     theta = {k: v for k, v in fit.samples.items() if not k.endswith("_aux")}
     aux = {k: fit.samples[k + "_aux"] for k in theta} if use != "theta" else {}
@@ -85,7 +85,7 @@ def evaluate(fit: Fit, config: ImagesConfig, data: ImageData, flat_data, seed: i
     probs = {}
     with torch.no_grad():  # each draw's BatchNorm statistics from the flatness images (training images)
         for use in [u for u in fit.uses if u != "both"]:
-            probs[use] = bma_predict(fit.model, _draws(fit, use), images, batchnorm_data=flat_data[0],
+            probs[use] = bma_predict(fit.model, draws_for(fit, use), images, batchnorm_data=flat_data[0],
                                      autocast=_autocast(config))
     if "both" in fit.uses:  # as many θ draws as θa draws: the average of the two averages
         probs["both"] = (probs["theta"] + probs["aux"]) / 2
@@ -94,7 +94,7 @@ def evaluate(fit: Fit, config: ImagesConfig, data: ImageData, flat_data, seed: i
         rows[use]["distance"] = travelled(fit, use)
         if use == "both":  # the draws of θ and θa: each measured on its own row
             continue
-        last = {k: v[-1:] for k, v in _draws(fit, use).items()}
+        last = {k: v[-1:] for k, v in draws_for(fit, use).items()}
         measured = flatness.flatness_at_samples(fit.model, last, *flat_data, k=1, num_probes=config.trace_probes,
                                                 seed=seed, likelihood_only=True)  # fp32: see _autocast
         rows[use]["top_eigenvalue"] = float(measured["top_eigenvalues"][0, 0]) / len(flat_data[0])
@@ -167,4 +167,4 @@ def interpolation(fit: Fit, config: ImagesConfig, flat_data, points: int = 11) -
     return {"t": [float(t) for t in curve.x], "nll": [float(v) / len(flat_data[0]) for v in curve.loss]}
 
 
-__all__ = ["Fit", "evaluate", "convergence", "cycle_end_nll", "travelled", "interpolation"]
+__all__ = ["Fit", "draws_for", "evaluate", "convergence", "cycle_end_nll", "travelled", "interpolation"]

@@ -13,7 +13,8 @@ import torch
 from ..models.mixtures import SharpFlatMixture, basin_boundary, flat_density_curves
 
 
-def _plt():
+def pyplot():
+    """matplotlib.pyplot, imported when a figure is first drawn (the studies import without it)."""
     import matplotlib.pyplot as plt
 
     return plt
@@ -25,7 +26,7 @@ def plot_bma_curves(curves: Mapping[str, Mapping[str, np.ndarray]], *, title: st
     "accuracy", "nll"}`` (:func:`pyro_flat.metrics.running_bma`). Each title gives the last average's standard error
     over the test points (``accuracy_se``, ``nll_se``: the same for every curve, so no band per curve); the y axes
     span the curves from their second tenth on (the first draws' averages are noisy)."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12.5, 4))
     for i, (label, c) in enumerate(curves.items()):
         for ax, key in zip(axes, ("accuracy", "nll")):
@@ -50,7 +51,7 @@ def plot_bma_curves(curves: Mapping[str, Mapping[str, np.ndarray]], *, title: st
 def plot_bma_by_ensemble_size(ensembles: Mapping[str, Mapping[str, Sequence[float]]], num_test: int):
     """Test NLL and accuracy of the average of the first m draws against m, one line per method
     (``ensembles[label] = {"models", "accuracy", "nll"}``)."""
-    plt = _plt()
+    plt = pyplot()
     fig, (ax_nll, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
     for i, (label, e) in enumerate(ensembles.items()):  # ten colours, then the next line style
         style = dict(color=f"C{i % 10}", ls=("-", "--", ":", "-.")[i // 10 % 4], lw=1.5, label=label)
@@ -76,7 +77,7 @@ def plot_reliability(curves: Mapping[str, Mapping[str, np.ndarray]], *, title: s
     """Reliability diagram: accuracy against mean confidence per bin (marker area ∝ points in the
     bin), the diagonal being perfect calibration; ``curves[label]`` from
     :func:`pyro_flat.metrics.reliability_curve`."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.6, 5))
     ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
     low = 1.0
@@ -104,7 +105,7 @@ def plot_weight_comparison(theta: torch.Tensor, aux: torch.Tensor, *, image_shap
     ``theta``/``aux`` are draws of shape ``(num_draws, d)``; ``pixel`` picks the weight shown; ``sampler`` names
     the sampler that drew them in the figure's title.
     """
-    plt = _plt()
+    plt = pyplot()
     theta, aux = np.asarray(theta, dtype=float), np.asarray(aux, dtype=float)
     fig, axes = plt.subplots(1, 4, figsize=(15, 3.8), layout="constrained")
     lo, hi = np.percentile(np.concatenate([theta[:, pixel], aux[:, pixel]]), [0.5, 99.5])
@@ -134,7 +135,7 @@ def plot_smoothing_1d(mixture: SharpFlatMixture, etas: Sequence[float], *, grid:
 
     ``draws[eta] = {"theta": ..., "theta_aux": ...}`` adds sample histograms (e.g. EntropySGLD's).
     """
-    plt = _plt()
+    plt = pyplot()
     grid = torch.linspace(-5, 6, 500) if grid is None else grid
     curves = flat_density_curves(mixture, etas, grid)
     fig, axes = plt.subplots(1, len(etas), figsize=(4.2 * len(etas), 3.6), sharey=True, squeeze=False)
@@ -186,7 +187,7 @@ def plot_basin_endpoints(mixture: SharpFlatMixture, states: Mapping[str, np.ndar
     ``states[label]`` is ``(steps, chains, 2)``; ``rows`` are the study's rows (label, share, se,
     exact, at_saddle) for the panel titles; ``start`` says where the chains started (legend).
     """
-    plt = _plt()
+    plt = pyplot()
     by_label = {r["label"]: r for r in rows}
     n = len(states)
     cols = 2 if n == 4 else min(n, 5)
@@ -244,7 +245,7 @@ def plot_basin_shares(steps: Sequence[int], rows: Sequence[dict]):
     """Share of chains in the flat basin of U against the step, θ (left) and θa (right), with
     ±2 standard-error bands and the exact stationary share of each as a dashed line; chains still
     at the saddle (in neither basin) are not in the share, and their own share is dotted."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.4), sharey=True)
     steps = np.asarray(steps)
     keep = steps > 0
@@ -272,7 +273,7 @@ def plot_basin_shares(steps: Sequence[int], rows: Sequence[dict]):
 def plot_metric_shares(steps: Sequence[int], rows: Sequence[dict]):
     """One panel per η: the share of θ's chains in the flat basin of U against the step for SGLD, the
     plain EntropySGLD and EntropySGLD under each coupling metric (±2 standard-error bands)."""
-    plt = _plt()
+    plt = pyplot()
     etas = sorted({r["settings"]["eta"] for r in rows if "coupling_metric" in r["settings"]})
     fig, axes = plt.subplots(1, len(etas), figsize=(5.2 * len(etas), 4.2), sharey=True, squeeze=False)
     steps = np.asarray(steps)
@@ -295,7 +296,7 @@ def plot_metric_shares(steps: Sequence[int], rows: Sequence[dict]):
 def plot_line_shares(line: Mapping, steps: int):
     """Share of chains that end in the flat basin of U against their start on the segment from
     the sharp mode (0) to the flat mode (1); solid θ, dashed θa."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     x = np.asarray(line["position"])
     for i, (label, share) in enumerate(line["share"].items()):
@@ -316,7 +317,7 @@ def plot_smoothed_landscape(mixture: SharpFlatMixture, etas: Sequence[float], et
     flat component's mass (right). ``exact`` (from
     :func:`~pyro_flat.experiments.synthetic2d.exact_landscape` over ``eta_grid``) saves computing
     the masses again."""
-    plt = _plt()
+    plt = pyplot()
     fig, (ax, ax_mass) = plt.subplots(1, 2, figsize=(12, 4.4))
     sharp, flat = mixture.sharp_loc, mixture.flat_loc
     t = torch.linspace(-0.5, 1.5, 600)
@@ -400,7 +401,7 @@ def save_figures(figures: Mapping[str, object], folder, *, dpi: int = 110) -> Di
     """Write each ``{file name: figure}`` into ``folder`` and close it; returns ``{name: name}``."""
     from pathlib import Path
 
-    plt = _plt()
+    plt = pyplot()
     for name, fig in figures.items():
         fig.savefig(Path(folder) / name, dpi=dpi)
         plt.close(fig)

@@ -137,9 +137,9 @@ def plot_transfer(report: dict):
     report.md). NLL and ECE on log axes; a hollow marker: a fit of that row did not converge."""
     from matplotlib import ticker
 
-    from .plots import _plt
+    from .plots import pyplot
 
-    plt = _plt()
+    plt = pyplot()
     panels = (("nll", "test NLL (lower is better)", True), ("ece", "ECE (lower is better)", True),
               ("corrupted_accuracy_mean", "accuracy on corrupted images (higher is better)", False),
               ("ood_auroc", "OOD AUROC (higher is better)", False))
