@@ -13,6 +13,7 @@ True
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from typing import Iterable, Optional, Tuple
 
@@ -58,24 +59,27 @@ def untraceable_reason(err: Exception) -> str:
     return f"tracing failed: {type(err).__name__}: {first_line(err)}"
 
 
-def mismatch(pairs: Iterable[Tuple[str, torch.Tensor, torch.Tensor]], *, built: bool = False,
-             tolerance: float = TOLERANCE) -> Optional[str]:
-    """``None`` if every ``(what, eager, traced)`` pair agrees (same shape, same non-finite entries,
-    within ``tolerance`` relative to ``max(1, max |eager|)``), else what differs, at the entry that differs most,
-    and the likely cause: for a traced graph, Python control flow on values; for inductor's ``built`` graph of a
-    traced graph that matched, the build. Under autocast pass that precision's :func:`graph_tolerance`."""
-    for what, want, got in pairs:
+def mismatch(pairs: Iterable[tuple], *, built: bool = False, tolerance: float = TOLERANCE) -> Optional[str]:
+    """``None`` if every ``(what, eager, traced)`` pair agrees (same shape, same non-finite entries, within
+    ``tolerance`` relative to ``max(1, max |finite eager|)``), else what differs, at the entry that differs most (a
+    finite entry against a non-finite one first), and the likely cause: for a traced graph, Python control flow on
+    values; for inductor's ``built`` graph of a traced graph that matched, the build. A pair may carry its own
+    tolerance as a fourth item (under autocast, see :func:`graph_tolerance`)."""
+    for what, want, got, *own in pairs:
+        tol = own[0] if own else tolerance
         if want.shape != got.shape:
             return f"the traced graph gives {what} of shape {tuple(got.shape)}, the eager run {tuple(want.shape)}"
         if want.numel() == 0:
             continue
-        scale = max(1.0, float(want.abs().max()))
-        gaps = (want - got).nan_to_num().abs().reshape(-1)
-        if not torch.equal(torch.isfinite(want), torch.isfinite(got)) or float(gaps.max()) > tolerance * scale:
-            worst = int((torch.isfinite(want) != torch.isfinite(got)).reshape(-1).float().add(gaps).argmax())
+        finite = torch.isfinite(want)
+        scale = max(1.0, float(want[finite].abs().max())) if bool(finite.any()) else 1.0
+        gaps = (want - got).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).abs().reshape(-1)
+        differ = (finite != torch.isfinite(got)).reshape(-1)
+        if bool(differ.any()) or float(gaps.max()) > tol * scale:
+            worst = int(torch.where(differ, torch.full_like(gaps, math.inf), gaps).argmax())
             where = (f"{'inductor' if built else 'the traced graph'} gives {what} {float(got.reshape(-1)[worst]):.6g} "
                      f"where the eager run gives {float(want.reshape(-1)[worst]):.6g} (entry {worst}; tolerance "
-                     f"{tolerance:.2g} x {scale:.3g})")
+                     f"{tol:.2g} x {scale:.3g})")
             if built:
                 return (f"{where}, though the traced graph it built matches the eager run: inductor's build of it "
                         "computes something else (not the model's control flow)")
@@ -85,12 +89,26 @@ def mismatch(pairs: Iterable[Tuple[str, torch.Tensor, torch.Tensor]], *, built: 
 
 
 def graph_tolerance(autocast: Optional[torch.dtype] = None) -> float:
-    """How far a graph may differ from the eager run, relative: :data:`TOLERANCE` in float32; under ``autocast``
-    (bf16) 8 of its unit round-offs, since inductor fuses the low-precision operations in another order (measured
-    on logistic regression: 1e-3 to 4e-3 of the scale in bf16, where the traced graph matched eager exactly)."""
+    """How far a graph's energy, gradients and statistics may differ from the eager run's, relative: :data:`TOLERANCE`
+    in float32; under ``autocast`` (bf16) 8 of its unit round-offs, since inductor fuses the low-precision operations
+    in another order (measured on logistic regression: 1e-3 to 4e-3 of the scale in bf16, where the traced graph
+    matched eager exactly). The new values, fp32, differ by the step times that: :func:`move_tolerance`."""
     if autocast is None:
         return TOLERANCE
     return max(TOLERANCE, 8 * torch.finfo(autocast).eps / 2)
+
+
+def move_tolerance(old: torch.Tensor, new: torch.Tensor, autocast: Optional[torch.dtype] = None) -> float:
+    """How far a graph's new value may differ from the eager one's, relative to ``max(1, |new|)``: :data:`TOLERANCE`,
+    plus under ``autocast`` :func:`graph_tolerance` of the eager move ``new - old`` (the step's gradient carries the
+    low precision's round-off, its noise none: a noise or an augmentation drawn in another order moves a value by
+    far more)."""
+    if autocast is None or old.shape != new.shape or new.numel() == 0:
+        return TOLERANCE
+    move = float((new - old).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).abs().max())
+    finite = new[torch.isfinite(new)]
+    scale = max(1.0, float(finite.abs().max())) if finite.numel() else 1.0
+    return TOLERANCE + graph_tolerance(autocast) * move / scale
 
 
 def compile_graph(graph, inputs: list, backend: str):
@@ -125,7 +143,7 @@ def cuda_graph(fn, inputs: list):
             fn(*static)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=side):  # the inputs' device's stream, not a first capture's
             outputs = fn(*static)
 
     def replay(*xs):  # multi-tensor copies: a network's hundreds of tensors in a few launches, not one each
@@ -152,5 +170,5 @@ def trace_graph(fn, inputs: list):
     return graph
 
 
-__all__ = ["TOLERANCE", "tracing_context", "is_tracing", "first_line", "untraceable_reason", "mismatch", "graph_tolerance", "compile_graph", "cuda_graph",
+__all__ = ["TOLERANCE", "tracing_context", "is_tracing", "first_line", "untraceable_reason", "mismatch", "graph_tolerance", "move_tolerance", "compile_graph", "cuda_graph",
            "trace_graph"]

@@ -40,7 +40,7 @@ class Recorder:
         self.seen.append((what, self.current))
 
     @contextmanager
-    def graph(self, graph):
+    def graph(self, graph, stream=None):
         self.note("capture")
         yield
 
@@ -86,3 +86,21 @@ def test_the_graph_check_seeds_its_inputs_device():
         for p in patches:
             p.stop()
     assert recorder.seen == [("seed", DEVICE), ("seed", DEVICE)]
+
+
+def test_the_graph_check_names_a_non_finite_entry_and_an_inf_does_not_switch_it_off():
+    want, got = torch.tensor([1e5, 3.0]), torch.tensor([1e5 + 8, float("nan")])
+    assert "entry 1" in tracing.mismatch([("the energy", want, got)])  # the NaN, not the in-tolerance gap
+    assert tracing.mismatch([("the energy", torch.tensor([float("inf"), 3.0]), torch.tensor([float("inf"), 300.0]))])
+
+
+def test_under_bf16_a_new_value_may_differ_by_the_steps_round_off_not_by_a_noise_drawn_out_of_order():
+    """A step of 1e-6 moves θ by its noise, about 1.4e-3: bf16 round-off of the gradient moves it by 1e-6 x 2e-3;
+    another noise by about 2e-3, which the value's own tolerance (TOLERANCE + 8u x the move) catches."""
+    old = torch.zeros(1000)
+    new = old + 1.4e-3 * torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    tol = tracing.move_tolerance(old, new, torch.bfloat16)
+    assert tracing.mismatch([("the new value", new, new + 1e-6 * 2e-3, tol)]) is None
+    other = old + 1.4e-3 * torch.randn(1000, generator=torch.Generator().manual_seed(1))
+    assert tracing.mismatch([("the new value", new, other, tol)]) is not None
+    assert tracing.mismatch([("the new value", new, other)], tolerance=tracing.graph_tolerance(torch.bfloat16)) is None

@@ -468,3 +468,35 @@ def test_a_version_1_draws_dir_without_checksums_is_continued_unchecked_with_a_w
     manifest = _manifest(folder)
     assert (manifest["version"], manifest["rows"], manifest["complete"]) == (1, 60, True)
     assert all("sha256" not in entry for entry in manifest["sites"].values())
+
+
+def test_a_flush_that_fails_part_way_hashes_no_row_and_its_retry_hashes_each_once(tmp_path, monkeypatch):
+    """A full disk at the second site's fsync, then the retry a run's end makes (its folder's close): every recorded
+    checksum holds the rows on disk (before, the first site's rows were hashed twice, and a resume refused the
+    run as damaged)."""
+    from pyro_flat.infer import draws as streamed
+    from pyro_flat.storage.draws_folder import DrawsFolder
+
+    folder = DrawsFolder(tmp_path / "draws")
+    files = streamed.DrawFiles(folder, {"a": ((2,), torch.float32), "b": ((3,), torch.float32)}, 10)
+    for i in range(3):
+        files.put(i, {"a": torch.randn(2), "b": torch.randn(3)})
+    real, calls = os.fsync, []
+
+    def full_disk_once(fd):
+        calls.append(fd)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", full_disk_once)
+    with pytest.raises(OSError, match="No space"):
+        files.flush()
+    monkeypatch.setattr(os, "fsync", real)
+    files.flush()
+    manifest = json.loads((tmp_path / "draws" / "draws.json").read_text())
+    assert manifest["rows"] == 3
+    for site in ("a", "b"):
+        rows = np.load(tmp_path / "draws" / manifest["sites"][site]["file"], mmap_mode="r")
+        for start, stop, digest in manifest["sites"][site]["sha256"]:
+            assert hashlib.sha256(rows[start:stop].tobytes()).hexdigest() == digest, (site, start, stop)

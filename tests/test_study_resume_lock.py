@@ -241,3 +241,17 @@ def test_an_unusable_out_is_said_before_the_lock_is_made(tmp_path):
         with study_lock(Config(str(tmp_path / "file"))):
             pass
     assert sorted(os.listdir(tmp_path)) == ["file"]
+
+
+def test_a_run_killed_before_its_first_checkpoint_leaves_nothing_that_refuses_a_rerun(tmp_path):
+    """A sampler's lock file (made when it starts) and a half-written temporary file (a kill during the first write)
+    hold nothing to continue: a rerun is not refused for them; a checkpoint file is."""
+    from pyro_flat.experiments.resume import unfinished_checkpoints
+
+    folder = tmp_path / ".X.checkpoints"
+    folder.mkdir()
+    for name in ("options.json", "entropy-sgld.ckpt.lock", ".entropy-sgld.ckpt.4242.tmp"):
+        (folder / name).write_text("")
+    assert unfinished_checkpoints(folder) == []
+    (folder / "entropy-sgld.ckpt").write_text("")
+    assert unfinished_checkpoints(folder) == ["entropy-sgld.ckpt"]

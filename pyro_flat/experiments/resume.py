@@ -150,11 +150,13 @@ def _names(found: List[str], shown: int = 6) -> str:
 
 
 def unfinished_checkpoints(folder: Path) -> List[str]:
-    """The names of the files an unfinished run left in its checkpoint ``folder`` (sorted; ``options.json``,
-    written before any work, is not one: alone it holds nothing to continue)."""
+    """The names of the files an unfinished run left in its checkpoint ``folder`` (sorted). Not counted, since they
+    hold nothing to continue: ``options.json`` (written before any work), a checkpoint's lock file (made when its
+    sampler starts, left by a kill) and a half-written temporary file (a kill during the first write)."""
     if not folder.is_dir():
         return []
-    return sorted(p.name for p in folder.iterdir() if p.name != OPTIONS_FILE)
+    return sorted(p.name for p in folder.iterdir()
+                  if p.name != OPTIONS_FILE and not p.name.endswith((".lock", ".tmp")))
 
 
 def refuse_unfinished_run(config) -> None:

@@ -273,15 +273,19 @@ class DrawFiles:
         with their checksums (the rows' bytes hashed once, as they are written)."""
         self.flushed_at = time.monotonic()
         if self.pending:
-            for name in self.shapes:
-                rows = self.buffer[name][: self.pending].contiguous().numpy()
-                data = rows.tobytes()
+            written = {}
+            for name in self.shapes:  # every site's rows on the disk first ...
+                data = self.buffer[name][: self.pending].contiguous().numpy().tobytes()
                 with open(self.path(name), "r+b") as file:
                     file.seek(self.offsets[name] + self.written * self.row_bytes[name])
                     file.write(data)
                     file.flush()
                     os.fsync(file.fileno())
-                if self.hashes is not None:
+                written[name] = data
+            # ... then hashed and counted together: a flush that fails part-way (a full disk, Ctrl-C) hashes nothing,
+            # and its retry writes and hashes the same rows once
+            if self.hashes is not None:
+                for name, data in written.items():
                     self.hashes[name].update(data)
             self.written, self.pending = self.written + self.pending, 0
         self._count()

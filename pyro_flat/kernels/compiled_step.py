@@ -53,8 +53,8 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from ..targets import Params
-from ..tracing import (compile_graph, cuda_graph, first_line, graph_tolerance, mismatch, trace_graph, tracing_context,
-                       untraceable_reason)
+from ..tracing import (compile_graph, cuda_graph, first_line, graph_tolerance, mismatch, move_tolerance, trace_graph,
+                       tracing_context, untraceable_reason)
 from .integrators import Transition
 
 #: graphs kept per kernel (one per temperature, metric and number of fused iterations, and per step size
@@ -384,7 +384,11 @@ class CompiledSteps:
         labels += ["the gradient"] * (n if length is None else 0)
         labels += ["a statistic"] * (len(outputs[0]) - len(labels) - (length is not None))
         labels += ["the inf-norms"] * (length is not None)
-        reason = mismatch(zip(labels, *outputs), built=built, tolerance=graph_tolerance(getattr(self.kernel, "autocast", None)))
+        autocast = getattr(self.kernel, "autocast", None)
+        # the new values and carried state (fp32) by their move; energy, gradients and statistics by the precision
+        tolerances = [move_tolerance(inputs[i], outputs[0][i], autocast) for i in range(n + carried)]
+        tolerances += [graph_tolerance(autocast)] * (len(labels) - n - carried)
+        reason = mismatch(zip(labels, *outputs, tolerances), built=built)
         if reason is not None:
             raise _Mismatch(reason)
 

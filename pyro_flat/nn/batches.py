@@ -38,7 +38,7 @@ class RowMemo:
     The indices of the last ``calls`` calls are held, so that no new tensor can take their memory."""
 
     def __init__(self, calls: int = 2):
-        self._calls: "deque[tuple]" = deque(maxlen=calls)  # (the indices, {row's place: what was made})
+        self._calls: "deque[tuple]" = deque(maxlen=calls)  # (the rows keyed, {row's place: what was made})
 
     def rows(self, indices: torch.Tensor, make: Callable[[int], object]) -> List[object]:
         """For each row ``r`` of ``indices`` (``(B,)`` or ``(R, B)``): what ``make(r)`` gave the last time
@@ -51,7 +51,7 @@ class RowMemo:
                 if current[key] is None:
                     current[key] = make(r)
             out.append(current[key])
-        self._calls.append((indices, current))
+        self._calls.append((rows, current))  # the keyed tensor itself (a copy where reshape had to copy), kept alive
         return out
 
     def state_dict(self) -> list:

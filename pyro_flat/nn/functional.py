@@ -78,6 +78,8 @@ class BatchedNetwork:
 
         measuring = self.networks == "measure" and count > 1
         kind = current_pass(count, x) if measuring else None  # the other ways check nothing per pass
+        if measuring and kind not in self.choices and kind._replace(inputs=()) in self.choices:
+            self.choices[kind] = self.choices[kind._replace(inputs=())]  # a checkpoint's choice from before the shape
         if self.use_vmap and measuring and kind not in self.choices:
             try:
                 chosen = choose({"vmap": lambda: self._vmapped(mapped, state, x), "loop": looped}, (*state.values(), x))
@@ -123,7 +125,7 @@ class BatchedNetwork:
         hooks = [m.register_forward_pre_hook(lambda m, _, name=name: entered.append(name))
                  for name, m in self.module.named_modules() if name and not list(m.children())]
         try:
-            mapped(state, x)
+            mapped(state, x.contiguous() if self.vmap_memory_format == "contiguous" else x)
         except Exception:
             pass
         finally:
