@@ -27,7 +27,7 @@ import pyro
 from pyro_flat import MCMC
 from pyro_flat.datasets import load_mnist79
 from pyro_flat.experiments.configs import MNIST79Config
-from pyro_flat.experiments.mnist79 import make_study_kernel
+from pyro_flat.experiments.mnist79.study import make_study_kernel
 from pyro_flat.models import logistic_regression
 
 

@@ -63,7 +63,7 @@ def cost_ratios(iters: int, repeats: int) -> None:
 def ess_per_gradient() -> None:
     from pyro_flat.datasets import load_mnist79
     from pyro_flat.experiments.configs import MNIST79Config
-    from pyro_flat.experiments.mnist79 import run_sampler
+    from pyro_flat.experiments.mnist79.study import run_sampler
     import arviz as az
 
     X, y = load_mnist79(None, split="train")

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import torch
 
-from pyro_flat.experiments.paths import PathConfig, run_path_study
+from pyro_flat.experiments.paths.study import PathConfig, run_path_study
 
 TARGET_SECONDS = 300.0
 

@@ -98,7 +98,15 @@ MOVED = {**STABLE_PATHS,
          "flat": "models.flat", "mixture_basins": "models.mixture_basins", "online_bma": "evaluation.online_bma",
          "mcmc": "infer.mcmc", "mcmc_arguments": "infer.arguments", "draws": "infer.draws",
          "progress": "infer.progress", "sampling_loop": "infer.sampling_loop", "convergence_result": "convergence.result",
-         "references": "convergence.references", "ensemble_runner": "convergence.runner"}
+         "references": "convergence.references", "ensemble_runner": "convergence.runner",
+         # the studies' modules, now one folder per study (pyro_flat.experiments.images.config, ...)
+         **{f"experiments.{old}": f"experiments.{new}" for old, new in (
+             ("images_config", "images.config"), ("images_data", "images.data"), ("images_report", "images.report"),
+             ("images_scores", "images.scores"), ("images_eta", "images.eta"), ("transfer_config", "transfer.config"),
+             ("transfer_data", "transfer.data"), ("transfer_fits", "transfer.fits"),
+             ("transfer_pretrain", "transfer.pretrain"), ("transfer_report", "transfer.report"),
+             ("mnist79_report", "mnist79.report"), ("bnn_families", "bnn.families"), ("bnn_report", "bnn.report"),
+             ("path_dynamics", "paths.dynamics"))}}
 
 
 class _ModuleAliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):

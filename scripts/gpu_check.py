@@ -189,8 +189,8 @@ def images_check(device, quick: bool) -> float:
     device, eager and compiled (``--jit fx``: on a GPU one CUDA graph per phase, the step size an input): the
     compiled draws must equal the eager ones up to round-off. The time is the compiled fit's per iteration,
     its compiling left out."""
-    from pyro_flat.experiments import images
-    from pyro_flat.experiments.images_config import ImagesConfig
+    from pyro_flat.experiments.images import study as images
+    from pyro_flat.experiments.images.config import ImagesConfig
 
     fits = []
     for jit in ("off", "fx"):
@@ -215,8 +215,8 @@ def cifar_images_check(device, quick: bool) -> float:
     import numpy as np
 
     from pyro_flat.data.cifar_files import write_cifar
-    from pyro_flat.experiments import images
-    from pyro_flat.experiments.images_config import ImagesConfig
+    from pyro_flat.experiments.images import study as images
+    from pyro_flat.experiments.images.config import ImagesConfig
 
     rng = np.random.default_rng(0)
     labels = np.arange(200) % 10
@@ -265,8 +265,8 @@ def transfer_check(device, quick: bool) -> float:
     Entropy-MCMC on its adapters): every row finite. The time is the run's per fit."""
     import tempfile
 
-    from pyro_flat.experiments.transfer import run_transfer_study
-    from pyro_flat.experiments.transfer_config import TransferConfig
+    from pyro_flat.experiments.transfer.study import run_transfer_study
+    from pyro_flat.experiments.transfer.config import TransferConfig
 
     methods = ("sgd-block", "laplace-head", "sabma-block", "emcmc-adapters")
     with tempfile.TemporaryDirectory() as folder:

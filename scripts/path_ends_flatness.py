@@ -16,7 +16,7 @@ import torch
 from pyro_flat import flatness
 from pyro_flat.datasets import load_mnist_ood
 from pyro_flat.experiments.configs import PathConfig
-from pyro_flat.experiments.paths import _descend, _last_draws, _subset
+from pyro_flat.experiments.paths.study import _descend, _last_draws, _subset
 from pyro_flat.models import BayesianMLP
 
 PROBES = 30

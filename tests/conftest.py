@@ -46,7 +46,7 @@ def _single_thread_and_seed():
 def interrupt_study_at(monkeypatch):
     """``interrupt_study_at(k)``: the MNIST study's EntropySGLD raises KeyboardInterrupt (Ctrl-C) at
     iteration ``k`` (warm-up included); its other samplers run as they are."""
-    from pyro_flat.experiments import mnist79
+    from pyro_flat.experiments.mnist79 import study as mnist79
     from pyro_flat.kernels import EntropySGLD
 
     def at(iteration: int) -> None:

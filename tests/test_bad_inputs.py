@@ -326,7 +326,7 @@ def test_a_bad_dist_timeout_is_read_only_by_runs_across_ranks_and_named(monkeypa
 
 def test_synthetic2d_chains_beyond_memory_are_one_line_before_any_work(tmp_path, monkeypatch, capsys):
     """``pyro-flat synthetic2d --num-chains 1000000000`` ended in a 31-line MemoryError after 72 s."""
-    from pyro_flat.experiments import synthetic2d
+    from pyro_flat.experiments.synthetic2d import study as synthetic2d
     from pyro_flat.experiments.cli import main
 
     monkeypatch.setattr(synthetic2d, "run_synthetic2d", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran")))

@@ -334,7 +334,7 @@ def test_sam_elbo_evaluates_its_loss_under_svi_evaluate_loss():
     (["--noise-sds", "inf"], "--noise-sds must be finite, got inf"),
 ])
 def test_bnn_refuses_non_finite_shifts_before_fitting(tmp_path, capsys, monkeypatch, args, needle):
-    from pyro_flat.experiments import bnn
+    from pyro_flat.experiments.bnn import study as bnn
     from pyro_flat.experiments.cli import main
 
     def fit(*_, **__):

@@ -13,7 +13,7 @@ import pyro
 import pyro.distributions as dist
 from pyro_flat import MCMC, SGLD, OnlineBMA, bma_predict
 from pyro_flat.data.cifar_files import ImageFileError, read_cifar, write_cifar
-from pyro_flat.experiments.images_config import ImagesConfig
+from pyro_flat.experiments.images.config import ImagesConfig
 from pyro_flat.experiments.output import StudyError
 from pyro_flat.models import BayesianCNN, BayesianMLP, LogisticRegressionPotential, logistic_regression
 from pyro_flat.nn import BayesianModule, update_batchnorm

@@ -256,7 +256,7 @@ def test_study_sabma_ends_at_the_exact_posterior_from_a_swag_start_that_is_not(s
 
     from pyro.infer.autoguide import AutoLowRankMultivariateNormal
 
-    from pyro_flat.experiments.bnn_families import fit_method
+    from pyro_flat.experiments.bnn.families import fit_method
     from pyro_flat.experiments.configs import BNNConfig
 
     config = BNNConfig(**REG_CONFIG)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from pyro_flat.datasets import DigitsOOD
-from pyro_flat.experiments.bnn_families import bnn_network, fit_method, loss_trend
-from pyro_flat.experiments.bnn_report import _pair_rows, findings, summarize
+from pyro_flat.experiments.bnn.families import bnn_network, fit_method, loss_trend
+from pyro_flat.experiments.bnn.report import _pair_rows, findings, summarize
 from pyro_flat.experiments.configs import BNN_FAMILIES, BNNConfig
 from pyro_flat.models import BayesianCNN, BayesianMLP
 from pyro_flat.data.shift import add_noise, rotate_images, shifted_test_sets
@@ -193,7 +193,7 @@ def test_the_sabma_row_is_swag_then_sabma_from_its_posterior_within_the_budget(s
     from pyro.infer.autoguide import AutoLowRankMultivariateNormal
 
     import pyro_flat.variational
-    from pyro_flat.experiments.bnn_families import sabma_split, steps_for
+    from pyro_flat.experiments.bnn.families import sabma_split, steps_for
     from pyro_flat.variational import AutoSWAG, SABMA_ELBO
 
     config = BNNConfig(hidden=(4,), batch_size=20, grad_evals=43, num_chains=2, num_draws=2, swag_rank=2,
@@ -243,7 +243,7 @@ def test_the_sabma_row_is_swag_then_sabma_from_its_posterior_within_the_budget(s
 
 
 def test_plus_minus_rounds_both_to_the_error_s_second_digit():
-    from pyro_flat.experiments.bnn_report import plus_minus
+    from pyro_flat.experiments.bnn.report import plus_minus
 
     assert plus_minus(7372.0, 170.0) == "7372 ± 170" and plus_minus(3.8116, 0.034) == "3.812 ± 0.034"
 
@@ -251,8 +251,8 @@ def test_plus_minus_rounds_both_to_the_error_s_second_digit():
 def test_evaluate_predicts_with_dropout_and_measures_flatness_without(small_data):
     """MC-dropout's BMA averages fresh masks; its Hessian is the deterministic network's, so it equals
     that of the same weights in a network without dropout."""
-    from pyro_flat.experiments.bnn import evaluate
-    from pyro_flat.experiments.bnn_families import Fit
+    from pyro_flat.experiments.bnn.study import evaluate
+    from pyro_flat.experiments.bnn.families import Fit
 
     config = BNNConfig(flatness_draws=1, trace_probes=4)
     torch.manual_seed(0)
@@ -305,7 +305,7 @@ def test_the_study_fits_every_family_on_the_cnn_and_its_report_says_so(tmp_path,
     """``network="cnn"``: every method of the five families fits the BayesianCNN (MC-dropout its own, with
     dropout), every row has its numbers at both seeds, each family is paired over the seeds, and the
     report names the network."""
-    from pyro_flat.experiments import bnn
+    from pyro_flat.experiments.bnn import study as bnn
 
     monkeypatch.setattr(bnn, "load_mnist_ood", _small_digits(bnn.load_mnist_ood))
     fitted = []

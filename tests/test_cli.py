@@ -8,7 +8,7 @@ import sys
 import arviz as az
 import pytest
 
-from pyro_flat.experiments import mnist79
+from pyro_flat.experiments.mnist79 import study as mnist79
 from pyro_flat.experiments.output import MARKER
 from pyro_flat.experiments.cli import main
 from pyro_flat.experiments.registry import STUDIES
@@ -155,7 +155,7 @@ def test_the_preconditioned_2d_runs_carry_their_metric():
     import torch
 
     from pyro_flat.experiments.configs import Synthetic2DConfig
-    from pyro_flat.experiments.synthetic2d import _samplers
+    from pyro_flat.experiments.synthetic2d.study import _samplers
     from pyro_flat.mixtures import sharp_flat_2d
 
     mixture = sharp_flat_2d()
@@ -171,7 +171,7 @@ def test_the_preconditioned_2d_runs_carry_their_metric():
 
 def test_the_pull_verdict_follows_the_shares():
     from pyro_flat.experiments.configs import Synthetic2DConfig
-    from pyro_flat.experiments.synthetic2d import _metric_findings, _pull_verdict
+    from pyro_flat.experiments.synthetic2d.study import _metric_findings, _pull_verdict
 
     config = Synthetic2DConfig(etas=(1.0, 2.0), coupling_metrics=("joint", "pulled"))
 
@@ -225,7 +225,7 @@ def test_pyro_flat_transfer_coupling_2_and_5_are_refused_before_any_fit(tmp_path
     """Issue 72: ``pyro-flat transfer --coupling 2`` ran to chance accuracy (exit 0), ``--coupling 5`` stopped later with
     "diverged ... Use a smaller step_size", which named another option. Both are refused before any work, with exit 2
     and one line naming --coupling, what it is, its range and the paper's value: the check ``images`` makes, shared."""
-    from pyro_flat.experiments import transfer
+    from pyro_flat.experiments.transfer import study as transfer
 
     def no_work(*args, **kwargs):
         raise AssertionError("the study ran before --coupling was checked")
@@ -242,7 +242,7 @@ def test_pyro_flat_transfer_coupling_2_and_5_are_refused_before_any_fit(tmp_path
     assert main(["images", "--coupling", coupling, "--out", str(out), "--no-progress"]) == 2  # the same rule, said alike
     assert said in capsys.readouterr().err
     from pyro_flat.experiments.output import StudyError
-    from pyro_flat.experiments.transfer_config import TransferConfig
+    from pyro_flat.experiments.transfer.config import TransferConfig
 
     with pytest.raises(StudyError, match="--coupling"):  # the library's entry too, before the data are read
         transfer.run_transfer_study(TransferConfig.reduced(coupling=float(coupling), out=str(out)))

@@ -101,7 +101,7 @@ def test_auroc_is_the_pairwise_probability_with_ties_counted_half():
 
 
 def test_bnn_study_options_are_checked():
-    from pyro_flat.experiments.bnn import BNNConfig
+    from pyro_flat.experiments.bnn.study import BNNConfig
     from pyro_flat.experiments.cli import main
     from pyro_flat.experiments.output import StudyError
 
@@ -113,7 +113,7 @@ def test_bnn_study_options_are_checked():
 
 
 def test_bnn_study_passes_its_preconditioner_to_every_mlp_sampler():
-    from pyro_flat.experiments.bnn import BNN_SAMPLERS, BNNConfig, make_bnn_kernel
+    from pyro_flat.experiments.bnn.study import BNN_SAMPLERS, BNNConfig, make_bnn_kernel
     from pyro_flat.experiments.output import StudyError
     from pyro_flat.models import BayesianMLP
 

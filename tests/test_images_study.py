@@ -11,7 +11,7 @@ import torch
 
 from pyro_flat.data.cifar_files import write_cifar
 from pyro_flat.experiments.cli import main
-from pyro_flat.experiments.images_report import CLAIMS, claims
+from pyro_flat.experiments.images.report import CLAIMS, claims
 from pyro_flat.roundoff import assert_close_roundoff
 
 #: a tiny ResNet on 160 digits, 2 seeds, 4 epochs in 2 cycles (the convergence rule compares the two cycles'
@@ -58,8 +58,8 @@ def test_the_convergence_verdict_changes_when_a_fit_is_cut_short():
     """The same SGD fit of the small ResNet on 160 digits, 40 epochs in 2 cycles against 4: the long one ends its two
     cycles at the same training NLL (within 0.05 nats; 0.02 measured), the cut one does not (0.54), so its claims
     would not be tested."""
-    from pyro_flat.experiments import images
-    from pyro_flat.experiments.images_config import ImagesConfig
+    from pyro_flat.experiments.images import study as images
+    from pyro_flat.experiments.images.config import ImagesConfig
 
     verdicts = {}
     for epochs in (40, 4):
@@ -114,7 +114,7 @@ def test_cifar10_runs_from_generated_files_of_the_official_layout_and_resumes(tm
     --resume gives the uninterrupted run's numbers (the CIFAR path's data are tensors on the device, whose
     minibatches the checkpoint's streams hold)."""
     from scipy.io import savemat
-    from pyro_flat.experiments import images as study
+    from pyro_flat.experiments.images import study as study
 
     rng = np.random.default_rng(0)
     data = tmp_path / "data"
@@ -196,7 +196,7 @@ def test_a_killed_run_resumes_with_the_fits_it_finished_and_the_rest_as_if_never
                                                                                           capsys):
     """Killed while it scores its second fit: --resume keeps the first fit's rows and continues the second from
     its checkpoints (one every few milliseconds), and the report's numbers equal an uninterrupted run's."""
-    from pyro_flat.experiments import images
+    from pyro_flat.experiments.images import study as images
 
     args = [*SMALL, "--seeds", "1", "--methods", "sgd", "emcmc", "--checkpoint-every", "0.005"]
     assert main(["images", *args, "--out", str(tmp_path / "whole")]) == 0
@@ -233,8 +233,8 @@ def test_compiled_fits_repeat_the_eager_ones(method, monkeypatch):
     """``--jit fx``: every iteration of the fit, under its cosine schedule (a new step each time), runs through
     one traced graph per phase, the BatchNorm network and its augmentation included, and gives the eager fit's
     draws up to round-off."""
-    from pyro_flat.experiments import images
-    from pyro_flat.experiments.images_config import ImagesConfig
+    from pyro_flat.experiments.images import study as images
+    from pyro_flat.experiments.images.config import ImagesConfig
 
     kernels = []
     make = images.make_kernel
@@ -261,7 +261,7 @@ def test_compiled_fits_repeat_the_eager_ones(method, monkeypatch):
 def test_the_report_says_what_compiled_each_fit():
     """``--jit inductor`` where inductor failed its check on some fits: the report counts what ran, not what
     was asked for."""
-    from pyro_flat.experiments.images_report import _compiled_text
+    from pyro_flat.experiments.images.report import _compiled_text
 
     rows = [{"method": m, "seed": s, "use": u, "compiled": c}
             for m, s, c in [("sgd", 0, "inductor"), ("emcmc", 0, "fx"), ("emcmc", 1, "fx")] for u in ("theta", "aux")]

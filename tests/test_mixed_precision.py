@@ -118,8 +118,8 @@ def test_the_exact_kernels_take_no_autocast():
 def test_the_image_study_trains_under_bf16_autocast_when_asked():
     from dataclasses import replace
 
-    from pyro_flat.experiments import images
-    from pyro_flat.experiments.images_config import ImagesConfig
+    from pyro_flat.experiments.images import study as images
+    from pyro_flat.experiments.images.config import ImagesConfig
 
     config = ImagesConfig.reduced(methods=("emcmc",), seeds=1, precision="bf16", progress=False, train_size=64,
                                   batch_size=16)
@@ -131,8 +131,8 @@ def test_the_image_study_trains_under_bf16_autocast_when_asked():
     replace(config, jit="fx").validate()  # --precision bf16 with --jit: the graph records autocast's casts
     # scored in the precision it was sampled in: the same fit's predictions and losses under bf16 are fp32's up to
     # rounding; its curvature is measured in fp32 either way (bf16 moved the top eigenvalue by 29 % here)
-    from pyro_flat.experiments.images_data import first_of_each_class
-    from pyro_flat.experiments.images_scores import evaluate
+    from pyro_flat.experiments.images.data import first_of_each_class
+    from pyro_flat.experiments.images.scores import evaluate
 
     rows = first_of_each_class(data.y_train, config.flatness_images)
     flat = (data.X_train[rows], data.y_train[rows])

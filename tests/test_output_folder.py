@@ -12,7 +12,10 @@ from pathlib import Path
 import arviz as az
 import pytest
 
-from pyro_flat.experiments import mnist79, output, paths, plots, synthetic2d
+from pyro_flat.experiments import output, plots
+from pyro_flat.experiments.mnist79 import study as mnist79
+from pyro_flat.experiments.paths import study as paths
+from pyro_flat.experiments.synthetic2d import study as synthetic2d
 from pyro_flat.experiments.cli import main
 from pyro_flat.experiments.output import MARKER, remove_stale_staging, staged_output
 

@@ -229,7 +229,7 @@ def _study_report(free_shift=-0.08, fixed_shift=-0.01, se=0.005, control=-0.01):
 
 def test_draws_within_their_error_are_a_tie_not_a_winner():
     """The issue's case: 3.8116 against 3.8111 from 2 draws each is no ranking."""
-    from pyro_flat.experiments.paths import findings
+    from pyro_flat.experiments.paths.study import findings
 
     report = _study_report()
     pair = report["draws"]["SGLD"]
@@ -242,7 +242,7 @@ def test_draws_within_their_error_are_a_tie_not_a_winner():
 
 
 def test_path_study_findings_follow_the_numbers():
-    from pyro_flat.experiments.paths import findings
+    from pyro_flat.experiments.paths.study import findings
 
     seen = " ".join(findings(_study_report()))
     assert "end 0 is the flatter by the Hessian trace (end 0: 85 ± 0.2, end 1: 87 ± 0.2)" in seen
@@ -283,7 +283,7 @@ def test_path_study_findings_follow_the_numbers():
 def test_matched_temperature_gives_the_noise_variance_per_step():
     """Minibatch gradients g + σ ξ in d dimensions: SGD's noise has variance α² σ² d per step, so
     isotropic noise of the same variance has T = α σ² / 2."""
-    from pyro_flat.experiments.path_dynamics import matched_temperature
+    from pyro_flat.experiments.paths.dynamics import matched_temperature
 
     torch.manual_seed(0)
     d, sigma, alpha, m = 10, 0.3, 0.5, 4000
@@ -297,7 +297,7 @@ def test_matched_temperature_gives_the_noise_variance_per_step():
 def test_mlp_gradient_matches_autograd_of_the_path_loss_per_chain():
     """The study's vectorized gradient against torch's gradient of the flat loss, chain by chain; a
     minibatch of the whole data set (one epoch) is the full gradient."""
-    from pyro_flat.experiments.path_dynamics import mlp_gradient
+    from pyro_flat.experiments.paths.dynamics import mlp_gradient
     from pyro_flat.flatness import FlatLoss
     from pyro_flat.models import BayesianMLP
     from pyro_flat.targets.batching import EpochBatcher
@@ -328,7 +328,7 @@ def test_mlp_gradient_matches_autograd_of_the_path_loss_per_chain():
 
 def test_a_drift_counts_beyond_the_t_critical_value_for_its_chains():
     """A shift of 3 standard errors is a drift over 16 chains (t = 2.13), not over 3 (t = 4.30)."""
-    from pyro_flat.experiments.path_dynamics import moved
+    from pyro_flat.experiments.paths.dynamics import moved
 
     assert moved(-0.03, 0.01, 16) and not moved(-0.03, 0.01, 3)
     assert not moved(-0.005, 1e-5, 16)  # below a hundredth of the path

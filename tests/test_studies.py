@@ -119,7 +119,9 @@ def test_an_error_of_rank_0_stops_the_others_before_their_share(tmp_path, monkey
 def test_every_studys_sampler_builds_with_the_settings_it_takes():
     """make_kernel refuses a setting a kernel does not take: each study passes each sampler its own."""
     from pyro_flat import mixtures
-    from pyro_flat.experiments import bnn_families, mnist79, synthetic2d
+    from pyro_flat.experiments.bnn import families as bnn_families
+    from pyro_flat.experiments.mnist79 import study as mnist79
+    from pyro_flat.experiments.synthetic2d import study as synthetic2d
     from pyro_flat.models import BayesianMLP, logistic_regression
 
     for preconditioner in ("dense", "none"):

@@ -4,7 +4,7 @@ import pandas as pd
 import torch
 
 from pyro_flat.diagnostics import convergence_verdict
-from pyro_flat.experiments.mnist79 import compare_with_reference
+from pyro_flat.experiments.mnist79.study import compare_with_reference
 
 
 def _table(rows):

@@ -146,7 +146,7 @@ def test_pyro_flat_mnist79_killed_after_its_first_checkpoint_then_seed_1_without
     (exit 2) before it deletes or writes anything, saying where the unfinished run's checkpoints are, that --resume
     continues it and that --overwrite discards it; so is the same command with the same seed and no flag (it would
     have deleted them too). --resume then continues the run."""
-    from pyro_flat.experiments import mnist79
+    from pyro_flat.experiments.mnist79 import study as mnist79
     from pyro_flat.experiments.cli import main
 
     out = tmp_path / "X"
@@ -185,7 +185,9 @@ def test_pyro_flat_mnist79_killed_after_its_first_checkpoint_then_seed_1_without
 def test_every_study_refuses_a_new_run_over_an_unfinished_runs_checkpoints(tmp_path, monkeypatch, capsys, command):
     """The rule of the test above in every study that keeps checkpoints, before any work; --overwrite lets the run
     through (it discards them)."""
-    from pyro_flat.experiments import mnist79, output, transfer
+    from pyro_flat.experiments import output
+    from pyro_flat.experiments.mnist79 import study as mnist79
+    from pyro_flat.experiments.transfer import study as transfer
     from pyro_flat.experiments.cli import main
     from pyro_flat.experiments.registry import STUDIES
     from pyro_flat.experiments.resume import _run_options

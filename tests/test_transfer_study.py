@@ -10,9 +10,9 @@ import pytest
 
 from pyro_flat.data.cifar_files import write_cifar
 from pyro_flat.experiments.output import MARKER, StudyError
-from pyro_flat.experiments.transfer import run_transfer_study
-from pyro_flat.experiments.transfer_config import TRANSFER_METHODS, TransferConfig
-from pyro_flat.experiments.transfer_report import CLAIMS, METRICS, claims
+from pyro_flat.experiments.transfer.study import run_transfer_study
+from pyro_flat.experiments.transfer.config import TRANSFER_METHODS, TransferConfig
+from pyro_flat.experiments.transfer.report import CLAIMS, METRICS, claims
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +141,7 @@ def test_a_stopped_run_continues_with_resume_to_the_uninterrupted_runs_numbers(t
     """Stopped at its fifth fit (seed 1's Laplace, after seed 1's SGD), the run keeps the four fits done and the
     pre-trained network beside --out; --resume reads them, fits the rest, Laplace from the kept SGD network, and
     writes the uninterrupted run's numbers."""
-    from pyro_flat.experiments import transfer
+    from pyro_flat.experiments.transfer import study as transfer
 
     settings = dict(methods=("sgd-block", "laplace-head", "emcmc-block"), seeds=2)
     whole = run_transfer_study(TransferConfig.reduced(out=str(tmp_path / "whole"), **settings), log=lambda line: None)
@@ -179,7 +179,7 @@ def test_a_stopped_run_continues_with_resume_to_the_uninterrupted_runs_numbers(t
 
 
 def test_a_test_set_that_leaves_no_images_to_pre_train_on_is_refused_by_name():
-    from pyro_flat.experiments.transfer_data import load_transfer_data
+    from pyro_flat.experiments.transfer.data import load_transfer_data
 
     with pytest.raises(StudyError, match=r"--test-size 100000 leaves 0 pre-training images"):
         load_transfer_data(TransferConfig.reduced(test_size=100_000))

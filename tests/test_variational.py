@@ -302,7 +302,7 @@ def _equal_depth_model_with_two():
 
 def test_bma_by_ensemble_size_ends_at_the_full_average():
     from pyro_flat import bma_predict, metrics
-    from pyro_flat.experiments.bnn import bma_by_ensemble_size
+    from pyro_flat.experiments.bnn.study import bma_by_ensemble_size
     from pyro_flat.models import BayesianMLP
 
     torch.manual_seed(0)

@@ -315,7 +315,7 @@ def plot_smoothed_landscape(mixture: SharpFlatMixture, etas: Sequence[float], et
     """Exact facts of Gaussian smoothing: log p_η along the axis between the modes for each η
     (left), and against η the mass of p_η in the flat basin of U, in its own flat basin, and the
     flat component's mass (right). ``exact`` (from
-    :func:`~pyro_flat.experiments.synthetic2d.exact_landscape` over ``eta_grid``) saves computing
+    :func:`~pyro_flat.experiments.synthetic2d.study.exact_landscape` over ``eta_grid``) saves computing
     the masses again."""
     plt = pyplot()
     fig, (ax, ax_mass) = plt.subplots(1, 2, figsize=(12, 4.4))

@@ -43,17 +43,17 @@ import torch
 
 import pyro
 
-from .. import schedules
-from ..storage.checkpoint import CheckpointError
-from ..kernels import make_kernel
-from ..infer.mcmc import MCMC
-from ..nn import BayesianModule, ResNet, random_crop_flip, resnet18
-from .images_config import OPTIMISERS, ImagesConfig
-from .images_data import ImageData, first_of_each_class, load_image_data, study_device
+from ... import schedules
+from ...storage.checkpoint import CheckpointError
+from ...kernels import make_kernel
+from ...infer.mcmc import MCMC
+from ...nn import BayesianModule, ResNet, random_crop_flip, resnet18
+from .config import OPTIMISERS, ImagesConfig
+from .data import ImageData, first_of_each_class, load_image_data, study_device
 # the scores of a fit (convergence: a re-export, for the tests)
-from .images_scores import Fit, convergence, draws_for, evaluate, interpolation  # noqa: F401
-from .output import StudyError, hold_signals, seeds_over_ranks, threads_record
-from .resume import checkpoint_folder, checkpoint_study_error, study_checkpoints, study_lock
+from .scores import Fit, convergence, draws_for, evaluate, interpolation  # noqa: F401
+from ..output import StudyError, hold_signals, seeds_over_ranks, threads_record
+from ..resume import checkpoint_folder, checkpoint_study_error, study_checkpoints, study_lock
 
 #: the kernel of each method (names of :data:`pyro_flat.kernels.KERNELS`)
 METHOD_KERNELS = {"sgd": "sgd", "sgd-ensemble": "sgd", "entropy-sgd": "local-entropy-sgd", "sam": "sam-sgd",
@@ -171,7 +171,7 @@ def run_images_study(config: ImagesConfig, *, log: Callable[[str], None] = print
     """Fit every method of ``config.methods`` at ``config.seeds`` seeds; write ``report.md``, ``report.json``,
     ``corruption.png`` and ``interpolation.png`` to ``config.out``. Under ``torchrun`` the seeds are split over
     the ranks (each fit is the one-process fit of its seed) and rank 0 writes. Returns the report (rank 0)."""
-    from .output import across_ranks
+    from ..output import across_ranks
 
     config.validate()
     with study_lock(config):  # no other run into config.out touches its checkpoints until this one is done
@@ -270,9 +270,9 @@ def _device_name(device: torch.device) -> str:
 
 
 def _lead(config: ImagesConfig, out, log: Callable[[str], None], ranks) -> dict:
-    from .images_report import (claims, nll_power, paper_comparison, plot_corruption, plot_interpolation,
+    from .report import (claims, nll_power, paper_comparison, plot_corruption, plot_interpolation,
                                 report_markdown, summarize)
-    from .plots import save_figures
+    from ..plots import save_figures
 
     start = time.perf_counter()
     data, device = load_image_data(config), study_device(config.device)
@@ -312,7 +312,7 @@ def _lead(config: ImagesConfig, out, log: Callable[[str], None], ranks) -> dict:
     report["seconds"] = time.perf_counter() - start
     hold_signals()  # the study is done: a Ctrl-C from here waits until the files are written
     if sweep:
-        from .images_eta import plot_eta_sweep, sweep_markdown, sweep_table
+        from .eta import plot_eta_sweep, sweep_markdown, sweep_table
 
         report["sweep"] = sweep_table(rows)
         report.pop("claims")

@@ -13,12 +13,12 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from .. import flatness
-from ..evaluation import metrics
-from ..nn import BayesianModule
-from ..evaluation.predictive import bma_predict
-from .images_config import ImagesConfig
-from .images_data import ImageData
+from ... import flatness
+from ...evaluation import metrics
+from ...nn import BayesianModule
+from ...evaluation.predictive import bma_predict
+from .config import ImagesConfig
+from .data import ImageData
 
 
 @dataclass

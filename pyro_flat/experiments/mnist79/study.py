@@ -26,21 +26,21 @@ import torch
 
 import pyro
 
-from ..evaluation import metrics
-from ..data.datasets import load_mnist79, pixel_index
-from ..distributed import Ranks
-from ..storage.checkpoint import CheckpointError
-from ..evaluation.diagnostics import (MAX_R_HAT, chain_correlation, convergence_verdict, diagnostics_table, guidance_correlation,
+from ...evaluation import metrics
+from ...data.datasets import load_mnist79, pixel_index
+from ...distributed import Ranks
+from ...storage.checkpoint import CheckpointError
+from ...evaluation.diagnostics import (MAX_R_HAT, chain_correlation, convergence_verdict, diagnostics_table, guidance_correlation,
                            mcmc_sample_stats, write_netcdf)
-from ..kernels import EntropyHMC, kernel_class, kernel_settings, make_kernel
-from ..infer.mcmc import MCMC
-from ..models.zoo import logistic_regression
-from ..evaluation.online_bma import OnlineBMA
-from .configs import MNIST79Config
-from .mnist79_report import (ECE_BINS, RELIABILITY_BINS, chains_text, metric_text, metrics_text, reference_worth, report_markdown,
+from ...kernels import EntropyHMC, kernel_class, kernel_settings, make_kernel
+from ...infer.mcmc import MCMC
+from ...models.zoo import logistic_regression
+from ...evaluation.online_bma import OnlineBMA
+from ..configs import MNIST79Config
+from .report import (ECE_BINS, RELIABILITY_BINS, chains_text, metric_text, metrics_text, reference_worth, report_markdown,
                              schedule_text)
-from .output import StudyError, Terminated, across_ranks, hold_signals, threads_record
-from .resume import checkpoint_folder, checkpoint_study_error, study_checkpoints, study_lock
+from ..output import StudyError, Terminated, across_ranks, hold_signals, threads_record
+from ..resume import checkpoint_folder, checkpoint_study_error, study_checkpoints, study_lock
 
 #: The pixel shown in the trace and rank plots: the image's centre.
 CENTRE_PIXEL = pixel_index(14, 14)
@@ -276,8 +276,8 @@ class _NothingDrawn(Exception):
 
 
 def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None], ranks: Optional[Ranks] = None) -> dict:
-    from ..evaluation.diagnostics import to_arviz
-    from .plots import (plot_bma_curves, plot_rank_panels, plot_reliability, plot_trace_panels,
+    from ...evaluation.diagnostics import to_arviz
+    from ..plots import (plot_bma_curves, plot_rank_panels, plot_reliability, plot_trace_panels,
                         plot_weight_comparison, save_figures)
 
     X, y = load_mnist79(config.data_dir, split="train")

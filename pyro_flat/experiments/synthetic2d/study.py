@@ -42,12 +42,12 @@ import torch
 
 import pyro
 
-from ..kernels import make_kernel
-from ..models.mixtures import SharpFlatMixture, sharp_flat_2d
-from . import plots
-from .compare import compare_text, differ
-from .configs import Synthetic2DConfig
-from .output import hold_signals, study_output, threads_record
+from ...kernels import make_kernel
+from ...models.mixtures import SharpFlatMixture, sharp_flat_2d
+from .. import plots
+from ..compare import compare_text, differ
+from ..configs import Synthetic2DConfig
+from ..output import hold_signals, study_output, threads_record
 
 #: Sample paths drawn per panel of ``paths.png``.
 PATHS_SHOWN = 3
@@ -139,7 +139,7 @@ def run_synthetic2d(config: Synthetic2DConfig, *, log: Callable[[str], None] = p
     ``report["states"]`` (label -> ``(marks, chains, 2)`` array) for the figures. The exact
     landscape is computed at ``config.etas`` and ``landscape_etas`` (the study's figure passes
     :data:`LANDSCAPE_ETAS`; each η costs a few seconds of quadrature)."""
-    from ..convergence.runner import run_ensemble
+    from ...convergence.runner import run_ensemble
 
     config.validate()
     mixture = sharp_flat_2d()

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Dict, Optional, Tuple
 
-from .images_config import DEVICE_PATTERN, PAPER_COUPLING, require_coupling
-from .output import StudyError
-from .study_config import StudyConfig, option, out_option, threads_option
+from ..images.config import DEVICE_PATTERN, PAPER_COUPLING, require_coupling
+from ..output import StudyError
+from ..study_config import StudyConfig, option, out_option, threads_option
 
 #: the methods, each from the same pre-trained network; the part it makes Bayesian (or trains) is in its name
 TRANSFER_METHODS = ("sgd-block", "sgd-adapters", "swag-block", "laplace-head", "vi-block", "sabma-block",

@@ -28,9 +28,9 @@ from typing import Dict, List
 
 import numpy as np
 
-from .compare import LARGE_SAMPLE_SIGMAS, mean_and_se, t_critical, threshold_text
-from .configs import BNN_EXTRAS, BNN_FAMILIES
-from .bnn_families import METHOD_LABELS, network_text
+from ..compare import LARGE_SAMPLE_SIGMAS, mean_and_se, t_critical, threshold_text
+from ..configs import BNN_EXTRAS, BNN_FAMILIES
+from .families import METHOD_LABELS, network_text
 
 #: the metrics of a row, and whether lower is better
 METRICS = {"accuracy": False, "nll": True, "ece": True, "ood_auroc": False, "top_eigenvalue": True, "trace": True}

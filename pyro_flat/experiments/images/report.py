@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .compare import claim_verdict, paired_verdict, seed_summary, t_critical
+from ..compare import claim_verdict, paired_verdict, seed_summary, t_critical
 
 EMCMC = "Entropy-MCMC (both)"
 EMCMC_FLAT = "Entropy-MCMC (θa)"
@@ -128,7 +128,7 @@ def _compiled_text(rows: List[dict], jit: str) -> str:
 def protocol_rows(report: dict) -> List[Tuple[str, str, str]]:
     """``(setting, this run, the paper's CIFAR-10 value)`` for the report's first table; the paper's cell is empty
     where the run keeps it."""
-    from .images_config import PAPER_PROTOCOL
+    from .config import PAPER_PROTOCOL
 
     yes = lambda flag: "yes" if flag else "no"  # noqa: E731
 

@@ -33,18 +33,18 @@ import torch
 
 import pyro
 
-from .. import flatness
-from ..evaluation import metrics
-from ..data.datasets import load_mnist_ood
-from ..distributed import Ranks
-from ..models.mixtures import sharp_flat_2d
-from ..models.zoo import BayesianClassifier
-from ..evaluation.predictive import bma_predict
-from ..data.shift import shifted_test_sets
-from .bnn_families import Fit, bnn_network, fit_method, loss_trend, make_bnn_kernel, network_text, sampler_label
-from .bnn_report import findings, plot_families, plot_shift, report_markdown, row_text, summarize
-from .configs import BNN_SAMPLERS, BNNConfig
-from .output import across_ranks, hold_signals, seeds_over_ranks, threads_record
+from ... import flatness
+from ...evaluation import metrics
+from ...data.datasets import load_mnist_ood
+from ...distributed import Ranks
+from ...models.mixtures import sharp_flat_2d
+from ...models.zoo import BayesianClassifier
+from ...evaluation.predictive import bma_predict
+from ...data.shift import shifted_test_sets
+from .families import Fit, bnn_network, fit_method, loss_trend, make_bnn_kernel, network_text, sampler_label
+from .report import findings, plot_families, plot_shift, report_markdown, row_text, summarize
+from ..configs import BNN_SAMPLERS, BNNConfig
+from ..output import across_ranks, hold_signals, seeds_over_ranks, threads_record
 
 
 def row_label(fit: Fit, use: str) -> str:
@@ -138,7 +138,7 @@ def _run_bnn_study(config: BNNConfig, out, log: Callable[[str], None], ranks: Ra
     report["findings"] = findings(report)
     for text in report["findings"]:
         log(text)
-    from .plots import plot_bma_by_ensemble_size, save_figures
+    from ..plots import plot_bma_by_ensemble_size, save_figures
 
     hold_signals()  # the study is done: a Ctrl-C from here waits until the files are written
 
@@ -172,7 +172,7 @@ def run_toy_study(config: BNNConfig, *, log: Callable[[str], None] = print) -> d
     ends at the flat mode), and the mean top Hessian eigenvalue of the energy at the final states
     (the sharp mode's is 44, the flat one's 1.6). ``pyro-flat synthetic2d`` is the full study.
     """
-    from ..convergence.runner import run_ensemble
+    from ...convergence.runner import run_ensemble
 
     mixture = sharp_flat_2d()
     potential = lambda p: -mixture.log_prob(p["theta"])  # noqa: E731
@@ -207,7 +207,7 @@ def run_toy_study(config: BNNConfig, *, log: Callable[[str], None] = print) -> d
 
 
 def _toy_figure(mixture, finals, rows):
-    from .plots import plot_basin_endpoints
+    from ..plots import plot_basin_endpoints
 
     shares = [{"label": r["sampler"], "share": r["flat_basin"], "se": r["flat_basin_se"], "exact": None}
               for r in rows]

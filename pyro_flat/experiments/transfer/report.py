@@ -19,8 +19,8 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from .compare import claim_verdict, paired_verdict, seed_summary, t_critical
-from .transfer_fits import LABELS
+from ..compare import claim_verdict, paired_verdict, seed_summary, t_critical
+from .fits import LABELS
 
 #: the methods without flatness that have a model average (SGD keeps one network)
 NON_FLAT_BMA = ("swag-block", "laplace-head", "vi-block", "sgld-block", "sgld-adapters")
@@ -137,7 +137,7 @@ def plot_transfer(report: dict):
     report.md). NLL and ECE on log axes; a hollow marker: a fit of that row did not converge."""
     from matplotlib import ticker
 
-    from .plots import pyplot
+    from ..plots import pyplot
 
     plt = pyplot()
     panels = (("nll", "test NLL (lower is better)", True), ("ece", "ECE (lower is better)", True),

@@ -23,16 +23,16 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import torch
 
-from ..evaluation import metrics
-from ..evaluation.predictive import bma_predict
-from .images_data import study_device
-from .output import hold_signals, study_output, threads_record
-from .resume import checkpoint_folder, study_checkpoints, study_lock
-from .transfer_config import TRANSFER_METHODS, TransferConfig
-from .transfer_data import TransferData, load_transfer_data
-from .transfer_fits import LABELS, TransferFit, fit_method, make_task
-from ..storage.draws_folder import write_atomically
-from .transfer_pretrain import pretrained_network, task_network
+from ...evaluation import metrics
+from ...evaluation.predictive import bma_predict
+from ..images.data import study_device
+from ..output import hold_signals, study_output, threads_record
+from ..resume import checkpoint_folder, study_checkpoints, study_lock
+from .config import TRANSFER_METHODS, TransferConfig
+from .data import TransferData, load_transfer_data
+from .fits import LABELS, TransferFit, fit_method, make_task
+from ...storage.draws_folder import write_atomically
+from .pretrain import pretrained_network, task_network
 
 
 def model_average_draws(fit: TransferFit) -> Dict[str, torch.Tensor]:
@@ -82,7 +82,7 @@ def score(fit: TransferFit, data: TransferData, X: torch.Tensor, y: torch.Tensor
 
 def _kept_sgd(folder: Path, key: str, task, config: TransferConfig) -> TransferFit:
     """``sgd-block``'s fit of a task, read back from the checkpoint folder (Laplace starts from it)."""
-    from .transfer_fits import bayesian_part
+    from .fits import bayesian_part
 
     samples = torch.load(folder / f"{key}-sgd-block.pt", map_location=task.X.device, weights_only=True)
     return TransferFit("sgd-block", bayesian_part("sgd-block", task, config), samples["samples"], None,
@@ -130,8 +130,8 @@ def _fit_task(config: TransferConfig, data: TransferData, pretrained: torch.nn.M
 def run_transfer_study(config: TransferConfig, *, log: Callable[[str], None] = print) -> dict:
     """Pre-train (or read the cache), fit every method at every number of shots and seed, and write
     ``report.md``, ``report.json``, ``transfer.png`` and ``pretrained.pt`` to ``config.out``. Returns the report."""
-    from .plots import save_figures
-    from .transfer_report import claims, plot_transfer, report_markdown, summarize
+    from ..plots import save_figures
+    from .report import claims, plot_transfer, report_markdown, summarize
 
     config.validate()
     start = time.perf_counter()

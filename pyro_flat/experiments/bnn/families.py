@@ -50,12 +50,12 @@ import torch
 
 import pyro
 
-from ..evaluation.diagnostics import mcmc_sample_stats
-from ..kernels import kernel_class, make_kernel
-from ..infer.mcmc import MCMC
-from ..models.zoo import BayesianClassifier, BayesianCNN, BayesianMLP
-from .configs import BNN_METHODS, BNN_OWN_SETTING, BNNConfig
-from .output import StudyError
+from ...evaluation.diagnostics import mcmc_sample_stats
+from ...kernels import kernel_class, make_kernel
+from ...infer.mcmc import MCMC
+from ...models.zoo import BayesianClassifier, BayesianCNN, BayesianMLP
+from ..configs import BNN_METHODS, BNN_OWN_SETTING, BNNConfig
+from ..output import StudyError
 
 #: the rows' names of the methods
 METHOD_LABELS = {"sgld": "SGLD", "sasgld": "SASGLD", "entropy-sgld": "EntropySGLD", "flat-sgld": "FlatSGLD",
@@ -226,7 +226,7 @@ def _fit_sampler(method: str, config: BNNConfig, net: BayesianClassifier, data) 
 
 
 def _fit_ensemble(method: str, config: BNNConfig, net: BayesianClassifier, data) -> Fit:
-    from ..infer.ensembles import fit_ensemble
+    from ...infer.ensembles import fit_ensemble
 
     steps = steps_for(method, config)
     start = time.perf_counter()
@@ -265,7 +265,7 @@ def _guide_draws(guide, num: int, data, config: BNNConfig) -> Dict[str, torch.Te
 def _sam_or_plain(method: str, rho: float):
     from pyro.infer import Trace_ELBO
 
-    from ..variational import SAM_ELBO
+    from ...variational import SAM_ELBO
 
     return SAM_ELBO(rho) if method.startswith("sa-") else Trace_ELBO()
 
@@ -292,7 +292,7 @@ def _swag_run(method: str, config: BNNConfig, net, data, steps: int, desc: Optio
     iterates of the second half are collected, at least once an epoch. ``(guide, records, seconds)``."""
     from pyro.infer.autoguide.initialization import init_to_sample
 
-    from ..variational import AutoSWAG
+    from ...variational import AutoSWAG
 
     window = steps - steps // 2  # the second half is collected, at least once an epoch
     epoch = -(-len(data.X_train) // config.batch_size)
@@ -329,7 +329,7 @@ def _fit_sabma(method: str, config: BNNConfig, net: BayesianClassifier, data) ->
     network's ``Normal(0, prior_scale)``), so that SA-BMA's posterior is the same posterior the
     other rows approximate. Only the starting guide comes from SWAG.
     """
-    from ..variational import SABMA_ELBO
+    from ...variational import SABMA_ELBO
 
     swag_steps, sabma_steps = sabma_split(config)
     swag, _, swag_seconds = _swag_run(method, config, net, data, swag_steps, desc="SA-BMA's SWAG")

@@ -1,14 +1,14 @@
 """The report of ``pyro-flat mnist79``: what the study prints and writes in ``report.md``.
 
-Everything here reads the report dict that :func:`~pyro_flat.experiments.mnist79.run_mnist79` builds
+Everything here reads the report dict that :func:`~pyro_flat.experiments.mnist79.study.run_mnist79` builds
 (and writes as ``report.json``), so a report can be rewritten from a saved run.
 """
 
 from __future__ import annotations
 
-from ..evaluation.diagnostics import MAX_R_HAT, MIN_ESS
-from ..kernels.preconditioning import pull_strength
-from .configs import MOMENTUM_SAMPLERS, MNIST79Config
+from ...evaluation.diagnostics import MAX_R_HAT, MIN_ESS
+from ...kernels.preconditioning import pull_strength
+from ..configs import MOMENTUM_SAMPLERS, MNIST79Config
 
 #: the confidence bins of the study's two ECEs (equal-width and equal-count bins)
 ECE_BINS = 15

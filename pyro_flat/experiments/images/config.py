@@ -18,8 +18,8 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar, Dict, Optional, Tuple
 
-from .output import StudyError
-from .study_config import StudyConfig, option, out_option, threads_option
+from ..output import StudyError
+from ..study_config import StudyConfig, option, out_option, threads_option
 
 #: the methods of the image study; ``emcmc`` reports θ, θa and both; ``sgd-ensemble``: SGD networks trained at the
 #: compute of one sampler chain (a reviewer's first baseline; not one of the paper's)

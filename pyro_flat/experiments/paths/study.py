@@ -11,7 +11,7 @@ of ``pyro-flat bnn``:
 3. the straight line and the minimum-energy path (:func:`~pyro_flat.flatness.minimum_energy_path`,
    AutoNEB with insertion rounds) join them; :func:`~pyro_flat.flatness.curvature_along_path`
    measures the top Hessian eigenvalue and the trace along both;
-4. dynamics started on the path (:mod:`~pyro_flat.experiments.path_dynamics`: free and constrained
+4. dynamics started on the path (:mod:`~pyro_flat.experiments.paths.dynamics`: free and constrained
    SGD with minibatches of 10, each against full-batch descent, and isotropic SGLD of the same noise
    variance, at step sizes set by α λmax, 10,000 steps) are read off as a position along the path
    (Di Carlo et al.'s projected dynamics): does noise push them toward the flatter end?
@@ -35,20 +35,20 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from .. import flatness
-from ..data.datasets import load_mnist_ood
-from ..models.zoo import BayesianMLP
-from ..evaluation.predictive import iter_draws
-from .compare import best_text, mean_and_se, t_critical
-from .configs import PathConfig
-from .output import hold_signals, study_output, threads_record
-from .path_dynamics import dynamics_findings, plot_dynamics, run_path_dynamics
+from ... import flatness
+from ...data.datasets import load_mnist_ood
+from ...models.zoo import BayesianMLP
+from ...evaluation.predictive import iter_draws
+from ..compare import best_text, mean_and_se, t_critical
+from ..configs import PathConfig
+from ..output import hold_signals, study_output, threads_record
+from .dynamics import dynamics_findings, plot_dynamics, run_path_dynamics
 
 
 def _last_draws(key: str, config: PathConfig, model, data, log) -> dict:
     """The last draw of each of two chains of sampler ``key``, run as the BNN study runs it: ``{label:
     [draw, draw]}`` (for EntropySGLD, θ and θa)."""
-    from .bnn_families import BNNConfig, sample_chains, sampler_label
+    from ..bnn.families import BNNConfig, sample_chains, sampler_label
 
     bnn = BNNConfig(data_dir=config.data_dir, in_digits=config.in_digits, hidden=config.hidden,
                     prior_scale=config.prior_scale, batch_size=config.batch_size, step_size=config.step_size,
@@ -253,7 +253,7 @@ def _write(report, profiles, staging: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    from .plots import save_figures
+    from ..plots import save_figures
 
     decay = report["decay_trace"]  # the weight decay adds a constant to the trace: shown without it
     fig = flatness.plot_path_profiles({k: dict(p, trace=np.asarray(p["trace"]) - decay) for k, p in profiles.items()})

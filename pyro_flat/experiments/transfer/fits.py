@@ -36,12 +36,12 @@ import torch
 import pyro
 import pyro.poutine as poutine
 
-from .. import schedules
-from ..infer.mcmc import MCMC
-from ..kernels import make_kernel
-from ..nn import BayesianModule, low_rank_adapters
-from .transfer_config import POINT_METHODS, SAMPLERS, TransferConfig
-from .transfer_pretrain import head_features, last_stage, load_weights
+from ... import schedules
+from ...infer.mcmc import MCMC
+from ...kernels import make_kernel
+from ...nn import BayesianModule, low_rank_adapters
+from .config import POINT_METHODS, SAMPLERS, TransferConfig
+from .pretrain import head_features, last_stage, load_weights
 
 LABELS = {"sgd-block": "SGD (last block)", "sgd-adapters": "SGD (adapters)", "swag-block": "SWAG (last block)",
           "laplace-head": "Laplace (last layer)", "vi-block": "VI (last block)", "sabma-block": "SA-BMA (last block)",
@@ -170,7 +170,7 @@ def _fit_variational(method: str, task: Task, config: TransferConfig) -> Transfe
     from pyro.infer.autoguide import AutoNormal
     from pyro.infer.autoguide.initialization import init_to_value
 
-    from ..variational import SABMA_ELBO, transfer_model
+    from ...variational import SABMA_ELBO, transfer_model
 
     part = bayesian_part(method, task, config)  # the sites the draws are of (the last stage and the head)
     stage = last_stage(task.net)
@@ -195,7 +195,7 @@ def _fit_swag(method: str, task: Task, config: TransferConfig) -> TransferFit:
     from pyro.infer import Trace_ELBO
     from pyro.infer.autoguide.initialization import init_to_value
 
-    from ..variational import AutoSWAG
+    from ...variational import AutoSWAG
 
     model = bayesian_part(method, task, config)
     iterations = int(config.protocol()["iterations"])
@@ -221,7 +221,7 @@ def fit_laplace(sgd: TransferFit, task: Task, config: TransferConfig) -> Transfe
     (BatchNorm statistics of the shots), the head's GGN, the prior precision by the marginal likelihood. Its model
     average is ``laplace_draws`` draws of the head on the features (the rest of the network is fixed: its features
     are computed once)."""
-    from ..variational import LastLayerLaplace
+    from ...variational import LastLayerLaplace
 
     start = time.perf_counter()
     tuned = load_weights(task.net, {k: v[-1] for k, v in sgd.samples.items()})

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .compare import seed_summary, t_critical
+from ..compare import seed_summary, t_critical
 
 #: the sweep's measures: (row key, the use whose rows carry it, its axis label)
 MEASURES = (("accuracy", "both", "test accuracy"), ("nll", "both", "test NLL"),

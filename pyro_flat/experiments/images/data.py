@@ -10,9 +10,9 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from ..data.corruptions import KINDS, corrupted_test_sets
-from .images_config import ImagesConfig
-from .output import StudyError
+from ...data.corruptions import KINDS, corrupted_test_sets
+from .config import ImagesConfig
+from ..output import StudyError
 
 
 def study_device(spec: str) -> torch.device:
@@ -71,8 +71,8 @@ def first_of_each_class(y: torch.Tensor, size: Optional[int]) -> torch.Tensor:
 def load_image_data(config: ImagesConfig) -> ImageData:
     """The study's data: digits (``ood_digits`` held out as the out-of-distribution set), or CIFAR from
     ``data_dir`` (SVHN's test set as out-of-distribution and CIFAR-10-C's corruptions where present)."""
-    from ..data.cifar_files import read_cifar, read_cifar10c, read_svhn_test, ImageFileError
-    from ..data.datasets import load_mnist_ood
+    from ...data.cifar_files import read_cifar, read_cifar10c, read_svhn_test, ImageFileError
+    from ...data.datasets import load_mnist_ood
 
     if config.dataset == "digits":
         in_digits = tuple(d for d in range(10) if d not in config.ood_digits)

@@ -30,9 +30,9 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import torch
 
-from .. import flatness
-from ..targets.batching import EpochBatcher
-from .compare import differ, mean_and_se, threshold_text
+from ... import flatness
+from ...targets.batching import EpochBatcher
+from ..compare import differ, mean_and_se, threshold_text
 
 #: the kinds of run, in the order of the report: (label, constrained, noise)
 RUN_KINDS = (("free SGD", False, "minibatch"), ("free full-batch descent", False, "none"),

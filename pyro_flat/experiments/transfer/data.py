@@ -17,11 +17,11 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from ..data.corruptions import KINDS, corrupted_test_sets
-from ..data.mnist_files import MNISTFileError
-from .images_data import first_of_each_class
-from .output import StudyError
-from .transfer_config import TransferConfig
+from ...data.corruptions import KINDS, corrupted_test_sets
+from ...data.mnist_files import MNISTFileError
+from ..images.data import first_of_each_class
+from ..output import StudyError
+from .config import TransferConfig
 
 #: where the official MNIST files lie beside the project, looked for from the working folder and the package
 SHARED_MNIST = Path("..") / "shared" / "data" / "mnist"
@@ -85,7 +85,7 @@ def shared_mnist_dir() -> Optional[Path]:
 
 
 def _digits(config: TransferConfig) -> Tuple[np.ndarray, np.ndarray, str]:
-    from ..data.datasets import load_mnist_digits
+    from ...data.datasets import load_mnist_digits
 
     images, labels = [], []
     for split in ("train", "test"):  # the embedded subset: all 5,000 images
@@ -139,7 +139,7 @@ def load_transfer_data(config: TransferConfig) -> TransferData:
         total = 10
         test_images = None
     else:
-        from ..data.cifar_files import ImageFileError, read_cifar
+        from ...data.cifar_files import ImageFileError, read_cifar
 
         try:
             (x_train, y_train), (x_test, y_test) = (read_cifar(config.data_dir, "cifar100", s) for s in ("train", "test"))

@@ -18,11 +18,11 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
-from ..storage.draws_folder import write_atomically
-from .images import network
-from .output import StudyError
-from .transfer_config import TransferConfig
-from .transfer_data import TransferData
+from ...storage.draws_folder import write_atomically
+from ..images.study import network
+from ..output import StudyError
+from .config import TransferConfig
+from .data import TransferData
 
 CACHE_NAME = "pretrained.pt"
 
@@ -146,7 +146,7 @@ def head_features(net: torch.nn.Module, batchnorm_data: torch.Tensor) -> Callabl
     """``features(X)``: the inputs of ``net.linear`` for ``X``, every BatchNorm layer with its statistics over
     ``batchnorm_data`` (:func:`~pyro_flat.nn.update_batchnorm`, computed once), as a
     :class:`~pyro_flat.nn.BayesianModule` of ``net`` predicts."""
-    from ..nn import BayesianModule, update_batchnorm
+    from ...nn import BayesianModule, update_batchnorm
 
     model = BayesianModule(net, prior=1.0, sampled=["linear.*"])
     weights = {k: p.detach()[None] for k, p in net.named_parameters() if k in model.shapes}
