@@ -81,8 +81,9 @@ class MNIST79Config(StudyConfig):
 
     ``prior_scale = 0.5`` (prior precision 4): among precisions 0.1..100 it gave the best MAP test
     accuracy on the embedded split (94.5%). :meth:`reduced` is the small run of the tests and of
-    the tutorials' reduced mode. One thread (``threads``) was as fast as two for a model of this
-    size (benchmarks/bench_kernels.py).
+    the tutorials' reduced mode. ``threads`` defaults to torch's count (one per core; one thread on a busy
+    machine): one thread was as fast as two for the stochastic-gradient samplers (benchmarks/bench_kernels.py), but
+    the EntropyHMC reference took 57 s on 2 threads against 67 s on one (docs/performance.md).
 
     The stochastic-gradient samplers use the dense preconditioner (the full-data Hessian during
     warm-up, then frozen; :mod:`pyro_flat.kernels.preconditioning`), so ``step_size`` is in its
