@@ -48,9 +48,10 @@ class StudyConfig:
     """What every study's settings share. Subclasses set :attr:`COMMAND`, their own ``out`` default
     and :attr:`REDUCED`, the overrides of their small run.
 
-    ``threads`` is torch's thread count during the run (restored after). ``synthetic2d``'s small model runs on
-    one thread (as fast as two), and so do ``images``, ``images-eta`` and ``transfer``. ``mnist79``, ``bnn`` and ``paths`` default
-    to ``None``: torch's own count (one per core), or one thread when the machine is busy
+    ``threads`` is torch's thread count during the run (restored after). ``synthetic2d``'s small model runs
+    on one thread (as fast as two), and so do ``images``, ``images-eta`` and ``transfer``. ``mnist79``,
+    ``bnn`` and ``paths`` default to ``None``: torch's own count (one per core), or one thread when the
+    machine is busy
     (:func:`~pyro_flat.experiments.output.auto_threads`, said in a line). Measured on 2 cores: all
     cores are faster idle (the earlier ``paths`` study took 2 min 20 s on 2 threads, 4 min 50 s on one), but with 3
     busy processes beside it 1,000 gradient evaluations of the ``bnn`` study's EntropySGLD took 80 s
