@@ -2,7 +2,9 @@
 
 - :class:`DivergenceError`: a chain's potential, gradient or state became NaN/inf (kernels);
 - :class:`RankLost` and :class:`OtherRankFailed`: a run across ranks lost a rank, or failed on another
-  rank (:mod:`pyro_flat.distributed`).
+  rank (:mod:`pyro_flat.distributed`);
+- :class:`CheckpointError`: a checkpoint that cannot continue a run (:mod:`pyro_flat.storage`), caught by the
+  driver, the ranks and the studies.
 
 The errors of one layer alone stay with it (:class:`~pyro_flat.targets.ChangedSitesError` with the targets).
 """
@@ -67,4 +69,8 @@ class OtherRankFailed(RuntimeError):
     :meth:`pyro_flat.distributed.Ranks.check` then hands every rank the failing rank's error, not this one."""
 
 
-__all__ = ["DivergenceError", "RankLost", "OtherRankFailed"]
+class CheckpointError(ValueError):
+    """A checkpoint that cannot continue this run: unreadable, corrupt, or of another configuration."""
+
+
+__all__ = ["DivergenceError", "RankLost", "OtherRankFailed", "CheckpointError"]

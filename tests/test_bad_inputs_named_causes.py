@@ -14,7 +14,8 @@ import pyro.infer
 import pyro_flat
 from pyro_flat import MCMC, EntropySGLD
 from pyro_flat.nn import BayesianModule, low_rank_adapters
-from pyro_flat.storage.checkpoint import CheckpointError, differences
+from pyro_flat.storage.checkpoint import CheckpointError
+from pyro_flat.storage.fingerprint import differences
 
 from linear_regression import data as regression_data
 from linear_regression import model as regression_model

@@ -13,8 +13,8 @@ from unittest import mock
 import pytest
 import torch
 
-from pyro_flat.storage.checkpoint import (CheckpointError, checkpoint_location, random_state, read_checkpoint,
-                                          set_random_state, write_checkpoint)
+from pyro_flat.storage.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
+from pyro_flat.storage.devices import checkpoint_location, random_state, set_random_state
 
 CUDA0, CUDA1 = torch.device("cuda", 0), torch.device("cuda", 1)
 

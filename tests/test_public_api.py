@@ -79,7 +79,8 @@ def test_a_checkpoint_written_before_the_move_still_continues(tmp_path):
 
     import pyro
     from pyro_flat import MCMC, EntropySGLD
-    from pyro_flat.storage.checkpoint import differences, read_checkpoint
+    from pyro_flat.storage.checkpoint import read_checkpoint
+    from pyro_flat.storage.fingerprint import differences
     from linear_regression import data, model
 
     def run(checkpoint):

@@ -70,7 +70,8 @@ from pyro.util import optional
 from ..chains.streams import check_random_streams
 from ..chains.shard import sharded
 from ..evaluation.diagnostics import per_chain_diagnostics, require_draws, select_draws
-from ..storage.checkpoint import StopAfterIteration, check_checkpoint_arguments, resumable_data, run_fingerprint
+from ..storage.checkpoint import StopAfterIteration, check_checkpoint_arguments, resumable_data
+from ..storage.fingerprint import run_fingerprint
 from .draws import DrawBuffers, DrawFiles
 from ..storage.draws_folder import DrawsFolder, check_draws_dir
 from .progress import ProgressHook

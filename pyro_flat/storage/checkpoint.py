@@ -30,33 +30,29 @@ run whose data are not on a GPU, where the GPU it was written on does not exist,
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import io
 import os
-import pickle
 import random
 import signal
 import threading
 import time
-import types
 import warnings
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
+from ..errors import CheckpointError
+from .devices import checkpoint_location, pickle_with_devices, random_state, set_random_state
+from .fingerprint import differences
 from .locks import exclusive_lock
 from ..targets import Params
 
 #: the first bytes of a pyro-flat checkpoint, then the format version
 MAGIC = b"pyro-flat checkpoint\n"
 FORMAT_VERSION = 1
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot continue this run: unreadable, corrupt, or of another configuration."""
 
 
 def check_checkpoint_arguments(checkpoint, checkpoint_every) -> Optional[Path]:
@@ -151,210 +147,8 @@ def read_checkpoint(path: Union[str, os.PathLike], devices: Sequence[torch.devic
         named = torch.device(*args)
         return named if named.type != "cuda" else torch.device(checkpoint_location(str(named), devices, path))
 
-    return torch.load(io.BytesIO(body), map_location=storage_location, pickle_module=_pickle_with_devices(device),
+    return torch.load(io.BytesIO(body), map_location=storage_location, pickle_module=pickle_with_devices(device),
                       weights_only=False)
-
-
-def checkpoint_location(location: str, devices: Sequence[torch.device] = (),
-                        path: Union[str, os.PathLike, None] = None) -> str:
-    """Where a checkpoint's tensor (or device) saved at ``location`` (torch's tag: ``"cpu"``, ``"cuda:1"``) goes in
-    a run whose CUDA devices are ``devices`` (:class:`pyro_flat.MCMC` finds them in the model's data, a
-    :class:`~pyro_flat.nn.Batches` loader's device, ``initial_params`` and an ``nn.Module`` model's weights).
-
-    - a CPU location stays (random states, draws kept in host memory);
-    - a run on a CUDA device: a CUDA location among ``devices`` stays, any other goes to ``devices[0]``
-      (``cuda:1`` to ``cuda:0`` for a run on ``cuda:0``);
-    - a run whose data are not on a GPU: a CUDA location this machine has stays (the model may hold its
-      tensors there); one it lacks is refused, a :class:`CheckpointError` that names ``path``, the device the
-      checkpoint was written on and what to do.
-
-    >>> checkpoint_location("cuda:1", [torch.device("cuda", 0)]), checkpoint_location("cpu", [torch.device("cuda", 0)])
-    ('cuda:0', 'cpu')
-    """
-    if not location.startswith("cuda"):
-        return location
-    saved = torch.device(location)
-    run = [_with_index(d) for d in devices if torch.device(d).type == "cuda"]
-    if run:
-        return location if saved in run else str(run[0])
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if count and (saved.index is None or saved.index < count):
-        return location
-    here = ("this machine has no CUDA device" if not count else
-            f"this machine has {count} CUDA device{'s' if count > 1 else ''} (cuda:0 to cuda:{count - 1})")
-    go_on = ("continue it on a machine with a CUDA device, with the run's data there" if not count else
-             "give the run its data (or initial_params) on a CUDA device, e.g. .to('cuda'): the checkpoint's "
-             "tensors go to that device")
-    raise CheckpointError(f"checkpoint {str(path)!r} was written by a run on {location}, and {here} and this run's "
-                          f"data are not on a GPU. To {go_on}; or delete the file (or pass another checkpoint= path) "
-                          "to start a new run here.")
-
-
-def _with_index(device) -> torch.device:
-    """``device`` with its index where CUDA can say it (``cuda`` is the current CUDA device)."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def _pickle_with_devices(device: Callable[..., torch.device]) -> types.ModuleType:
-    """A ``pickle_module`` for ``torch.load`` that makes the ``torch.device`` objects of the file with
-    ``device(*args)``: ``map_location`` moves tensors only, not the devices a state names."""
-
-    class Unpickler(pickle.Unpickler):
-        def find_class(self, module, name):
-            if module == "torch" and name == "device":
-                return device
-            return super().find_class(module, name)
-
-    module = types.ModuleType("pyro_flat_checkpoint_pickle")
-    module.Unpickler = Unpickler
-    module.load = lambda file, **kwargs: Unpickler(file, **kwargs).load()
-    return module
-
-
-def random_state(devices: Sequence[torch.device] = ()) -> dict:
-    """Every random generator a run draws from: torch's CPU one, Python's, numpy's, and CUDA's where it is in
-    use: those of the run's CUDA ``devices``, ``{device: state}`` (a run that reads the checkpoint elsewhere
-    gets them on its own device, as the tensors: :func:`checkpoint_location`), else every device's, in order."""
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        cuda = [_with_index(d) for d in devices if torch.device(d).type == "cuda"]
-        state["cuda"] = {d: torch.cuda.get_rng_state(d) for d in cuda} if cuda else torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_random_state(state: dict) -> None:
-    """Put back :func:`random_state`'s streams. CUDA's are set on the devices this machine has; the others are
-    left out: a run whose tensors were on a GPU this machine lacks is refused when its checkpoint is read
-    (:func:`checkpoint_location`), so they are the streams of GPUs the run did not compute on (a CPU run where CUDA
-    was in use, read on a machine without it, or with fewer GPUs)."""
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    cuda = state.get("cuda")
-    if cuda is not None and torch.cuda.is_available():
-        count = torch.cuda.device_count()
-        for device, saved in (cuda.items() if isinstance(cuda, dict) else enumerate(cuda)):
-            index = device if isinstance(device, int) else torch.device(device).index
-            if index is None or index < count:
-                torch.cuda.set_rng_state(saved, "cuda" if index is None else index)
-
-
-def describe(value) -> object:
-    """A value of a run's configuration as something a checkpoint can compare: numbers and strings as they
-    are, tensors by shape, dtype and a hash of their bytes, functions by name, other objects by type."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, torch.dtype):  # 'torch.bfloat16' (checkpoints written before said 'dtype': _same)
-        return str(value)
-    if torch.is_tensor(value):
-        data = value.detach().cpu().contiguous()
-        digest = hashlib.sha256(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"").hexdigest()[:16]
-        return f"tensor{tuple(data.shape)} {data.dtype} sha256:{digest}"
-    if isinstance(value, (list, tuple)):
-        return [describe(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): describe(v) for k, v in value.items()}
-    return _describe_object(value, depth=0)
-
-
-def _describe_object(value, depth: int) -> object:
-    """Functions by their code and what they capture (defaults, closure cells), ``functools.partial`` by its
-    function and arguments, modules by their weights, other objects by their attributes (a few levels down)."""
-    if depth > 3:
-        return type(value).__qualname__
-    if callable(getattr(value, "fingerprint", None)) and not isinstance(value, type):  # data from a loader
-        return describe(value.fingerprint())
-    spec = getattr(value, "spec", None)  # a Preconditioner: what it was asked to be
-    if spec is not None and not callable(spec):
-        return describe(spec)
-    if hasattr(value, "__dataclass_fields__"):  # a schedule such as cyclical_cosine: its fields
-        return repr(value)
-    if isinstance(value, functools.partial):
-        return {"partial": _describe_object(value.func, depth + 1), "args": describe(list(value.args)),
-                "keywords": describe(value.keywords)}
-    code = getattr(value, "__code__", None)
-    if code is not None:  # a function or lambda: its code and what it closes over, not its qualified name
-        body = hashlib.sha256(code.co_code + repr(code.co_consts).encode()).hexdigest()[:16]
-        cells = [_describe_cell(c, depth) for c in (value.__closure__ or ())]
-        return {"function": value.__name__, "code": body, "defaults": describe(value.__defaults__),
-                "keyword defaults": describe(value.__kwdefaults__), "captured": cells,
-                "globals": _describe_globals(code, getattr(value, "__globals__", {}))}
-    if isinstance(value, torch.nn.Module):
-        return {"module": repr(value), "weights": describe(dict(value.state_dict())),
-                "attributes": _describe_attributes(value, depth)}
-    if hasattr(value, "__dict__"):
-        return {"object": type(value).__qualname__, "attributes": _describe_attributes(value, depth)}
-    return type(value).__qualname__
-
-
-def _describe_globals(code, names: dict) -> dict:
-    """The module-level numbers, strings and tensors a function's code (and the code nested in it) reads."""
-    read, stack = set(), [code]
-    while stack:
-        c = stack.pop()
-        read.update(c.co_names)
-        stack.extend(k for k in c.co_consts if hasattr(k, "co_names"))
-    return {n: describe(names[n]) for n in sorted(read) if n in names
-            and (isinstance(names[n], (bool, int, float, str)) or torch.is_tensor(names[n]))}
-
-
-def _describe_cell(cell, depth: int) -> object:
-    try:
-        content = cell.cell_contents
-    except ValueError:  # an empty cell
-        return None
-    if content is None or isinstance(content, (bool, int, float, str)) or torch.is_tensor(content):
-        return describe(content)
-    return _describe_object(content, depth + 1)
-
-
-def _describe_attributes(value, depth: int) -> dict:
-    out = {}
-    for name, attribute in sorted(vars(value).items()):
-        if name.startswith("_") or isinstance(attribute, torch.nn.Module):  # private: hooks, caches, Pyro's own
-            continue
-        if attribute is None or isinstance(attribute, (bool, int, float, str)) or torch.is_tensor(attribute):
-            out[name] = describe(attribute)
-        elif isinstance(attribute, (list, tuple, dict)) or callable(attribute) or hasattr(attribute, "__dict__"):
-            out[name] = _describe_object(attribute, depth + 1) if not isinstance(attribute, (list, tuple, dict)) \
-                else describe(attribute) if depth < 2 else type(attribute).__qualname__
-    return out
-
-
-def differences(saved: Dict[str, object], current: Dict[str, object]) -> List[str]:
-    """What differs between two fingerprints, one line per setting: ``name: here ..., in the checkpoint ...``
-    (only the kernel when that differs: its settings differ with it)."""
-    if saved.get("kernel") != current.get("kernel"):
-        return [f"kernel: {current.get('kernel')!r} here, {saved.get('kernel')!r} in the checkpoint"]
-    lines = []
-    for name in sorted((set(saved) | set(current)) - {"random start"}):
-        if not _same(saved.get(name), current.get(name)):
-            lines.append(f"{name}: {_shown(current.get(name))} here, {_shown(saved.get(name))} in the checkpoint")
-    return lines
-
-
-#: how :func:`describe` writes a dtype: ``str(torch.bfloat16)``, ``'torch.bfloat16'``
-DTYPE_NAMES = frozenset(str(v) for v in vars(torch).values() if isinstance(v, torch.dtype))
-
-
-def _same(saved: object, current: object) -> bool:
-    """Whether two described values agree; a dtype that a checkpoint written before dtypes were named holds as
-    ``'dtype'`` agrees with any dtype (that checkpoint's run did not tell them apart), so it still continues."""
-    if saved == "dtype" and current in DTYPE_NAMES:
-        return True
-    if isinstance(saved, list) and isinstance(current, list):
-        return len(saved) == len(current) and all(map(_same, saved, current))
-    if isinstance(saved, dict) and isinstance(current, dict):
-        return saved.keys() == current.keys() and all(_same(saved[k], current[k]) for k in saved)
-    return saved == current
-
-
-def _shown(value: object) -> str:
-    """A described value in a message: a dtype as ``torch.bfloat16``, anything else as its ``repr``."""
-    return value if isinstance(value, str) and value in DTYPE_NAMES else repr(value)
 
 
 class Checkpointer:
@@ -494,25 +288,5 @@ def resumable_data(args: tuple, kwargs: dict) -> list:
     return found
 
 
-def run_fingerprint(kernel, *, num_chains: int, num_samples: int, warmup_steps: int, thinning: int, minibatches: str,
-                    initial_params, args: tuple, kwargs: dict) -> dict:
-    """What a checkpoint must share with a run to continue it: the kernel, its settings, the chains and
-    lengths, the data (shapes and hashes of their bytes) and the initial point."""
-    from ..kernels.base import constructor_signature
-
-    model = kernel.model if getattr(kernel, "model", None) is not None else getattr(kernel, "potential_fn", None)
-    left_out = {"model", "potential_fn", "record_draws"}  # the initial point is checked itself
-    settings = {f"{type(kernel).__name__}.{name}": describe(getattr(kernel, name, None))
-                for name in constructor_signature(type(kernel)).parameters if name not in left_out}
-    return {"kernel": type(kernel).__name__, "model": describe(model), **settings, "num_chains": num_chains,
-            "num_samples": num_samples, "warmup_steps": warmup_steps, "thinning": thinning, "minibatches": minibatches,
-            **{f"args[{i}]": describe(a) for i, a in enumerate(args)},
-            **{f"kwargs[{k!r}]": describe(v) for k, v in kwargs.items()}, "initial_params": describe(initial_params),
-            # the random streams when the run starts (another seed): said, not refused (see Checkpointer)
-            "random start": describe(torch.get_rng_state())}
-
-
-__all__ = ["Checkpointer", "StopAfterIteration", "run_fingerprint", "resumable_data", "rank_checkpoint_paths",
-           "CheckpointError", "check_checkpoint_arguments", "write_checkpoint", "read_checkpoint", "checkpoint_location",
-           "random_state",
-           "set_random_state", "describe", "differences", "FORMAT_VERSION"]
+__all__ = ["Checkpointer", "StopAfterIteration", "resumable_data", "rank_checkpoint_paths", "CheckpointError",
+           "check_checkpoint_arguments", "write_checkpoint", "read_checkpoint", "FORMAT_VERSION"]
