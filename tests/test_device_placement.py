@@ -181,7 +181,7 @@ def _cuda_batches():
 
 
 def test_data_behind_a_cuda_batches_loader_are_the_runs_device():
-    from pyro_flat.infer.mcmc import _cuda_devices
+    from pyro_flat.infer.arguments import run_cuda_devices as _cuda_devices
 
     assert _cuda_devices((_cuda_batches(),), {}) == [torch.device("cuda")]
     assert _cuda_devices((), {"data": _cuda_batches(), "x": torch.zeros(1)}) == [torch.device("cuda")]

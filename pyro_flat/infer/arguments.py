@@ -1,6 +1,7 @@
 """The arguments of :class:`pyro_flat.MCMC`, checked before any work: a kernel instance (not a
 sampler's name or class) and ``initial_params`` as floating-point tensors with a chain dimension;
-and the chains' starts for Pyro's driver when none is given (:func:`pyro_driver_starts`).
+the chains' starts for Pyro's driver when none is given (:func:`pyro_driver_starts`); and the run's CUDA devices
+(:func:`run_cuda_devices`).
 
 >>> check_initial_params({"x": [[0, 1], [2, 3]]}, num_chains=2)["x"].dtype
 torch.float32
@@ -12,6 +13,7 @@ from typing import Dict, Optional
 
 import torch
 
+from ..nn.batches import Batches
 from ..targets.starts import start_hook
 from ..validation import check_real_tensor
 
@@ -75,4 +77,20 @@ def pyro_driver_starts(kernel, num_chains: int, args: tuple, kwargs: dict) -> Op
     return kernel.build_target(args, kwargs, num_chains=num_chains).initial_params()
 
 
-__all__ = ["check_kernel", "check_initial_params", "pyro_driver_starts"]
+def run_cuda_devices(args: tuple, kwargs: dict, initial_params: Optional[Dict[str, torch.Tensor]] = None,
+                     kernel=None) -> list:
+    """The CUDA devices of the run: of the model's tensor arguments, of the batches a
+    :class:`~pyro_flat.nn.Batches` argument puts on its ``device``, of ``initial_params`` (a ``potential_fn``'s
+    state) and of the weights of a ``kernel`` whose model is an ``nn.Module``: those whose random streams a run
+    draws from, which decide a run across ranks' backend and where a checkpoint's CUDA tensors go."""
+    values = list(args) + list(kwargs.values()) + list((initial_params or {}).values())
+    devices = {v.device for v in values if torch.is_tensor(v)}
+    devices |= {torch.device(v.device) for v in values if isinstance(v, Batches) and v.device is not None}
+    model = getattr(kernel, "model", None)
+    if isinstance(model, torch.nn.Module):
+        devices |= {t.device for t in (*model.parameters(), *model.buffers())}
+    # indexed devices first, by index (cuda:2 before cuda:10)
+    return sorted({d for d in devices if d.type == "cuda"}, key=lambda d: (d.index is None, d.index or 0))
+
+
+__all__ = ["run_cuda_devices", "check_kernel", "check_initial_params", "pyro_driver_starts"]

@@ -79,7 +79,7 @@ from .sampling_loop import run_chains
 from ..distributed.driver import (RankRun, RanksFailed, checked, gather_draws, open_checkpoints,
                                  start_rank_run, with_draws)
 from ..kernels.protocol import ChainKernel
-from .arguments import check_initial_params, check_kernel, pyro_driver_starts
+from .arguments import check_initial_params, check_kernel, pyro_driver_starts, run_cuda_devices
 from ..targets import check_minibatches
 from ..validation import check_chain_memory, check_nonnegative_int, check_positive_int, check_thinning
 
@@ -285,7 +285,7 @@ class MCMC(pyro.infer.MCMC):
     def _probe(self, num_chains: int, args, kwargs, initial_params, minibatches: Optional[str] = None):
         """Why ``num_chains`` chains cannot run as one batched kernel, or ``None``; the global random stream
         is left as it was, so that the draws do not depend on the probe (nor on the chains it probed)."""
-        with torch.random.fork_rng(devices=_cuda_devices(args, kwargs, initial_params, self.kernel)):
+        with torch.random.fork_rng(devices=run_cuda_devices(args, kwargs, initial_params, self.kernel)):
             return self.kernel.vectorization_error(num_chains, args, kwargs, initial_params,
                                                    minibatches or self.minibatches, num_draws=self.num_samples)
 
@@ -296,7 +296,7 @@ class MCMC(pyro.infer.MCMC):
                     "warmup_steps": self.warmup_steps, "thinning": self.thinning, "minibatches": self.minibatches,
                     "random_streams": self.random_streams}
         run = start_rank_run(self.chain_method, num_chains, initial_params, settings, args, kwargs,
-                             _cuda_devices(args, kwargs, initial_params, self.kernel),
+                             run_cuda_devices(args, kwargs, initial_params, self.kernel),
                              lambda chains, params: self._probe(chains, args, kwargs, params))
         self.rank, self.world_size, self.backend = run.ranks.rank, run.ranks.world_size, run.ranks.backend
         self._run_vectorized(run.num_chains, run.initial_params, args, kwargs, run)
@@ -323,7 +323,7 @@ class MCMC(pyro.infer.MCMC):
                                args=args, kwargs=kwargs),
              "random_streams": self.random_streams,
              "draws_dir": None if self.draws_dir is None else str(self.draws_dir)},
-            run, resumable_data(args, kwargs), _cuda_devices(args, kwargs, initial_params, kernel))
+            run, resumable_data(args, kwargs), run_cuda_devices(args, kwargs, initial_params, kernel))
         recording = getattr(kernel, "record_draws", None)
         if self.draws_dir is not None and recording:  # the files hold the draws: no second copy in memory
             kernel.record_draws = False
@@ -391,20 +391,3 @@ class MCMC(pyro.infer.MCMC):
         self._diagnostics = per_chain_diagnostics(diagnostics, num_chains)
         if run is not None and run.shard is not None and run.ranks.distributed:
             self._samples, self._diagnostics = gather_draws(run, self._samples, self._diagnostics)
-
-
-def _cuda_devices(args: tuple, kwargs: dict, initial_params: Optional[Dict[str, torch.Tensor]] = None,
-                  kernel=None) -> list:
-    """The CUDA devices of the run: of the model's tensor arguments, of the batches a
-    :class:`~pyro_flat.nn.Batches` argument puts on its ``device``, of ``initial_params`` (a ``potential_fn``'s
-    state) and of the weights of a ``kernel`` whose model is an ``nn.Module``: those whose random streams a run
-    draws from, which decide a run across ranks' backend and where a checkpoint's CUDA tensors go."""
-    from ..nn.batches import Batches  # the data a loader gives: on its device (torch.device("cuda") has no index)
-
-    values = list(args) + list(kwargs.values()) + list((initial_params or {}).values())
-    devices = {v.device for v in values if torch.is_tensor(v)}
-    devices |= {torch.device(v.device) for v in values if isinstance(v, Batches) and v.device is not None}
-    model = getattr(kernel, "model", None)
-    if isinstance(model, torch.nn.Module):
-        devices |= {t.device for t in (*model.parameters(), *model.buffers())}
-    return sorted({d for d in devices if d.type == "cuda"}, key=lambda d: (d.index is None, str(d)))  # indexed first

@@ -24,7 +24,7 @@ from .batching import EpochBatcher, Minibatches
 from .layout import Params
 from .log_joint import ChangedSitesError, LogJoint
 from .protocol import Evaluation, TargetBase
-from .sites import SiteInfo, is_subsample_site, nonfinite_prior, support_transform
+from .sites import SiteInfo, check_finite_priors, is_subsample_site, support_transform
 from .starts import merge_overrides, model_start, setup_strategy, start_hook
 
 
@@ -51,23 +51,6 @@ def check_finite_inputs(args: tuple, kwargs: dict, *, before: str = "sampling", 
                     f"{who}model {label} holds {bad} NaN/inf value(s); clean or impute the data "
                     f"before {before} (e.g. drop rows with torch.isfinite(X).all(-1))."
                 )
-
-
-def _check_finite_priors(trace: poutine.Trace, cause: Optional[BaseException] = None) -> None:
-    """A ``ValueError`` naming the first latent site of ``trace`` whose prior has a parameter that is NaN or inf (a
-    NaN prior draws NaN starts, and no step or start can mend it)."""
-    found = nonfinite_prior(trace)
-    if found is not None:
-        name, bad, earlier = found
-        upstream = "" if not earlier else (
-            f" If they are computed from the latent sites traced before it ({', '.join(map(repr, earlier[:4]))}"
-            f"{', ...' if len(earlier) > 4 else ''}), those sites' starting values may be the cause: start them "
-            "elsewhere (initial_params=, or init_strategy=init_to_median).")
-        raise ValueError(
-            f"the prior of latent site {name!r} has parameters that are not finite: its {bad} holds NaN or inf. "
-            f"Give pyro.sample({name!r}, ...) a distribution of finite parameters (a positive scale), e.g. "
-            "dist.Normal(0., 1.); check what they are computed from (a NaN in a hyperparameter or a division "
-            f"by zero).{upstream}") from cause
 
 
 def potential_and_grad(
@@ -161,7 +144,7 @@ class ModelPotential(AutogradTarget):
         self._start_hook = start_hook(model, init_strategy)  # the model's own start (no init_strategy given)
         check_finite_inputs(self.model_args, self.model_kwargs)
         trace = self._init_trace()
-        _check_finite_priors(trace)  # once, at set-up: a step never reads its priors' parameters back
+        check_finite_priors(trace)  # once, at set-up: a step never reads its priors' parameters back
         self.sites: Dict[str, SiteInfo] = {}
         batchers: Dict[str, EpochBatcher] = {}
         self.full_indices: Dict[str, torch.Tensor] = {}
@@ -221,13 +204,15 @@ class ModelPotential(AutogradTarget):
         self.subsampled_plates: Dict[str, Tuple[int, int]] = subsampled
         self.max_plate_nesting = nesting
 
+    def _traced(self) -> poutine.Trace:
+        """The model traced once at its starting values, without a gradient."""
+        with torch.no_grad():
+            strategy = setup_strategy(self._start_hook, self.init_strategy)
+            return poutine.trace(InitMessenger(strategy)(self.model)).get_trace(*self.model_args, **self.model_kwargs)
+
     def _init_trace(self) -> poutine.Trace:
         try:
-            with torch.no_grad():
-                strategy = setup_strategy(self._start_hook, self.init_strategy)
-                return poutine.trace(InitMessenger(strategy)(self.model)).get_trace(
-                    *self.model_args, **self.model_kwargs
-                )
+            return self._traced()
         except ZeroDivisionError as err:  # pyro.plate(size=0)
             raise ValueError("the model has a pyro.plate of size 0: its data are empty; pass at "
                              "least one data point.") from err
@@ -247,13 +232,11 @@ class ModelPotential(AutogradTarget):
         naming the site: the model traced again without the check finds it, and the error names it when a latent
         site's prior is not finite (else the caller raises torch's own)."""
         try:
-            with torch.no_grad(), pyro.validation_enabled(False):
-                strategy = setup_strategy(self._start_hook, self.init_strategy)
-                trace = poutine.trace(InitMessenger(strategy)(self.model)).get_trace(
-                    *self.model_args, **self.model_kwargs)
+            with pyro.validation_enabled(False):
+                trace = self._traced()
         except Exception:  # noqa: BLE001 - torch's error, not this one, is the one to show
             return
-        _check_finite_priors(trace, cause=err)
+        check_finite_priors(trace, cause=err)
 
     @property
     def transforms(self) -> Dict[str, torch.distributions.Transform]:

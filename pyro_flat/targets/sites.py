@@ -88,3 +88,20 @@ def nonfinite_prior(trace) -> Optional[Tuple[str, str, List[str]]]:
         if bad is not None:
             return name, bad, [n for n, _ in latent[:i]]
     return None
+
+
+def check_finite_priors(trace, cause: Optional[BaseException] = None) -> None:
+    """A ``ValueError`` naming the first latent site of ``trace`` whose prior has a parameter that is NaN or inf (a
+    NaN prior draws NaN starts, and no step or start can mend it)."""
+    found = nonfinite_prior(trace)
+    if found is not None:
+        name, bad, earlier = found
+        upstream = "" if not earlier else (
+            f" If they are computed from the latent sites traced before it ({', '.join(map(repr, earlier[:4]))}"
+            f"{', ...' if len(earlier) > 4 else ''}), those sites' starting values may be the cause: start them "
+            "elsewhere (initial_params=, or init_strategy=init_to_median).")
+        raise ValueError(
+            f"the prior of latent site {name!r} has parameters that are not finite: its {bad} holds NaN or inf. "
+            f"Give pyro.sample({name!r}, ...) a distribution of finite parameters (a positive scale), e.g. "
+            "dist.Normal(0., 1.); check what they are computed from (a NaN in a hyperparameter or a division "
+            f"by zero).{upstream}") from cause
