@@ -116,3 +116,18 @@ def as_schedule(schedule: Union[None, float, Schedule]) -> Schedule:
             f"schedule must be None, a positive float or a callable k -> factor, got {schedule!r}"
         )
     return schedule
+
+
+def factor_at(schedule: Schedule, k: int, owner: str) -> float:
+    """``schedule(k)`` as a float, refused unless it is a positive finite number (a step of 0 freezes the chain; a
+    negative or NaN one is no step); ``owner`` (the kernel) is named in the error."""
+    factor = schedule(k)
+    try:
+        value = float(factor)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if isinstance(factor, (bool, str, bytes)) or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{owner}: schedule({k}) returned {factor!r}; a schedule must give a positive finite factor "
+                         "of step_size at every iteration k.")
+    return value
+

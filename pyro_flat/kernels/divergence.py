@@ -1,6 +1,6 @@
 """The report of a diverged stochastic-gradient step: which chain, which site, what to change.
 
-:func:`step_blow_up` (and :func:`fused_blow_up` for fused iterations) tells a divergence, and
+:func:`blow_up_of` (and :func:`fused_blow_up` for fused iterations) tells a divergence, and
 :func:`divergence_error` turns a step it called a divergence into a :class:`~pyro_flat.DivergenceError` whose message names the chain, the
 iteration, the site and a smaller step size, and which carries the draws made before it.
 """
@@ -31,7 +31,7 @@ def _blow_up(energy_norm: float, norm_after: float, norm_before: float, max_grow
 
 
 def fused_blow_up(norms: torch.Tensor, norm_before: float, max_growth: Optional[float]) -> Tuple[Optional[str], float]:
-    """:func:`step_blow_up` for ``k`` fused iterations, from the graph's ``(2, k)`` output of
+    """:func:`blow_up_of` for ``k`` fused iterations, from the graph's ``(2, k)`` output of
     ``[energy inf-norm, state inf-norm]`` per iteration; one host sync. ``(why the first divergent
     iteration is one or None, the last state's largest |coordinate|)``."""
     energy_norms, state_norms = norms.tolist()
@@ -73,14 +73,7 @@ class PendingRead:
 
 def blow_up_of(norms: Union[torch.Tensor, PendingRead], norm_before: float, max_growth: Optional[float]) -> Tuple[Optional[str], float]:
     """``(why the step is a divergence or None, the new state's largest |coordinate|)`` from its
-    :func:`step_norms`; one host read."""
-    energy_norm, norm_after = norms.tolist()
-    return _blow_up(energy_norm, norm_after, norm_before, max_growth), norm_after
-
-
-def step_blow_up(energy: torch.Tensor, new_params: Params, norm_before: float,
-                 max_growth: Optional[float]) -> Tuple[Optional[str], float]:
-    """``(why the step is a divergence or None, the new state's largest |coordinate|)``; one host sync.
+    :func:`step_norms`; one host read.
 
     A divergence is either a NaN/inf energy or state, or a finite blow-up: the largest absolute
     coordinate of the state growing more than ``max_growth`` times in one iteration,
@@ -89,7 +82,8 @@ def step_blow_up(energy: torch.Tensor, new_params: Params, norm_before: float,
     step's second value. The largest absolute value of each tensor (an inf-norm, which keeps NaN)
     is finite exactly when the tensor is: unlike a sum, it cannot overflow while every entry is finite.
     """
-    return blow_up_of(step_norms(energy, new_params), norm_before, max_growth)
+    energy_norm, norm_after = norms.tolist()
+    return _blow_up(energy_norm, norm_after, norm_before, max_growth), norm_after
 
 
 def _growth(params: Params, new_params: Params, num_chains: Optional[int], max_growth: float
@@ -163,4 +157,4 @@ def divergence_error(kernel_name: str, problem: str, *, params: Params, grads: P
     )
 
 
-__all__ = ["divergence_error", "step_blow_up", "step_norms", "blow_up_of", "PendingRead", "fused_blow_up", "inf_norm"]
+__all__ = ["divergence_error", "step_norms", "blow_up_of", "PendingRead", "fused_blow_up", "inf_norm"]

@@ -17,7 +17,7 @@ from typing import Callable, Dict, Iterator, Optional, Union
 import torch
 
 from ..chains.streams import random_state, restore_random_state
-from ..schedules import Schedule, as_schedule
+from ..schedules import Schedule, as_schedule, factor_at
 from ..targets import Params
 from ..targets.precision import AutocastTarget, check_autocast
 from ..validation import check_positive
@@ -72,8 +72,8 @@ class StochasticGradientKernel(TargetKernel):
     """
 
     allow_zero_temperature = False
-    #: a step whose state's largest absolute coordinate grows more than this many times (from at
-    #: least 1) is a divergence, like a NaN; ``None`` checks only for NaN/inf (see :func:`~pyro_flat.kernels.divergence.step_blow_up`)
+    #: a step whose state's largest absolute coordinate grows more than this many times (from at least 1) is
+    #: a divergence, like a NaN; ``None`` checks only for NaN/inf (:func:`~pyro_flat.kernels.divergence.blow_up_of`)
     max_growth: Optional[float] = 1e4
 
     def __init__(
@@ -271,23 +271,19 @@ class StochasticGradientKernel(TargetKernel):
         unchecked = None  # the last step, its divergence check not yet read (see _check_step)
         while needed:
             k = self._iteration
+            if self.preconditioner is not None and not sampling:  # warm-up: one step a call, nothing unchecked
+                self.num_grad_evals += 2 * self.preconditioner.adapt(k, params)
+            explore = not self.in_sampling_phase(k)
+            temperature = 0.0 if explore and not noisy_exploration else self.temperature
+            step_size = self.step_size * self._schedule_factor(k)
             try:
-                if self.preconditioner is not None and not sampling:
-                    self.num_grad_evals += 2 * self.preconditioner.adapt(k, params)
-                explore = not self.in_sampling_phase(k)
-                temperature = 0.0 if explore and not noisy_exploration else self.temperature
-                step_size = self.step_size * self._schedule_factor(k)
-                if eager:
-                    new_params, energy, grads, target_stats = self.transition(params, step_size, temperature)
-                else:
-                    new_params, energy, grads, target_stats = self._transition(params, step_size, temperature)
+                step = self.transition if eager else self._transition
+                new_params, energy, grads, target_stats = step(params, step_size, temperature)
             except Exception:
-                if unchecked is not None:  # a step from a diverged state may fail: the divergence is the cause
-                    self._check_step(*unchecked)
+                self._check_step(unchecked)  # a step from a diverged state may fail: the divergence is the cause
                 raise
             self.num_grad_evals += self.grads_per_iteration
-            if unchecked is not None:
-                self._check_step(*unchecked)
+            self._check_step(unchecked)
             unchecked = (k, params, grads, new_params, energy, step_size, PendingRead(step_norms(energy, new_params)))
             self._iteration += 1
             state_stats = {"potential_energy": energy, **target_stats}
@@ -305,7 +301,7 @@ class StochasticGradientKernel(TargetKernel):
                                  f"a row (up to k = {k}): a run that never reaches a sampling phase makes no draw. "
                                  "Give the schedule sampling iterations (e.g. cyclical_cosine with exploration < 1 - "
                                  "1/cycle length).")
-        self._check_step(*unchecked)  # before the draw: a diverged state is never kept
+        self._check_step(unchecked)  # before the draw: a diverged state is never kept
         if sampling and steps is None:
             self._stats["step_size"].append(self._last_stats["step_size"])  # one for all chains
             self._stats["grad_evals"].append(self.num_grad_evals)
@@ -313,16 +309,8 @@ class StochasticGradientKernel(TargetKernel):
         return params
 
     def _schedule_factor(self, k: int) -> float:
-        """``schedule(k)``, refused unless it is a positive finite number (a step of 0 freezes the
-        chain; a negative or NaN one is no step)."""
-        factor = self.schedule(k)
-        try:
-            value = float(factor)
-        except (TypeError, ValueError):
-            value = float("nan")
-        if isinstance(factor, (bool, str, bytes)) or not (math.isfinite(value) and value > 0):
-            raise ValueError(f"{type(self).__name__}: schedule({k}) returned {factor!r}; a schedule must give a "
-                             "positive finite factor of step_size at every iteration k.")
+        """``schedule(k)``, a positive finite number (:func:`~pyro_flat.schedules.factor_at`), its step checked."""
+        value = factor_at(self.schedule, k, type(self).__name__)
         self.check_step_size(k, self.step_size * value)
         return value
 
@@ -386,29 +374,24 @@ class StochasticGradientKernel(TargetKernel):
     def update(self, params: Params, grads: Params, step_size: StepSize, temperature: float) -> Params:
         raise NotImplementedError
 
-    def _check_step(self, k: int, params: Params, grads: Params, new_params: Params, energy: torch.Tensor,
-                    step_size: float, norms: PendingRead) -> None:
-        r"""Iteration ``k``'s divergence check (:func:`~pyro_flat.kernels.divergence.blow_up_of`), read one step
-        late: a step's check is read on the host after the next step is queued, so that on a GPU the host does not
-        wait for a step before queueing the next (the read waits only for the step before); the last step of a draw
-        is read before the draw is kept. The error names iteration ``k`` and keeps the draws made before it."""
+    def _check_step(self, step: Optional[tuple]) -> None:
+        r"""The divergence check (:func:`~pyro_flat.kernels.divergence.blow_up_of`) of ``step``, ``(k, params, grads,
+        new_params, energy, step_size, norms)`` (``None``: nothing to check), read one step late: on a GPU the host
+        then queues step :math:`k+1` before it waits for step :math:`k`; a draw's last step is read before the draw is
+        kept. The error names iteration ``k`` and keeps the draws made before it."""
+        if step is None:
+            return
+        k, params, grads, new_params, energy, step_size, norms = step
         # the state's norm: the previous step's result, computed only for a state it did not make
         before = self._state_norm if params is self._normed_state else inf_norm(params)
         problem, self._state_norm = blow_up_of(norms, before, self.max_growth)
         self._normed_state = new_params
         if problem is not None:
-            self._raise_divergence(params, grads, new_params, energy, step_size, problem, iteration=k)
-
-    def _raise_divergence(self, params, grads, new_params, energy, step_size, problem="non-finite",
-                          iteration: Optional[int] = None) -> None:
-        draws = self._stack_draws(self._draws) if self._draws else []
-        iteration = self._iteration if iteration is None else iteration
-        raise divergence_error(
-            type(self).__name__, problem, params=params, grads=grads, new_params=new_params, energy=energy,
-            step_size=step_size, base_step_size=self.step_size, iteration=iteration,
-            warming_up=iteration < self._warmup_steps, chain=self._chain, num_chains=self.num_chains,
-            max_growth=self.max_growth, num_draws=len(self._draws), draws=draws,
-            completed_chains=self._completed_draws)
+            raise divergence_error(
+                type(self).__name__, problem, params=params, grads=grads, new_params=new_params, energy=energy,
+                step_size=step_size, base_step_size=self.step_size, iteration=k, warming_up=k < self._warmup_steps,
+                chain=self._chain, num_chains=self.num_chains, max_growth=self.max_growth, num_draws=len(self._draws),
+                draws=self._stack_draws(self._draws) if self._draws else [], completed_chains=self._completed_draws)
 
 
 __all__ = ["StochasticGradientKernel", "Transition", "MAX_EXPLORATION_RUN"]
