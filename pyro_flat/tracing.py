@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from typing import Iterable, Optional, Tuple
+from typing import Iterable, List, Optional, Tuple
 
 import pyro
 import torch
@@ -111,6 +111,29 @@ def move_tolerance(old: torch.Tensor, new: torch.Tensor, autocast: Optional[torc
     return TOLERANCE + graph_tolerance(autocast) * move / scale
 
 
+def eager_mismatch(step, graph, inputs: list, labels: List[str], *, moved: int, built: bool = False,
+                   autocast: Optional[torch.dtype] = None, rest: str = "an output",
+                   last: Optional[str] = None) -> Optional[str]:
+    """:func:`mismatch` of ``graph`` against the eager ``step`` on ``inputs``, each run from the same seed (the
+    devices' streams: call it under ``torch.random.fork_rng``) on fresh copies of the inputs (a model may know a
+    minibatch by its tensor, :class:`~pyro_flat.nn.batches.RowMemo`, and must draw its random numbers anew in
+    each call, as a step of the run does). The outputs are named by ``labels``, then ``rest`` (``last`` for the last
+    one); the first ``moved`` are new values of the first ``moved`` inputs (:func:`move_tolerance`), the others at
+    :func:`graph_tolerance` of ``autocast``."""
+    seed = int(torch.randint(0, 2**31 - 1, ()))
+    outputs = []
+    for fn in (step, graph):
+        torch.random.default_generator.manual_seed(seed)
+        if inputs[0].device.type == "cuda":
+            with torch.cuda.device(inputs[0].device):  # the inputs' device, not the current one
+                torch.cuda.manual_seed(seed)
+        outputs.append(fn(*(x.clone() for x in inputs)))
+    names = labels + [rest] * (len(outputs[0]) - len(labels) - (last is not None)) + ([last] if last else [])
+    tolerances = [move_tolerance(inputs[i], outputs[0][i], autocast) for i in range(moved)]
+    tolerances += [graph_tolerance(autocast)] * (len(names) - moved)
+    return mismatch(zip(names, *outputs, tolerances), built=built)
+
+
 def compile_graph(graph, inputs: list, backend: str):
     """``graph`` (a traced ``GraphModule`` over flat tensors) as it runs: itself (``"fx"``) or built by
     inductor directly, without dynamo's per-call guards, keeping ATen's random operations
@@ -170,5 +193,5 @@ def trace_graph(fn, inputs: list):
     return graph
 
 
-__all__ = ["TOLERANCE", "tracing_context", "is_tracing", "first_line", "untraceable_reason", "mismatch", "graph_tolerance", "move_tolerance", "compile_graph", "cuda_graph",
-           "trace_graph"]
+__all__ = ["TOLERANCE", "tracing_context", "is_tracing", "first_line", "untraceable_reason", "mismatch",
+           "eager_mismatch", "graph_tolerance", "move_tolerance", "compile_graph", "cuda_graph", "trace_graph"]

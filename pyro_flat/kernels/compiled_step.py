@@ -53,8 +53,8 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from ..targets import Params
-from ..tracing import (compile_graph, cuda_graph, first_line, graph_tolerance, mismatch, move_tolerance, trace_graph,
-                       tracing_context, untraceable_reason)
+from ..tracing import (compile_graph, cuda_graph, eager_mismatch, first_line, trace_graph, tracing_context,
+                       untraceable_reason)
 from .integrators import Transition
 
 #: graphs kept per kernel (one per temperature, metric and number of fused iterations, and per step size
@@ -368,27 +368,14 @@ class CompiledSteps:
 
     def _check(self, graph, step, inputs, n: int, length: Optional[int] = None, built: bool = False,
                carried: int = 0) -> None:
-        """The traced graph against the eager iteration(s), on the same random numbers: the ``n`` new values
-        and ``carried`` tensors of carried state, energy, gradients (fused: the inf-norms) and the target's statistics."""
-        seed = int(torch.randint(0, 2**31 - 1, ()))
-        outputs = []
-        for fn in (step, graph):
-            torch.random.default_generator.manual_seed(seed)  # the devices in use only (fork_rng restores them)
-            if inputs[0].device.type == "cuda":
-                with torch.cuda.device(inputs[0].device):  # the inputs' device, not the current one
-                    torch.cuda.manual_seed(seed)
-            # fresh copies: what the model made for a minibatch (its augmentation, nn.batches.RowMemo) is known by
-            # the tensor, so each call makes it anew, drawing its random numbers, as a step of the run does
-            outputs.append(fn(*(x.clone() for x in inputs)))
+        """The traced graph against the eager iteration(s), on the same random numbers
+        (:func:`~pyro_flat.tracing.eager_mismatch`): the ``n`` new values and ``carried`` tensors of carried state,
+        energy, gradients (fused: the inf-norms) and the target's statistics."""
         labels = ["the new value"] * n + ["the carried state"] * carried + ["the energy"]
         labels += ["the gradient"] * (n if length is None else 0)
-        labels += ["a statistic"] * (len(outputs[0]) - len(labels) - (length is not None))
-        labels += ["the inf-norms"] * (length is not None)
-        autocast = getattr(self.kernel, "autocast", None)
-        # the new values and carried state (fp32) by their move; energy, gradients and statistics by the precision
-        tolerances = [move_tolerance(inputs[i], outputs[0][i], autocast) for i in range(n + carried)]
-        tolerances += [graph_tolerance(autocast)] * (len(labels) - n - carried)
-        reason = mismatch(zip(labels, *outputs, tolerances), built=built)
+        reason = eager_mismatch(step, graph, inputs, labels, moved=n + carried, built=built,
+                                autocast=getattr(self.kernel, "autocast", None),
+                                rest="a statistic", last="the inf-norms" if length is not None else None)
         if reason is not None:
             raise _Mismatch(reason)
 
