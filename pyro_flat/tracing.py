@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from typing import Iterable, List, Optional, Tuple
+from typing import Iterable, List, Optional
 
 import pyro
 import torch

@@ -7,7 +7,6 @@ torch's storage tag patched (``torch.serialization.location_tag``).
 
 from __future__ import annotations
 
-import io
 from unittest import mock
 
 import pytest

@@ -7,7 +7,6 @@ import warnings
 
 import numpy as np
 import pytest
-import torch
 
 from pyro_flat.data.cifar_files import write_cifar
 from pyro_flat.experiments.cli import main

@@ -33,15 +33,13 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import random
 import signal
 import threading
 import time
 import warnings
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
-import numpy as np
 import torch
 
 from ..errors import CheckpointError

@@ -271,7 +271,7 @@ def _device_name(device: torch.device) -> str:
 
 def _lead(config: ImagesConfig, out, log: Callable[[str], None], ranks) -> dict:
     from .report import (claims, nll_power, paper_comparison, plot_corruption, plot_interpolation,
-                                report_markdown, summarize)
+                         report_markdown, summarize)
     from ..plots import save_figures
 
     start = time.perf_counter()

@@ -26,21 +26,21 @@ import torch
 
 import pyro
 
-from ...evaluation import metrics
 from ...data.datasets import load_mnist79, pixel_index
 from ...distributed import Ranks
-from ...storage.checkpoint import CheckpointError
-from ...evaluation.diagnostics import (MAX_R_HAT, chain_correlation, convergence_verdict, diagnostics_table, guidance_correlation,
-                           mcmc_sample_stats, write_netcdf)
-from ...kernels import EntropyHMC, kernel_class, kernel_settings, make_kernel
-from ...infer.mcmc import MCMC
-from ...models.zoo import logistic_regression
+from ...evaluation import metrics
 from ...evaluation.online_bma import OnlineBMA
+from ...evaluation.diagnostics import (MAX_R_HAT, chain_correlation, convergence_verdict, diagnostics_table,
+                                       guidance_correlation, mcmc_sample_stats, write_netcdf)
+from ...infer.mcmc import MCMC
+from ...kernels import EntropyHMC, kernel_class, kernel_settings, make_kernel
+from ...models.zoo import logistic_regression
+from ...storage.checkpoint import CheckpointError
 from ..configs import MNIST79Config
-from .report import (ECE_BINS, RELIABILITY_BINS, chains_text, metric_text, metrics_text, reference_worth, report_markdown,
-                             schedule_text)
 from ..output import StudyError, Terminated, across_ranks, hold_signals, threads_record
 from ..resume import checkpoint_folder, checkpoint_study_error, study_checkpoints, study_lock
+from .report import (ECE_BINS, RELIABILITY_BINS, chains_text, metric_text, metrics_text, reference_worth,
+                     report_markdown, schedule_text)
 
 #: The pixel shown in the trace and rank plots: the image's centre.
 CENTRE_PIXEL = pixel_index(14, 14)
@@ -278,7 +278,7 @@ class _NothingDrawn(Exception):
 def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None], ranks: Optional[Ranks] = None) -> dict:
     from ...evaluation.diagnostics import to_arviz
     from ..plots import (plot_bma_curves, plot_rank_panels, plot_reliability, plot_trace_panels,
-                        plot_weight_comparison, save_figures)
+                         plot_weight_comparison, save_figures)
 
     X, y = load_mnist79(config.data_dir, split="train")
     X_test, y_test = load_mnist79(config.data_dir, split="test")
@@ -385,8 +385,7 @@ def _run_mnist79(config: MNIST79Config, out: Path, log: Callable[[str], None], r
     }
     if main.has_aux:
         w, w_aux = (main.samples[k].reshape(-1, 784) for k in ("w", "w_aux"))
-        figures["weights"] = ("weights.png", plot_weight_comparison(w, w_aux, pixel=CENTRE_PIXEL,
-                                                                    sampler=config.sampler))
+        figures["weights"] = ("weights.png", plot_weight_comparison(w, w_aux, pixel=CENTRE_PIXEL, sampler=config.sampler))
     save_figures(dict(figures.values()), out, dpi=100)
     files.update({key: name for key, (name, _) in figures.items()})
     report["convergence"] = ("not part of this job: `python benchmarks/bench_convergence.py` runs the "
